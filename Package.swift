@@ -1,0 +1,51 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Coffer",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "coffer", targets: ["coffer"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+    ],
+    targets: [
+        // C shims: one system library each.
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
+        .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+
+        // Cryptography over libsodium: keys, AEAD, wrapping, names, signatures, recovery phrase.
+        .target(name: "CofferCrypto", dependencies: ["CSodium"]),
+        // The pure core: metadata, encoding, clocks, invariants. No I/O, no clock, no globals.
+        .target(name: "CofferModel"),
+        // Chunked document content: compression, sealing, manifests.
+        .target(name: "CofferContent", dependencies: ["CofferCrypto", "CofferModel", "CZstd"]),
+        // The device's SQLite store (GRDB): base and local trees, chunks, inodes.
+        .target(name: "CofferStore", dependencies: [
+            "CofferModel", .product(name: "GRDB", package: "GRDB.swift"),
+        ]),
+        // The decrypted file tree a user works with: paths, operations, content I/O.
+        .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),
+        // The FUSE daemon's filesystem: low-level operations over a vault.
+        .target(name: "CofferFS", dependencies: ["CFuse", "CofferVault", "CofferModel"]),
+        // The command-line client.
+        .executableTarget(name: "coffer", dependencies: [
+            "CofferVault", "CofferFS", "CofferModel", "CofferCrypto",
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+        ]),
+
+        // Shared helpers for tests.
+        .target(name: "CofferTestSupport", dependencies: ["CofferVault", "CofferCrypto"], path: "Tests/CofferTestSupport"),
+        .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
+        .testTarget(name: "CofferModelTests", dependencies: ["CofferModel"]),
+        .testTarget(name: "CofferContentTests", dependencies: ["CofferContent", "CofferTestSupport"]),
+        .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferTestSupport"]),
+        .testTarget(name: "CofferVaultTests", dependencies: ["CofferVault", "CofferTestSupport"]),
+        .testTarget(name: "CofferCLITests", dependencies: ["CofferTestSupport"]),
+        .testTarget(name: "CofferFSTests", dependencies: ["CofferTestSupport"]),
+        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS"]),
+    ]
+)

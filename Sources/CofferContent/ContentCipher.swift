@@ -1,0 +1,58 @@
+import CofferCrypto
+import CofferModel
+
+/// Seals and opens one document's chunks and manifests with that document's key.
+///
+/// Chunk ids are BLAKE2b of the plaintext keyed by a subkey of the file key: equal chunks in one
+/// file share an id (zero-filled gaps cost one chunk), but ids reveal nothing to anyone without
+/// the key. Each chunk's AEAD binds file id and chunk id, and the manifest binds the file id, so
+/// neither can be moved to another file or position.
+public struct ContentCipher: Sendable {
+    public let fileID: FileID
+    let key: SymmetricKey
+    let idKey: SymmetricKey
+
+    public init(fileID: FileID, key: SymmetricKey) {
+        self.fileID = fileID
+        self.key = key
+        self.idKey = key.derive(subkeyID: 2, context: "cfchunk")
+    }
+
+    public func chunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
+        let h = Blake2bHasher(key: idKey.bytes)
+        h.update(plaintext)
+        return h.finalize()
+    }
+
+    /// Compresses, then seals. Returns the reference for the manifest and the sealed bytes.
+    public func sealChunk(_ plaintext: UnsafeRawBufferPointer) -> (ChunkRef, [UInt8]) {
+        let id = chunkID(plaintext)
+        let packed = Compression.pack(plaintext)
+        let sealed = AEAD.seal(packed, key: key, purpose: .chunk, fileID: fileID.bytes, extra: id)
+        return (ChunkRef(id: id, length: UInt32(plaintext.count)), sealed)
+    }
+
+    public func sealChunk(_ plaintext: [UInt8]) -> (ChunkRef, [UInt8]) {
+        plaintext.withUnsafeBytes { sealChunk($0) }
+    }
+
+    /// Opens and verifies a chunk: authenticity by the AEAD, identity by recomputing its id.
+    public func openChunk(_ sealed: [UInt8], ref: ChunkRef) throws -> [UInt8] {
+        let packed = try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
+        let plain = try Compression.unpack(packed, expectedLength: Int(ref.length))
+        let check = plain.withUnsafeBytes { chunkID($0) }
+        guard check == ref.id else { throw ContentError.corrupt("chunk id does not match its content") }
+        return plain
+    }
+
+    public func sealManifest(_ m: Manifest) -> [UInt8] {
+        AEAD.seal(m.encoded(), key: key, purpose: .manifest, fileID: fileID.bytes)
+    }
+
+    public func openManifest(_ sealed: [UInt8]) throws -> Manifest {
+        try Manifest(decoding: AEAD.open(sealed, key: key, purpose: .manifest, fileID: fileID.bytes, what: "content manifest"))
+    }
+
+    /// The digest a metadata record names its content by: an unkeyed hash of ciphertext.
+    public static func digest(ofSealedManifest sealed: [UInt8]) -> [UInt8] { blake2b(sealed) }
+}

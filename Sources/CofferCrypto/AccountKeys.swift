@@ -1,0 +1,121 @@
+import CSodium
+
+/// The one secret an account has: 32 random bytes. Everything else is derived from it with
+/// domain separation, so exporting this seed (as a phrase or base64) moves the whole account.
+public struct AccountSecret: Sendable, Equatable {
+    public static let byteCount = 32
+    public let seed: [UInt8]
+
+    public init(seed: [UInt8]) throws {
+        guard seed.count == Self.byteCount else { throw CryptoError.invalidLength("an account secret has 32 bytes, got \(seed.count)") }
+        self.seed = seed
+    }
+
+    public static func generate() -> AccountSecret {
+        AccountSecret(unchecked: randomBytes(byteCount))
+    }
+
+    init(unchecked: [UInt8]) { self.seed = unchecked }
+
+    private func subseed(_ id: UInt64, _ context: String) -> [UInt8] {
+        (try? SymmetricKey(bytes: seed))?.derive(subkeyID: id, context: context).bytes ?? []
+    }
+
+    /// Ed25519 keys for signing metadata and requests.
+    public var signingKeys: SigningKeyPair {
+        ensureSodium()
+        var pk = [UInt8](repeating: 0, count: Int(crypto_sign_publickeybytes()))
+        var sk = [UInt8](repeating: 0, count: Int(crypto_sign_secretkeybytes()))
+        _ = crypto_sign_seed_keypair(&pk, &sk, subseed(1, "cfsign"))
+        return SigningKeyPair(publicKey: PublicSigningKey(unchecked: pk), secret: sk)
+    }
+
+    /// X25519 keys for receiving wrapped file keys (sealed boxes).
+    public var boxKeys: BoxKeyPair {
+        ensureSodium()
+        var pk = [UInt8](repeating: 0, count: Int(crypto_box_publickeybytes()))
+        var sk = [UInt8](repeating: 0, count: Int(crypto_box_secretkeybytes()))
+        _ = crypto_box_seed_keypair(&pk, &sk, subseed(2, "cfbox"))
+        return BoxKeyPair(publicKey: PublicBoxKey(unchecked: pk), secret: sk)
+    }
+}
+
+/// An account's public identity: its Ed25519 key. Owners and access entries name accounts by it.
+public struct PublicSigningKey: Sendable, Hashable {
+    public let bytes: [UInt8]
+    public init(bytes: [UInt8]) throws {
+        guard bytes.count == 32 else { throw CryptoError.invalidLength("a public signing key has 32 bytes, got \(bytes.count)") }
+        self.bytes = bytes
+    }
+    init(unchecked: [UInt8]) { self.bytes = unchecked }
+
+    public func verify(signature: [UInt8], message: [UInt8]) -> Bool {
+        ensureSodium()
+        guard signature.count == Int(crypto_sign_bytes()) else { return false }
+        return crypto_sign_verify_detached(signature, message, UInt64(message.count), bytes) == 0
+    }
+}
+
+public struct PublicBoxKey: Sendable, Hashable {
+    public let bytes: [UInt8]
+    public init(bytes: [UInt8]) throws {
+        guard bytes.count == 32 else { throw CryptoError.invalidLength("a public box key has 32 bytes, got \(bytes.count)") }
+        self.bytes = bytes
+    }
+    init(unchecked: [UInt8]) { self.bytes = unchecked }
+
+    /// Seals a file key for this account. The file id travels inside the box and is checked on
+    /// open, because sealed boxes take no associated data.
+    public func seal(key: SymmetricKey, fileID: [UInt8]) -> [UInt8] {
+        ensureSodium()
+        let message: [UInt8] = [1] + fileID + key.bytes
+        var out = [UInt8](repeating: 0, count: message.count + Int(crypto_box_sealbytes()))
+        _ = crypto_box_seal(&out, message, UInt64(message.count), bytes)
+        return out
+    }
+}
+
+public struct SigningKeyPair: Sendable {
+    public let publicKey: PublicSigningKey
+    let secret: [UInt8]
+
+    public func sign(_ message: [UInt8]) -> [UInt8] {
+        ensureSodium()
+        var sig = [UInt8](repeating: 0, count: Int(crypto_sign_bytes()))
+        _ = crypto_sign_detached(&sig, nil, message, UInt64(message.count), secret)
+        return sig
+    }
+}
+
+public struct BoxKeyPair: Sendable {
+    public let publicKey: PublicBoxKey
+    let secret: [UInt8]
+
+    public func open(sealedKey: [UInt8], fileID: [UInt8]) throws -> SymmetricKey {
+        ensureSodium()
+        let overhead = Int(crypto_box_sealbytes())
+        guard sealedKey.count == overhead + 1 + fileID.count + SymmetricKey.byteCount else {
+            throw CryptoError.authenticationFailed("sealed key")
+        }
+        var message = [UInt8](repeating: 0, count: sealedKey.count - overhead)
+        guard crypto_box_seal_open(&message, sealedKey, UInt64(sealedKey.count), publicKey.bytes, secret) == 0 else {
+            throw CryptoError.authenticationFailed("sealed key")
+        }
+        guard message[0] == 1, Array(message[1..<(1 + fileID.count)]) == fileID else {
+            throw CryptoError.authenticationFailed("sealed key (bound to another file)")
+        }
+        return SymmetricKey(unchecked: Array(message[(1 + fileID.count)...]))
+    }
+}
+
+/// Wrapping a file's key with its parent's key (the key chain).
+public enum KeyWrap {
+    public static func wrap(_ key: SymmetricKey, with parentKey: SymmetricKey, fileID: [UInt8]) -> [UInt8] {
+        AEAD.seal(key.bytes, key: parentKey, purpose: .keyWrap, fileID: fileID)
+    }
+
+    public static func unwrap(_ wrapped: [UInt8], with parentKey: SymmetricKey, fileID: [UInt8]) throws -> SymmetricKey {
+        let raw = try AEAD.open(wrapped, key: parentKey, purpose: .keyWrap, fileID: fileID, what: "wrapped file key")
+        return try SymmetricKey(bytes: raw)
+    }
+}

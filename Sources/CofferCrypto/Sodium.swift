@@ -1,0 +1,107 @@
+import CSodium
+
+/// libsodium must be initialised once before use; `sodium_init` is itself thread-safe and
+/// idempotent, so every entry point calls this instead of relying on a global initialiser.
+@inline(__always)
+func ensureSodium() {
+    _ = sodiumReady
+}
+
+private let sodiumReady: Bool = {
+    sodium_init() >= 0
+}()
+
+/// Errors from the cryptographic layer. Messages are meant for the person at the keyboard.
+public enum CryptoError: Error, Equatable, CustomStringConvertible {
+    case authenticationFailed(String)
+    case invalidLength(String)
+    case invalidSignature
+    case invalidPhrase(String)
+    case invalidEncoding(String)
+    case internalFailure(String)
+
+    public var description: String {
+        switch self {
+        case .authenticationFailed(let what): return "decryption failed: \(what) is corrupt or was sealed with another key"
+        case .invalidLength(let what): return "invalid length: \(what)"
+        case .invalidSignature: return "signature does not verify"
+        case .invalidPhrase(let why): return "invalid recovery phrase: \(why)"
+        case .invalidEncoding(let why): return "invalid key encoding: \(why)"
+        case .internalFailure(let why): return "cryptography failure: \(why)"
+        }
+    }
+}
+
+/// Fills a new buffer with `count` random bytes from the OS CSPRNG.
+public func randomBytes(_ count: Int) -> [UInt8] {
+    ensureSodium()
+    var out = [UInt8](repeating: 0, count: count)
+    out.withUnsafeMutableBytes { if let b = $0.baseAddress { randombytes_buf(b, count) } }
+    return out
+}
+
+/// Plain (unkeyed) BLAKE2b-256, used for content addressing of ciphertexts.
+public func blake2b(_ data: [UInt8], key: [UInt8]? = nil, outputLength: Int = 32) -> [UInt8] {
+    ensureSodium()
+    var out = [UInt8](repeating: 0, count: outputLength)
+    data.withUnsafeBufferPointer { d in
+        if let key {
+            key.withUnsafeBufferPointer { k in
+                _ = crypto_generichash(&out, outputLength, d.baseAddress, UInt64(d.count), k.baseAddress, k.count)
+            }
+        } else {
+            _ = crypto_generichash(&out, outputLength, d.baseAddress, UInt64(d.count), nil, 0)
+        }
+    }
+    return out
+}
+
+/// SHA-256, used only where a standard demands it (the recovery phrase checksum).
+public func sha256(_ data: [UInt8]) -> [UInt8] {
+    ensureSodium()
+    var out = [UInt8](repeating: 0, count: 32)
+    _ = data.withUnsafeBufferPointer { crypto_hash_sha256(&out, $0.baseAddress, UInt64($0.count)) }
+    return out
+}
+
+/// Streaming keyed BLAKE2b, so large plaintexts can be hashed without holding them whole.
+/// libsodium's state struct is 64-byte aligned and does not import into Swift, so it lives in
+/// an aligned heap allocation of `crypto_generichash_statebytes()` bytes.
+public final class Blake2bHasher {
+    private let state: UnsafeMutableRawPointer
+    private let outputLength: Int
+
+    public init(key: [UInt8]?, outputLength: Int = 32) {
+        ensureSodium()
+        self.outputLength = outputLength
+        state = UnsafeMutableRawPointer.allocate(byteCount: crypto_generichash_statebytes(), alignment: 64)
+        if let key {
+            _ = key.withUnsafeBufferPointer { crypto_generichash_init(OpaquePointer(state), $0.baseAddress, $0.count, outputLength) }
+        } else {
+            crypto_generichash_init(OpaquePointer(state), nil, 0, outputLength)
+        }
+    }
+
+    deinit { state.deallocate() }
+
+    public func update(_ bytes: UnsafeRawBufferPointer) {
+        _ = crypto_generichash_update(OpaquePointer(state), bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(bytes.count))
+    }
+
+    public func update(_ bytes: [UInt8]) {
+        bytes.withUnsafeBytes { update($0) }
+    }
+
+    public func finalize() -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: outputLength)
+        crypto_generichash_final(OpaquePointer(state), &out, outputLength)
+        return out
+    }
+}
+
+/// Constant-time comparison for MACs and digests.
+public func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+    guard a.count == b.count else { return false }
+    ensureSodium()
+    return a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in sodium_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 } }
+}

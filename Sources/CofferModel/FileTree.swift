@@ -1,0 +1,132 @@
+/// A whole tree of metadata with a parent→children index, plus the deletion-state queries.
+/// Value type; the validator reads it through `TreeView` so a batch can be checked as an
+/// overlay without copying the tree.
+public protocol TreeView {
+    func file(_ id: FileID) -> FileMetadata?
+    func childIDs(of id: FileID) -> [FileID]
+    /// Children whose sealed name has this MAC (any deletion state): the path-conflict lookup.
+    func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID]
+    var rootID: FileID? { get }
+}
+
+/// Whether a file is live, deleted itself, or deleted because an ancestor is. A file that is
+/// gone altogether is pruned: `deletionState` then returns nil.
+public enum DeletionState: Sendable, Equatable {
+    case live
+    case explicitlyDeleted
+    case implicitlyDeleted
+}
+
+extension TreeView {
+    public func deletionState(of id: FileID) -> DeletionState? {
+        guard let f = file(id) else { return nil }
+        if f.isDeleted { return .explicitlyDeleted }
+        var current = f
+        var steps = 0
+        while !current.isRoot, steps < 100_000 {
+            guard let p = file(current.parent) else { return .implicitlyDeleted } // orphaned: treat as gone
+            if p.isDeleted { return .implicitlyDeleted }
+            current = p
+            steps += 1
+        }
+        return .live
+    }
+
+    public func isLive(_ id: FileID) -> Bool { deletionState(of: id) == .live }
+
+    /// Live children only.
+    /// The live child with this name MAC, if any.
+    public func liveChild(of id: FileID, nameMAC: [UInt8]) -> FileMetadata? {
+        for c in childIDs(of: id, nameMAC: nameMAC) {
+            if let m = file(c), !m.isDeleted, c != id { return m }
+        }
+        return nil
+    }
+
+    public func liveChildren(of id: FileID) -> [FileMetadata] {
+        childIDs(of: id).compactMap { file($0) }.filter { !$0.isDeleted }
+    }
+
+    /// Ancestors from the parent up to the root. Stops (returns what it has) on a cycle.
+    public func ancestors(of id: FileID) -> [FileID] {
+        var out: [FileID] = []
+        var seen: Set<FileID> = [id]
+        var current = file(id)
+        while let c = current, !c.isRoot {
+            if !seen.insert(c.parent).inserted { break }
+            out.append(c.parent)
+            current = file(c.parent)
+        }
+        return out
+    }
+
+    /// Every descendant (any deletion state), breadth first.
+    public func descendants(of id: FileID) -> [FileID] {
+        var out: [FileID] = []
+        var queue = [id]
+        var seen: Set<FileID> = [id]
+        while let next = queue.popLast() {
+            for c in childIDs(of: next) where c != next && seen.insert(c).inserted {
+                out.append(c)
+                queue.append(c)
+            }
+        }
+        return out
+    }
+}
+
+public struct FileTree: TreeView, Sendable {
+    public private(set) var files: [FileID: FileMetadata] = [:]
+    private var children: [FileID: Set<FileID>] = [:]
+    private var byName: [FileID: [[UInt8]: Set<FileID>]] = [:]
+    public private(set) var rootID: FileID?
+
+    public init() {}
+
+    public init<S: Sequence>(_ metadata: S) where S.Element == FileMetadata {
+        for m in metadata { insert(m) }
+    }
+
+    public var count: Int { files.count }
+
+    public func file(_ id: FileID) -> FileMetadata? { files[id] }
+
+    public func childIDs(of id: FileID) -> [FileID] {
+        guard let c = children[id] else { return [] }
+        return Array(c)
+    }
+
+    /// Inserts or replaces one record, keeping the child index right.
+    public func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
+        guard let c = byName[id]?[nameMAC] else { return [] }
+        return Array(c)
+    }
+
+    public mutating func insert(_ m: FileMetadata) {
+        if let old = files[m.id], !old.isRoot {
+            if old.parent != m.parent { children[old.parent]?.remove(m.id) }
+            if old.parent != m.parent || old.name.mac != m.name.mac { unindex(old) }
+        }
+        files[m.id] = m
+        if m.isRoot { rootID = m.id } else {
+            children[m.parent, default: []].insert(m.id)
+            byName[m.parent, default: [:]][m.name.mac, default: []].insert(m.id)
+        }
+    }
+
+    private mutating func unindex(_ old: FileMetadata) {
+        byName[old.parent]?[old.name.mac]?.remove(old.id)
+        if byName[old.parent]?[old.name.mac]?.isEmpty == true { byName[old.parent]?[old.name.mac] = nil }
+    }
+
+    /// Removes a record entirely (pruning).
+    public mutating func remove(_ id: FileID) {
+        guard let old = files.removeValue(forKey: id) else { return }
+        if old.isRoot { rootID = nil } else { children[old.parent]?.remove(id); unindex(old) }
+    }
+
+    public mutating func apply(_ batch: [FileMetadata]) {
+        for m in batch { insert(m) }
+    }
+}
+

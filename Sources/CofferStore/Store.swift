@@ -1,0 +1,298 @@
+import CofferModel
+import Foundation
+import GRDB
+
+/// Which copy of the tree a record belongs to: `base` is what the device and server last agreed
+/// on; `local` holds only records changed on this device since (copy-on-write over base).
+public enum TreeSide: Int, Sendable {
+    case base = 0
+    case local = 1
+    var table: String { self == .base ? "base_files" : "local_files" }
+}
+
+/// A metadata record as kept on the device.
+public struct StoredFile: Sendable, Equatable {
+    public var signed: SignedMetadata
+    /// Server-assigned versions; 0 until the server has seen the record.
+    public var version: Int64
+    public var contentVersion: Int64
+    public init(signed: SignedMetadata, version: Int64 = 0, contentVersion: Int64 = 0) {
+        self.signed = signed; self.version = version; self.contentVersion = contentVersion
+    }
+    public var metadata: FileMetadata { signed.metadata }
+}
+
+public struct StoreError: Error, CustomStringConvertible {
+    public let message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// The device's store: one SQLite database (WAL) under the data directory holding both trees,
+/// sealed manifests and chunks, the inode table and a change log. Nothing in it is plaintext.
+///
+/// Several processes may open it at once (the mount daemon and CLI commands): writes are
+/// serialised by SQLite, and each writer appends the ids it touched to `change_log`, which the
+/// others read to refresh their in-memory trees.
+public final class Store: Sendable {
+    public let directory: String
+    public let databasePath: String
+    let pool: DatabasePool
+
+    public init(directory: String) throws {
+        self.directory = directory
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
+                                                attributes: [.posixPermissions: 0o700])
+        databasePath = directory + "/coffer.sqlite"
+        var config = Configuration()
+        config.busyMode = .timeout(30)
+        config.prepareDatabase { db in
+            // Commits are atomic either way; NORMAL skips the fsync per commit, and `makeDurable`
+            // syncs explicitly when a caller (fsync, the CLI) needs durability.
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        do {
+            pool = try DatabasePool(path: databasePath, configuration: config)
+        } catch {
+            throw StoreError("cannot open the store at \(directory): \(error)")
+        }
+        try Self.migrator.migrate(pool)
+        chmod(databasePath, 0o600)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            for table in ["base_files", "local_files"] {
+                try db.execute(sql: """
+                    CREATE TABLE \(table) (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        parent BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        content_digest BLOB,
+                        version INTEGER NOT NULL DEFAULT 0,
+                        content_version INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID
+                    """)
+                try db.execute(sql: "CREATE INDEX \(table)_digest ON \(table)(content_digest)")
+            }
+            try db.execute(sql: "CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID")
+            try db.execute(sql: "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY (digest, chunk_id)) WITHOUT ROWID")
+            try db.execute(sql: "CREATE INDEX manifest_chunks_chunk ON manifest_chunks(chunk_id)")
+            try db.execute(sql: "CREATE TABLE chunks (id BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL)")
+            try db.execute(sql: "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB UNIQUE NOT NULL)")
+            try db.execute(sql: "CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
+            try db.execute(sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
+        }
+        return m
+    }
+
+    /// Runs `body` in one read transaction (a consistent snapshot).
+    public func read<T>(_ body: (StoreReader) throws -> T) throws -> T {
+        try pool.read { db in try body(StoreReader(db: db)) }
+    }
+
+    /// Runs `body` in one immediate write transaction: all of it lands, or none of it.
+    public func write<T>(_ body: (StoreWriter) throws -> T) throws -> T {
+        try pool.write { db in try body(StoreWriter(db: db)) }
+    }
+
+    /// Makes every committed transaction durable on the device (what fsync promises).
+    public func makeDurable() throws {
+        try pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
+            try db.inTransaction {
+                try db.execute(sql: "INSERT INTO settings(key, value) VALUES ('durable', x'01') ON CONFLICT(key) DO UPDATE SET value = x'01'")
+                return .commit
+            }
+        }
+    }
+
+    /// Removes content nothing refers to: manifests no record names, chunks no manifest lists.
+    /// Only safe while no writer is between storing chunks and committing their manifest, which
+    /// callers guarantee with the store's exclusive lock.
+    @discardableResult
+    public func collectGarbage() throws -> (manifests: Int, chunks: Int) {
+        try pool.write { db in
+            try db.execute(sql: """
+                DELETE FROM manifests WHERE digest NOT IN (
+                    SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
+                    UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
+                """)
+            let m = db.changesCount
+            try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
+            try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
+            let c = db.changesCount
+            return (m, c)
+        }
+    }
+
+    public func vacuum() throws {
+        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+    }
+}
+
+/// Read access inside a transaction.
+public struct StoreReader {
+    let db: Database
+
+    public func files(_ side: TreeSide) throws -> [StoredFile] {
+        try Row.fetchAll(db, sql: "SELECT record, version, content_version FROM \(side.table)").map(Self.decode)
+    }
+
+    public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
+        try Row.fetchOne(db, sql: "SELECT record, version, content_version FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)]).map(Self.decode)
+    }
+
+    /// The current view of one file: the local record if there is one, else base.
+    public func current(_ id: FileID) throws -> StoredFile? {
+        try file(id, .local) ?? file(id, .base)
+    }
+
+    static func decode(_ row: Row) throws -> StoredFile {
+        let record: Data = row["record"]
+        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"], contentVersion: row["content_version"])
+    }
+
+    public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
+        try Data.fetchOne(db, sql: "SELECT sealed FROM manifests WHERE digest = ?", arguments: [Data(digest)]).map { [UInt8]($0) }
+    }
+
+    public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
+        try Data.fetchOne(db, sql: "SELECT sealed FROM chunks WHERE id = ?", arguments: [Data(id)]).map { [UInt8]($0) }
+    }
+
+    public func hasChunk(_ id: [UInt8]) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT 1 FROM chunks WHERE id = ?", arguments: [Data(id)]) ?? false
+    }
+
+    public func setting(_ key: String) throws -> [UInt8]? {
+        try Data.fetchOne(db, sql: "SELECT value FROM settings WHERE key = ?", arguments: [key]).map { [UInt8]($0) }
+    }
+
+    public func inode(of id: FileID) throws -> UInt64? {
+        try Int64.fetchOne(db, sql: "SELECT ino FROM inodes WHERE file_id = ?", arguments: [Data(id.bytes)]).map { UInt64($0) }
+    }
+
+    public func allInodes() throws -> [(UInt64, FileID)] {
+        try Row.fetchAll(db, sql: "SELECT ino, file_id FROM inodes").compactMap { row in
+            let ino: Int64 = row["ino"]
+            let id: Data = row["file_id"]
+            guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
+            return (UInt64(ino), f)
+        }
+    }
+
+    /// Ids changed by any writer after `seq`, and the newest sequence number.
+    public func changes(after seq: Int64) throws -> (ids: Set<FileID>, last: Int64) {
+        let rows = try Row.fetchAll(db, sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq", arguments: [seq])
+        var ids: Set<FileID> = []
+        var last = seq
+        for r in rows {
+            let d: Data = r["file_id"]
+            if let id = try? FileID(bytes: [UInt8](d)) { ids.insert(id) }
+            last = r["seq"]
+        }
+        return (ids, last)
+    }
+
+    public func lastChange() throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log") ?? 0
+    }
+
+    public func count(_ sql: String) throws -> Int { try Int.fetchOne(db, sql: sql) ?? 0 }
+
+    /// Chunk ids listed by a manifest row (for integrity checks).
+    public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {
+        try Data.fetchAll(db, sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?", arguments: [Data(digest)]).map { [UInt8]($0) }
+    }
+
+    public func allChunkIDs() throws -> [[UInt8]] {
+        try Data.fetchAll(db, sql: "SELECT id FROM chunks").map { [UInt8]($0) }
+    }
+
+    public func allManifestDigests() throws -> [[UInt8]] {
+        try Data.fetchAll(db, sql: "SELECT digest FROM manifests").map { [UInt8]($0) }
+    }
+}
+
+/// Write access inside a transaction.
+public struct StoreWriter {
+    let db: Database
+    public var reader: StoreReader { StoreReader(db: db) }
+
+    public func put(_ f: StoredFile, _ side: TreeSide) throws {
+        let m = f.metadata
+        let previous = try Data.fetchOne(db, sql: "SELECT content_digest FROM \(side.table) WHERE id = ?", arguments: [Data(m.id.bytes)])
+        try db.execute(sql: """
+            INSERT INTO \(side.table) (id, parent, record, content_digest, version, content_version) VALUES (?, ?, ?, ?, ?, ?)
+            ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
+              content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version
+            """, arguments: [Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()),
+                             m.contentDigest.map { Data($0) }, f.version, f.contentVersion])
+        if let previous, previous != m.contentDigest.map({ Data($0) }) { try releaseManifest(previous) }
+        try logChange(m.id)
+    }
+
+    public func remove(_ id: FileID, _ side: TreeSide) throws {
+        let previous = try Data.fetchOne(db, sql: "SELECT content_digest FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)])
+        try db.execute(sql: "DELETE FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)])
+        if let previous { try releaseManifest(previous) }
+        try logChange(id)
+    }
+
+    /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
+    /// which alone can know that no writer is about to reference them again.
+    func releaseManifest(_ digest: Data) throws {
+        let used = try Bool.fetchOne(db, sql: """
+            SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
+                OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
+            """, arguments: [digest]) ?? true
+        guard !used else { return }
+        try db.execute(sql: "DELETE FROM manifests WHERE digest = ?", arguments: [digest])
+        try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest = ?", arguments: [digest])
+    }
+
+    public func logChange(_ id: FileID) throws {
+        try db.execute(sql: "INSERT INTO change_log(file_id) VALUES (?)", arguments: [Data(id.bytes)])
+    }
+
+    /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).
+    public func putManifest(digest: [UInt8], sealed: [UInt8], chunkIDs: [[UInt8]]) throws {
+        try db.execute(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)", arguments: [Data(digest), Data(sealed)])
+        for c in Set(chunkIDs.map { Data($0) }) {
+            try db.execute(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)", arguments: [Data(digest), c])
+        }
+    }
+
+    public func putChunk(id: [UInt8], sealed: [UInt8]) throws {
+        try db.execute(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)", arguments: [Data(id), Data(sealed)])
+    }
+
+    public func setSetting(_ key: String, _ value: [UInt8]) throws {
+        try db.execute(sql: "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                       arguments: [key, Data(value)])
+    }
+
+    /// The inode for a file id, assigning the next number the first time. Stable for the life
+    /// of the store, so the kernel and tools like rsync see the same numbers across remounts.
+    public func inode(for id: FileID, fixed: UInt64? = nil) throws -> UInt64 {
+        if let existing = try reader.inode(of: id) { return existing }
+        if let fixed {
+            try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)", arguments: [Int64(fixed), Data(id.bytes)])
+            return fixed
+        }
+        try db.execute(sql: "INSERT INTO inodes(file_id) VALUES (?)", arguments: [Data(id.bytes)])
+        return UInt64(db.lastInsertedRowID)
+    }
+
+    public func forgetInode(of id: FileID) throws {
+        try db.execute(sql: "DELETE FROM inodes WHERE file_id = ?", arguments: [Data(id.bytes)])
+    }
+
+    /// Drops old change-log entries; readers that fell further behind reload everything.
+    public func trimChangeLog(keeping n: Int64) throws {
+        try db.execute(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?", arguments: [n])
+    }
+}

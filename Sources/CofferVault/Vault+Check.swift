@@ -1,0 +1,107 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+
+/// What `coffer fsck` found.
+public struct CheckReport: Sendable {
+    public var files = 0
+    public var documents = 0
+    public var chunksVerified = 0
+    public var bytesVerified: UInt64 = 0
+    /// Chunks and manifests no record refers to (left by an interrupted write). Harmless; `coffer
+    /// gc` reclaims them.
+    public var unreferencedChunks = 0
+    public var unreferencedManifests = 0
+    public var problems: [String] = []
+    public var isClean: Bool { problems.isEmpty }
+}
+
+extension Vault {
+    /// Checks the invariants on both trees, every signature, the key chain, every name and
+    /// attribute record, and every chunk of every live document (authenticity and chunk id).
+    public func check() throws -> CheckReport {
+        var report = CheckReport()
+        let (base, local) = try store.read { r in (try r.files(.base), try r.files(.local)) }
+        var merged: [FileID: StoredFile] = [:]
+        for f in base { merged[f.metadata.id] = f }
+        for f in local { merged[f.metadata.id] = f }
+        report.files = merged.count
+
+        // Signatures: every record must be signed by the account it names as writer.
+        for f in base + local {
+            let m = f.metadata
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: m.encoded()) else {
+                report.problems.append("bad signature on file \(m.id)")
+                continue
+            }
+        }
+        // Invariants on base alone and on the current view.
+        let baseTree = FileTree(base.map(\.metadata))
+        do { try Validator.validateAll(baseTree) } catch { report.problems.append("base tree: \(error)") }
+        let tree = FileTree(merged.values.map(\.metadata))
+        do { try Validator.validateAll(tree) } catch { report.problems.append("local tree: \(error)") }
+
+        // Keys, names, attributes; then content.
+        for m in tree.files.values.sorted(by: { $0.id < $1.id }) {
+            guard tree.isLive(m.id) else { continue }
+            do {
+                let n = try node(m.id)
+                if m.type == .document {
+                    report.documents += 1
+                    try checkContent(m, size: n.attributes.size, &report)
+                }
+            } catch {
+                report.problems.append("\(m.id): \(VaultError.wrap(error).description)")
+            }
+        }
+        // Content nothing refers to.
+        let (chunkIDs, manifests, referenced) = try store.read { r -> (Set<[UInt8]>, Set<[UInt8]>, Set<[UInt8]>) in
+            (Set(try r.allChunkIDs()), Set(try r.allManifestDigests()), Set((base + local).compactMap { $0.metadata.contentDigest }))
+        }
+        var reachableChunks: Set<[UInt8]> = []
+        for d in referenced { reachableChunks.formUnion(try store.read { try $0.chunkIDs(ofManifest: d) }) }
+        report.unreferencedChunks = chunkIDs.subtracting(reachableChunks).count
+        report.unreferencedManifests = manifests.subtracting(referenced).count
+        for d in referenced where !manifests.contains(d) {
+            report.problems.append("missing manifest \(hexString(Array(d.prefix(8))))")
+        }
+        return report
+    }
+
+    private func checkContent(_ m: FileMetadata, size: UInt64, _ report: inout CheckReport) throws {
+        let cipher = try state.withLock { s in ContentCipher(fileID: m.id, key: try key(m.id, &s)) }
+        let manifest = try loadManifest(m.contentDigest, cipher: cipher)
+        if manifest.size != size {
+            report.problems.append("\(path(of: m.id)): size \(size) in attributes but \(manifest.size) in content")
+        }
+        for ref in manifest.chunks {
+            guard let sealed = try store.read({ try $0.chunk(ref.id) }) else {
+                report.problems.append("\(path(of: m.id)): chunk \(hexString(Array(ref.id.prefix(8)))) is missing")
+                continue
+            }
+            do {
+                _ = try cipher.openChunk(sealed, ref: ref)
+                report.chunksVerified += 1
+                report.bytesVerified += UInt64(ref.length)
+            } catch {
+                report.problems.append("\(path(of: m.id)): chunk \(hexString(Array(ref.id.prefix(8)))): \(error)")
+            }
+        }
+    }
+
+    /// Counts of records with unsynced local changes, for `coffer status`.
+    public func pendingChanges() throws -> (created: Int, modified: Int, deleted: Int) {
+        let (base, local) = try store.read { r in (try r.files(.base), try r.files(.local)) }
+        let baseIDs = Dictionary(uniqueKeysWithValues: base.map { ($0.metadata.id, $0.metadata) })
+        var created = 0, modified = 0, deleted = 0
+        for f in local {
+            if f.metadata.isDeleted { deleted += 1 }
+            else if baseIDs[f.metadata.id] == nil { created += 1 }
+            else if baseIDs[f.metadata.id] != f.metadata { modified += 1 }
+        }
+        return (created, modified, deleted)
+    }
+
+    public var fileCount: Int { state.withLock { $0.tree.count } }
+}

@@ -1,0 +1,158 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+
+extension Vault {
+    /// Opens a document for reading and writing. Every `openDocument` must be matched by one
+    /// `release`; the last release flushes.
+    public func openDocument(_ id: FileID) throws -> OpenDocument {
+        do {
+            if let doc = openDocuments.withLock({ docs -> OpenDocument? in
+                guard let d = docs[id] else { return nil }
+                d.state.withLock { $0.openCount += 1 }
+                return d
+            }) { return doc }
+            let (cipher, digest) = try state.withLock { s -> (ContentCipher, [UInt8]?) in
+                guard let m = s.tree.file(id) else { throw TreeError.notFound(path(id, &s)) }
+                if m.type == .folder { throw TreeError.isAFolder(path(id, &s)) }
+                guard m.type == .document else { throw TreeError.notADocument(path(id, &s)) }
+                return (ContentCipher(fileID: id, key: try key(id, &s)), m.contentDigest)
+            }
+            let manifest = try loadManifest(digest, cipher: cipher)
+            let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
+            return openDocuments.withLock { docs in
+                let doc = docs[id] ?? fresh // another thread may have opened it meanwhile
+                docs[id] = doc
+                doc.state.withLock { $0.openCount += 1 }
+                return doc
+            }
+        } catch { throw VaultError.wrap(error) }
+    }
+
+    func loadManifest(_ digest: [UInt8]?, cipher: ContentCipher) throws -> Manifest {
+        guard let digest else { return Manifest() }
+        guard let sealed = try store.read({ try $0.manifest(digest) }) else {
+            throw VaultError.corrupt("the content manifest of \(cipher.fileID) is missing")
+        }
+        guard ContentCipher.digest(ofSealedManifest: sealed) == digest else {
+            throw VaultError.corrupt("the content manifest of \(cipher.fileID) does not match its digest")
+        }
+        return try cipher.openManifest(sealed)
+    }
+
+    /// Drops one reference; the last one flushes unflushed writes and forgets the document.
+    public func release(_ doc: OpenDocument) throws {
+        let last = openDocuments.withLock { docs -> Bool in
+            let remaining = doc.state.withLock { s -> Int in s.openCount -= 1; return s.openCount }
+            if remaining <= 0, docs[doc.id] === doc { docs[doc.id] = nil; return true }
+            return false
+        }
+        if last { try doc.flush() }
+    }
+
+    /// Called by a document's flush: stores the sealed manifest and commits the metadata naming
+    /// it, with new size and mtime, in one transaction. A document that was deleted meanwhile
+    /// (unlinked while open) is not resurrected: its content is simply dropped. Returns the new
+    /// digest, or nil if nothing was committed.
+    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec) throws -> [UInt8]? {
+        guard isLive(id) else { return nil }
+        let sealed = cipher.sealManifest(manifest)
+        let digest = ContentCipher.digest(ofSealedManifest: sealed)
+        do {
+            try commit { batch, s, w in
+                guard s.tree.isLive(id) else { return }
+                try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
+                var a = try attributes(id, &s)
+                a.size = manifest.size
+                a.mtime = Stamped(mtime, at: nextStamp(&s))
+                a.ctime = max(mtime, now())
+                let k = try key(id, &s)
+                let sealedAttrs = AEAD.seal(a.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
+                let snapshot = s
+                try batch.update(id, describe: { i in var c = snapshot; return self.path(i, &c) }) {
+                    $0.contentDigest = digest
+                    $0.sealedAttributes = sealedAttrs
+                }
+                s.attrs[id] = a
+            }
+        } catch let e as VaultError {
+            if case .tree(.notFound) = e { return nil }
+            if case .tree(.deleted) = e { return nil }
+            throw e
+        }
+        return digest
+    }
+
+    /// Tells open documents about content other processes committed (the daemon's refresh).
+    func adoptExternalContent(_ ids: Set<FileID>) {
+        for id in ids {
+            guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
+            guard let digest = state.withLock({ $0.tree.file(id)?.contentDigest }) else { continue }
+            if let manifest = try? loadManifest(digest, cipher: doc.cipher) { doc.adopt(manifest: manifest, digest: digest) }
+        }
+    }
+
+    /// Refresh plus adopting external content; what the daemon polls.
+    public func refreshAll() throws -> Set<FileID> {
+        let ids = try refresh()
+        if !ids.isEmpty { adoptExternalContent(ids) }
+        return ids
+    }
+
+    // MARK: Whole-document helpers for the CLI
+
+    /// Streams a document's plaintext to `sink` in chunk-sized pieces.
+    public func readContents(_ id: FileID, into sink: ([UInt8]) throws -> Void) throws {
+        let doc = try openDocument(id)
+        defer { try? release(doc) }
+        var offset: UInt64 = 0
+        let size = doc.currentSize
+        while offset < size {
+            let piece = try doc.read(offset: offset, count: Int(Manifest.defaultChunkSize))
+            if piece.isEmpty { break }
+            try sink(piece)
+            offset += UInt64(piece.count)
+        }
+    }
+
+    public func readAll(_ id: FileID) throws -> [UInt8] {
+        var out: [UInt8] = []
+        try readContents(id) { out += $0 }
+        return out
+    }
+
+    /// Replaces a document's content with what `source` yields (nil ends it), committing once at
+    /// the end: a crash at any point leaves the old content or the new, never a mix.
+    public func writeContents(_ id: FileID, mtime: Timespec? = nil, durable: Bool = true, from source: () throws -> [UInt8]?) throws {
+        let doc = try openDocument(id)
+        var released = false
+        defer { if !released { try? release(doc) } }
+        try doc.truncate(to: 0)
+        var offset: UInt64 = 0
+        while let piece = try source() {
+            if piece.isEmpty { continue }
+            try doc.write(offset: offset, bytes: piece)
+            offset += UInt64(piece.count)
+        }
+        if let mtime { doc.mtimeAtomic.store(mtime.seconds * 1_000_000_000 + mtime.nanoseconds, ordering: .relaxed) }
+        try doc.flush(durable: durable)
+        released = true
+        try release(doc)
+    }
+
+    public func writeAll(_ id: FileID, _ bytes: [UInt8], mtime: Timespec? = nil) throws {
+        var sent = false
+        try writeContents(id, mtime: mtime) {
+            if sent { return nil }
+            sent = true
+            return bytes
+        }
+    }
+
+    /// Runs garbage collection if no other process has the store open; returns nil if it is busy.
+    public func collectGarbage() throws -> (manifests: Int, chunks: Int)? {
+        try locks.exclusively { try store.collectGarbage() }
+    }
+}

@@ -1,0 +1,340 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import Foundation
+
+/// How `rename` treats an existing file at the destination.
+public enum RenameMode: Sendable {
+    /// Replace it atomically (POSIX rename): a document or symlink over a non-folder, or a
+    /// folder over an empty folder.
+    case replace
+    /// Fail with EEXIST (RENAME_NOREPLACE, and the CLI's `mv`).
+    case noReplace
+}
+
+/// Attribute changes from chmod, chown, utimens.
+public struct AttributeChanges: Sendable {
+    public var mode: UInt32?
+    public var uid: UInt32?
+    public var gid: UInt32?
+    public var mtime: Timespec?
+    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil) {
+        self.mode = mode; self.uid = uid; self.gid = gid; self.mtime = mtime
+    }
+}
+
+extension Vault {
+    public var rootID: FileID {
+        state.withLock { $0.tree.rootID } ?? (try! FileID(bytes: [UInt8](repeating: 0, count: 16)))
+    }
+
+    public func node(_ id: FileID) throws -> Node {
+        do { return try state.withLock { s in try node(id, &s) } } catch { throw VaultError.wrap(error) }
+    }
+
+    /// Whether the file exists and is live (not deleted, no deleted ancestor).
+    public func isLive(_ id: FileID) -> Bool {
+        state.withLock { $0.tree.isLive(id) }
+    }
+
+    public func children(of id: FileID) throws -> [Node] {
+        do {
+            return try state.withLock { s in
+                guard let m = s.tree.file(id) else { throw TreeError.notFound(path(id, &s)) }
+                guard m.type == .folder else { throw TreeError.notAFolder(path(id, &s)) }
+                return try s.tree.liveChildren(of: id).map { try node($0.id, &s) }
+                    .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
+            }
+        } catch { throw VaultError.wrap(error) }
+    }
+
+    /// The live child of `parent` called `name`, found by name MAC without decrypting siblings.
+    public func lookup(_ parent: FileID, _ name: String) throws -> Node? {
+        do {
+            return try state.withLock { s in try lookup(parent, name, &s) }
+        } catch { throw VaultError.wrap(error) }
+    }
+
+    func lookup(_ parent: FileID, _ name: String, _ s: inout VaultState) throws -> Node? {
+        guard let p = s.tree.file(parent) else { throw TreeError.notFound(parent.description) }
+        guard p.type == .folder else { throw TreeError.notAFolder(path(parent, &s)) }
+        let mac = NameMAC.mac(name: name, parentKey: try key(parent, &s))
+        guard let child = s.tree.liveChild(of: parent, nameMAC: mac) else { return nil }
+        return try node(child.id, &s)
+    }
+
+    /// Resolves a slash-separated path from the root ("" and "/" are the root). Symlinks are not
+    /// followed: the CLI works on the tree as stored.
+    public func resolve(_ path: String) throws -> Node {
+        let parts = Self.components(path)
+        do {
+            return try state.withLock { s in
+                guard let root = s.tree.rootID else { throw TreeError.noRoot }
+                var current = try node(root, &s)
+                var walked = ""
+                for part in parts {
+                    walked += "/" + part
+                    guard current.type == .folder else { throw TreeError.notAFolder(walked) }
+                    guard let next = try lookup(current.id, part, &s) else { throw TreeError.notFound(walked) }
+                    current = next
+                }
+                return current
+            }
+        } catch { throw VaultError.wrap(error) }
+    }
+
+    public static func components(_ path: String) -> [String] {
+        path.split(separator: "/", omittingEmptySubsequences: true).map(String.init).filter { $0 != "." }
+    }
+
+    public func path(of id: FileID) -> String {
+        state.withLock { s in path(id, &s) }
+    }
+
+    // MARK: Create
+
+    /// Creates a folder, document or symlink.
+    @discardableResult
+    public func create(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
+                       gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil) throws -> Node {
+        do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
+        if type == .symlink {
+            guard let t = symlinkTarget, !t.isEmpty, t.utf8.count <= 4095 else {
+                throw VaultError.invalidArgument("a symlink target must be 1 to 4095 bytes")
+            }
+        }
+        guard type != .link else { throw VaultError.notSupported("links to shared files come with sharing") }
+        let id = try FileID(random: randomBytes(16))
+        let fileKey = SymmetricKey.random()
+        return try commit { batch, s, w in
+            let parentKey = try key(parent, &s)
+            let stamp = nextStamp(&s)
+            let t = mtime ?? now()
+            var attrs = PosixAttributes(mode: mode, uid: uid, gid: gid, mtime: t, stamp: stamp, symlinkTarget: symlinkTarget)
+            attrs.ctime = now()
+            var contentDigest: [UInt8]? = nil
+            if type == .document {
+                // Every document has a manifest from the start, so readers never special-case "none".
+                let cipher = ContentCipher(fileID: id, key: fileKey)
+                let sealed = cipher.sealManifest(Manifest())
+                let digest = ContentCipher.digest(ofSealedManifest: sealed)
+                try w.putManifest(digest: digest, sealed: sealed, chunkIDs: [])
+                contentDigest = digest
+            }
+            let m = FileMetadata(id: id, type: type, parent: parent, name: sealName(name, parentKey: parentKey, fileID: id),
+                                 owner: accountID, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes),
+                                 sealedAttributes: AEAD.seal(attrs.encoded(), key: fileKey, purpose: .attributes, fileID: id.bytes),
+                                 contentDigest: contentDigest, lastModifiedBy: accountID)
+            let snapshot = s
+            try batch.create(m, describe: { _ in
+                var c = snapshot
+                let p = self.path(parent, &c)
+                return (p == "/" ? "" : p) + "/" + name
+            })
+            _ = try w.inode(for: id)
+            s.keys[id] = fileKey
+            s.names[id] = name
+            s.attrs[id] = attrs
+            try touchParent(parent, &batch, &s)
+            return Node(id: id, type: type, parent: parent, name: name, attributes: attrs)
+        }
+    }
+
+    /// A folder's mtime and ctime change when an entry is added, removed or renamed.
+    func touchParent(_ parent: FileID, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
+        guard var attrs = try? attributes(parent, &s), batch.file(parent).map({ !$0.isDeleted }) == true else { return }
+        let t = now()
+        attrs.mtime = Stamped(t, at: nextStamp(&s))
+        attrs.ctime = t
+        try setSealedAttributes(parent, attrs, &batch, &s)
+    }
+
+    func setSealedAttributes(_ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
+        let k = try key(id, &s)
+        let sealed = AEAD.seal(attrs.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
+        let snapshot = s
+        try batch.update(id, describe: { i in var c = snapshot; return self.path(i, &c) }) { $0.sealedAttributes = sealed }
+        s.attrs[id] = attrs
+    }
+
+    /// `mkdir -p`: creates missing folders along `path`, returns the last.
+    @discardableResult
+    public func makeFolders(_ path: String, mode: UInt32 = 0o755) throws -> Node {
+        var current = try resolve("/")
+        for part in Self.components(path) {
+            if let next = try lookup(current.id, part) {
+                guard next.type == .folder else { throw VaultError.tree(.notAFolder(self.path(of: next.id))) }
+                current = next
+            } else {
+                current = try create(in: current.id, name: part, type: .folder, mode: mode)
+            }
+        }
+        return current
+    }
+
+    // MARK: Rename, move, exchange
+
+    /// Renames and/or moves `id` to `newParent`/`newName`. With `.replace`, an existing file
+    /// there is deleted in the same batch, so the swap is atomic for every reader.
+    /// Returns the id of the replaced file, if any.
+    @discardableResult
+    public func rename(_ id: FileID, to newParent: FileID, name newName: String, mode: RenameMode = .replace) throws -> FileID? {
+        do { try FileName.validate(newName) } catch { throw VaultError.tree(error) }
+        return try commit { batch, s, _ -> FileID? in
+            guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+            if m.isRoot { throw TreeError.rootModified }
+            let snapshot = s
+            let describe: Validator.Describe = { i in var c = snapshot; return self.path(i, &c) }
+            var replaced: FileID? = nil
+            if let existing = try lookup(newParent, newName, &s), existing.id != id {
+                if mode == .noReplace { throw TreeError.pathConflict(path(existing.id, &s)) }
+                if m.type == .folder {
+                    guard existing.type == .folder else { throw TreeError.notAFolder(path(existing.id, &s)) }
+                    if !s.tree.liveChildren(of: existing.id).isEmpty { throw TreeError.folderNotEmpty(path(existing.id, &s)) }
+                } else if existing.type == .folder {
+                    throw TreeError.isAFolder(path(existing.id, &s))
+                }
+                try batch.delete(existing.id, describe: describe)
+                replaced = existing.id
+            } else if let existing = try lookup(newParent, newName, &s), existing.id == id {
+                return nil // renaming onto itself is a no-op
+            }
+            try moveInBatch(id, to: newParent, name: newName, &batch, &s, describe)
+            try touchParent(m.parent, &batch, &s)
+            if newParent != m.parent { try touchParent(newParent, &batch, &s) }
+            return replaced
+        }.map { replaced in
+            try? pruneDeleted(replaced)
+            return replaced
+        }
+    }
+
+    func moveInBatch(_ id: FileID, to newParent: FileID, name newName: String, _ batch: inout Batch<FileTree>,
+                     _ s: inout VaultState, _ describe: Validator.Describe) throws {
+        guard let m = batch.file(id) else { throw TreeError.notFound(describe(id)) }
+        let parentKey = try key(newParent, &s)
+        let fileKey = try key(id, &s)
+        let sealed = sealName(newName, parentKey: parentKey, fileID: id)
+        if newParent == m.parent {
+            try batch.rename(id, to: sealed, describe: describe)
+        } else {
+            try batch.move(id, to: newParent, name: sealed, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes), describe: describe)
+        }
+        s.names[id] = newName
+        if var a = try? attributes(id, &s) {
+            a.ctime = now()
+            try setSealedAttributes(id, a, &batch, &s)
+        }
+    }
+
+    /// RENAME_EXCHANGE: atomically swaps two entries.
+    public func exchange(_ a: FileID, _ b: FileID) throws {
+        try commit { batch, s, _ in
+            guard let ma = s.tree.file(a), let mb = s.tree.file(b) else { throw TreeError.notFound("exchange target") }
+            if ma.isRoot || mb.isRoot { throw TreeError.rootModified }
+            if s.tree.ancestors(of: mb.parent).contains(a) || mb.parent == a || s.tree.ancestors(of: ma.parent).contains(b) || ma.parent == b {
+                throw TreeError.cycle(path(a, &s))
+            }
+            let na = try name(a, &s), nb = try name(b, &s)
+            let snapshot = s
+            let describe: Validator.Describe = { i in var c = snapshot; return self.path(i, &c) }
+            // Park `a` under a temporary name first: each step must be checkable on its own.
+            let pa = ma.parent, pb = mb.parent
+            batch.upsertUnchecked({ var t = ma; t.name = SealedName(ciphertext: [], mac: Array("exchange".utf8) + a.bytes); return t }())
+            try moveInBatch(b, to: pa, name: na, &batch, &s, describe)
+            try moveInBatch(a, to: pb, name: nb, &batch, &s, describe)
+            try touchParent(pa, &batch, &s)
+            if pb != pa { try touchParent(pb, &batch, &s) }
+        }
+    }
+
+    // MARK: Delete
+
+    /// Deletes a file; a folder must be empty unless `recursive` (its contents are then
+    /// implicitly deleted, as the design's deletion states say).
+    public func remove(_ id: FileID, recursive: Bool = false, expectFolder: Bool? = nil) throws {
+        try commit { batch, s, _ in
+            guard let m = s.tree.file(id), s.tree.isLive(id) else { throw TreeError.notFound(id.description) }
+            if m.isRoot { throw TreeError.rootModified }
+            if expectFolder == true && m.type != .folder { throw TreeError.notAFolder(path(id, &s)) }
+            if expectFolder == false && m.type == .folder { throw TreeError.isAFolder(path(id, &s)) }
+            if m.type == .folder && !recursive && !s.tree.liveChildren(of: id).isEmpty {
+                throw TreeError.folderNotEmpty(path(id, &s))
+            }
+            let snapshot = s
+            try batch.delete(id, describe: { i in var c = snapshot; return self.path(i, &c) })
+            try touchParent(m.parent, &batch, &s)
+        }
+        try? pruneDeleted(id)
+    }
+
+    /// Prunes what a deletion made unreachable and the server never saw: records that exist only
+    /// locally are removed outright; records the server knows stay as explicit deletions until a
+    /// sync pushes them. Open documents keep their content (their handles hold it).
+    func pruneDeleted(_ id: FileID?) throws {
+        guard let id else { return }
+        try state.withLock { s in
+            let ids = [id] + s.tree.descendants(of: id)
+            let (removed, lastSeq) = try store.write { w -> ([FileID], Int64) in
+                var removed: [FileID] = []
+                // Children first, so no record is ever left without its parent.
+                for f in ids.reversed() {
+                    guard try w.reader.file(f, .base) == nil else { continue }
+                    if s.tree.childIDs(of: f).contains(where: { !ids.contains($0) }) { continue }
+                    try w.remove(f, .local)
+                    try w.forgetInode(of: f)
+                    removed.append(f)
+                }
+                return (removed, try w.reader.lastChange())
+            }
+            for f in removed.reversed() {
+                s.tree.remove(f)
+                s.names[f] = nil; s.attrs[f] = nil; s.versions[f] = nil
+            }
+            s.lastSeq = lastSeq
+        }
+    }
+
+    // MARK: Attributes
+
+    @discardableResult
+    public func setAttributes(_ id: FileID, _ changes: AttributeChanges) throws -> Node {
+        try commit { batch, s, _ in
+            var a = try attributes(id, &s)
+            let stamp = nextStamp(&s)
+            if let mode = changes.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
+            if let uid = changes.uid { a.uid = Stamped(uid, at: stamp) }
+            if let gid = changes.gid { a.gid = Stamped(gid, at: stamp) }
+            if let mt = changes.mtime { a.mtime = Stamped(mt, at: stamp) }
+            a.ctime = now()
+            try setSealedAttributes(id, a, &batch, &s)
+            return try node(id, &s)
+        }
+    }
+
+    public func xattrs(_ id: FileID) throws -> [String: [UInt8]] {
+        try node(id).attributes.liveXattrs
+    }
+
+    /// Sets (`value`) or removes (nil) a user xattr. `create`/`replace` are XATTR_CREATE/REPLACE.
+    public func setXattr(_ id: FileID, name: String, value: [UInt8]?, create: Bool = false, replace: Bool = false) throws {
+        guard name.utf8.count <= 255, !name.isEmpty else { throw VaultError.invalidArgument("xattr name too long") }
+        if let value, value.count > 64 * 1024 { throw VaultError.invalidArgument("xattr value larger than 64 KiB") }
+        try commit { batch, s, _ in
+            var a = try attributes(id, &s)
+            let exists = a.xattrs[name]?.value != nil
+            if create && exists { throw XattrError.exists }
+            if (replace || value == nil) && !exists { throw XattrError.missing }
+            if a.xattrs.count >= 1000 && !exists { throw VaultError.invalidArgument("too many xattrs") }
+            a.xattrs[name] = Stamped(value, at: nextStamp(&s))
+            a.ctime = now()
+            try setSealedAttributes(id, a, &batch, &s)
+        }
+    }
+}
+
+/// xattr-specific failures with their own errnos (EEXIST, ENODATA).
+public enum XattrError: Error {
+    case exists
+    case missing
+}

@@ -1,0 +1,359 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+import Synchronization
+
+/// The decrypted file tree one account works with on this device.
+///
+/// A vault is the thin layer between the pure model and everything with I/O: it holds the
+/// account keys, keeps an in-memory copy of the current tree (local over base) with key, name and
+/// attribute caches, turns user operations into signed metadata batches validated by the model,
+/// and commits each batch as one store transaction. The CLI and the FUSE daemon both drive one.
+///
+/// Several vaults (processes) can share a store: every commit first catches up with the store's
+/// change log inside its write transaction, so validation always sees the latest tree.
+public final class Vault: Sendable {
+    public let dataDirectory: String
+    public let store: Store
+    let secret: AccountSecret
+    let signing: SigningKeyPair
+    let box: BoxKeyPair
+    public let accountID: AccountID
+    public let username: String
+    let deviceID: UInt32
+    let locks: StoreLocks
+    let now: @Sendable () -> Timespec
+
+    let state: Mutex<VaultState>
+    let openDocuments = Mutex<[FileID: OpenDocument]>([:])
+
+    /// How many plaintext bytes an open document may buffer before it seals them into chunks.
+    public static let writeBufferLimit = 16 * 1024 * 1024
+
+    static let secretFile = "account.secret"
+
+    init(dataDirectory: String, store: Store, secret: AccountSecret, username: String, deviceID: UInt32,
+         locks: StoreLocks, now: @escaping @Sendable () -> Timespec) throws {
+        self.dataDirectory = dataDirectory
+        self.store = store
+        self.secret = secret
+        self.signing = secret.signingKeys
+        self.box = secret.boxKeys
+        self.accountID = try AccountID(bytes: signing.publicKey.bytes)
+        self.username = username
+        self.deviceID = deviceID
+        self.locks = locks
+        self.now = now
+        self.state = Mutex(VaultState())
+        try state.withLock { s in try reloadAll(&s) }
+    }
+
+    public static func systemNow() -> Timespec {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Timespec(seconds: Int64(ts.tv_sec), nanoseconds: Int64(ts.tv_nsec))
+    }
+
+    // MARK: Creating and opening
+
+    /// Creates a new account and an empty tree in `dataDirectory`.
+    public static func create(dataDirectory: String, username: String, secret: AccountSecret = .generate(),
+                              now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
+        let name = username.trimmingCharacters(in: .whitespaces)
+        guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }) else {
+            throw VaultError.invalidArgument("invalid username \"\(username)\": use 1-64 letters, digits, '-', '_' or '.'")
+        }
+        if FileManager.default.fileExists(atPath: dataDirectory + "/" + secretFile) {
+            throw VaultError.accountExists(dataDirectory)
+        }
+        let store = try Store(directory: dataDirectory)
+        let locks = try StoreLocks(directory: dataDirectory)
+        let device = UInt32.random(in: 1...UInt32.max)
+        let existing = try store.read { try $0.count("SELECT COUNT(*) FROM local_files") + $0.count("SELECT COUNT(*) FROM base_files") }
+        guard existing == 0 else { throw VaultError.accountExists(dataDirectory) }
+        try store.write { w in
+            try w.setSetting("username", Array(name.utf8))
+            try w.setSetting("device", withUnsafeBytes(of: device.bigEndian) { Array($0) })
+        }
+        // The secret is written last: its presence is what marks the store as initialised.
+        try writeSecret(secret, to: dataDirectory)
+        let vault = try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: name,
+                              deviceID: device, locks: locks, now: now)
+        try vault.createRoot()
+        return vault
+    }
+
+    /// Opens the account stored in `dataDirectory`.
+    public static func open(dataDirectory: String, now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
+        let path = dataDirectory + "/" + secretFile
+        guard FileManager.default.fileExists(atPath: path) else { throw VaultError.noAccount(dataDirectory) }
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+            throw VaultError.io("cannot read \(path)")
+        }
+        let secret = try AccountSecret(base64: text)
+        let store = try Store(directory: dataDirectory)
+        let locks = try StoreLocks(directory: dataDirectory)
+        let (username, device) = try store.read { r -> (String, UInt32) in
+            let u = try r.setting("username").map { String(decoding: $0, as: UTF8.self) } ?? "coffer"
+            let d = try r.setting("device").map { $0.reduce(UInt32(0)) { ($0 << 8) | UInt32($1) } } ?? 1
+            return (u, d)
+        }
+        return try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: username,
+                         deviceID: device, locks: locks, now: now)
+    }
+
+    static func writeSecret(_ secret: AccountSecret, to directory: String) throws {
+        let path = directory + "/" + secretFile
+        let tmp = path + ".tmp"
+        let fd = Foundation.open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0 else { throw VaultError.io("cannot write \(tmp): \(String(cString: strerror(errno)))") }
+        let bytes = Array((secret.base64 + "\n").utf8)
+        let written = bytes.withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) }
+        fchmod(fd, 0o600)
+        let synced = fsync(fd)
+        close(fd)
+        guard written == bytes.count, synced == 0, Glibc.rename(tmp, path) == 0 else {
+            unlink(tmp)
+            throw VaultError.io("cannot write the account secret to \(path)")
+        }
+    }
+
+    /// The account secret, for the user's own export.
+    public var exportedSecret: AccountSecret { secret }
+
+    private func createRoot() throws {
+        try state.withLock { s in
+            guard s.tree.rootID == nil else { return }
+            let id = try FileID(random: randomBytes(16))
+            let key = SymmetricKey.random()
+            let stamp = nextStamp(&s)
+            let t = now()
+            let attrs = PosixAttributes(mode: 0o755, uid: getuid(), gid: getgid(), mtime: t, stamp: stamp)
+            let sealedName = sealName(username, parentKey: key, fileID: id)
+            let access = AccessEntry(account: accountID, mode: .owner, sealedKey: box.publicKey.seal(key: key, fileID: id.bytes))
+            let m = FileMetadata(id: id, type: .folder, parent: id, name: sealedName, owner: accountID,
+                                 wrappedKey: [], access: [access],
+                                 sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+                                 lastModifiedBy: accountID)
+            var batch = Batch(base: s.tree)
+            batch.upsertUnchecked(m)
+            _ = try batch.validate()
+            try store.write { w in
+                try w.put(StoredFile(signed: sign(m)), .local)
+                _ = try w.inode(for: id, fixed: 1)
+            }
+            s.keys[id] = key
+            try catchUp(&s)
+        }
+    }
+
+    // MARK: Helpers used under the state lock
+
+    func sign(_ m: FileMetadata) -> SignedMetadata {
+        SignedMetadata(metadata: m, signature: signing.sign(m.encoded()))
+    }
+
+    func nextStamp(_ s: inout VaultState) -> HybridTimestamp {
+        let t = now()
+        let millis = UInt64(max(0, t.seconds)) * 1000 + UInt64(max(0, t.nanoseconds)) / 1_000_000
+        s.clock = HybridTimestamp.next(after: s.clock, now: millis, device: deviceID)
+        return s.clock
+    }
+
+    func sealName(_ name: String, parentKey: SymmetricKey, fileID: FileID) -> SealedName {
+        SealedName(ciphertext: AEAD.seal(Array(name.utf8), key: parentKey, purpose: .name, fileID: fileID.bytes),
+                   mac: NameMAC.mac(name: name, parentKey: parentKey))
+    }
+
+    /// The key of a file, unwrapped along the key chain and cached.
+    func key(_ id: FileID, _ s: inout VaultState) throws -> SymmetricKey {
+        if let k = s.keys[id] { return k }
+        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+        let k: SymmetricKey
+        if m.isRoot {
+            guard let entry = m.access.first(where: { $0.account == accountID && !$0.isDeleted }) else {
+                throw VaultError.corrupt("the root folder has no key for this account")
+            }
+            k = try box.open(sealedKey: entry.sealedKey, fileID: id.bytes)
+        } else {
+            var depth = 0
+            var chain: [FileMetadata] = [m]
+            while let top = chain.last, !top.isRoot, s.keys[top.parent] == nil {
+                guard let p = s.tree.file(top.parent) else { throw TreeError.orphan(id.description) }
+                chain.append(p)
+                depth += 1
+                if depth > 10_000 { throw TreeError.cycle(id.description) }
+            }
+            // Unwrap from the highest known ancestor downwards (iteratively, no deep recursion).
+            for f in chain.reversed() where s.keys[f.id] == nil {
+                if f.isRoot { _ = try key(f.id, &s); continue }
+                guard let pk = s.keys[f.parent] else { throw TreeError.orphan(f.id.description) }
+                s.keys[f.id] = try KeyWrap.unwrap(f.wrappedKey, with: pk, fileID: f.id.bytes)
+            }
+            guard let found = s.keys[id] else { throw VaultError.corrupt("cannot unwrap key of \(id)") }
+            k = found
+        }
+        s.keys[id] = k
+        return k
+    }
+
+    func name(_ id: FileID, _ s: inout VaultState) throws -> String {
+        if let n = s.names[id] { return n }
+        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+        let pk = try key(m.parent, &s)
+        let raw = try AEAD.open(m.name.ciphertext, key: pk, purpose: .name, fileID: id.bytes, what: "file name")
+        let n = String(decoding: raw, as: UTF8.self)
+        s.names[id] = n
+        return n
+    }
+
+    func attributes(_ id: FileID, _ s: inout VaultState) throws -> PosixAttributes {
+        if let a = s.attrs[id] { return a }
+        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+        let k = try key(id, &s)
+        let a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
+        s.attrs[id] = a
+        return a
+    }
+
+    func node(_ id: FileID, _ s: inout VaultState) throws -> Node {
+        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+        var attrs = try attributes(id, &s)
+        if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
+            attrs.size = open.currentSize
+            if let mt = open.pendingMtime { attrs.mtime.value = mt; attrs.ctime = max(attrs.ctime, mt) }
+        }
+        return Node(id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs)
+    }
+
+    /// A path for messages; best effort.
+    func path(_ id: FileID, _ s: inout VaultState) -> String {
+        var parts: [String] = []
+        var cursor = id
+        var steps = 0
+        while let m = s.tree.file(cursor), !m.isRoot, steps < 4096 {
+            parts.append((try? name(cursor, &s)) ?? cursor.description)
+            cursor = m.parent
+            steps += 1
+        }
+        return "/" + parts.reversed().joined(separator: "/")
+    }
+
+    // MARK: Loading and catching up
+
+    func reloadAll(_ s: inout VaultState) throws {
+        let (base, local, last) = try store.read { r in (try r.files(.base), try r.files(.local), try r.lastChange()) }
+        var merged: [FileID: StoredFile] = [:]
+        for f in base { merged[f.metadata.id] = f }
+        for f in local { merged[f.metadata.id] = f }
+        let keepClock = s.clock
+        s = VaultState()
+        s.clock = keepClock
+        s.tree = FileTree(merged.values.map(\.metadata))
+        s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
+        s.lastSeq = last
+        for m in s.tree.files.values { if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.mode.stamp) } }
+    }
+
+    /// Applies other writers' commits since the last one this vault saw. Returns the changed ids.
+    @discardableResult
+    func catchUp(_ s: inout VaultState) throws -> Set<FileID> {
+        let (ids, last, records) = try store.read { r -> (Set<FileID>, Int64, [FileID: StoredFile?]) in
+            let (ids, last) = try r.changes(after: s.lastSeq)
+            var records: [FileID: StoredFile?] = [:]
+            for id in ids { records[id] = try r.current(id) }
+            return (ids, last, records)
+        }
+        apply(records, &s)
+        s.lastSeq = last
+        return ids
+    }
+
+    func apply(_ records: [FileID: StoredFile?], _ s: inout VaultState) {
+        for (id, rec) in records {
+            let old = s.tree.file(id)
+            if let rec {
+                s.tree.insert(rec.metadata)
+                s.versions[id] = (rec.version, rec.contentVersion)
+                if old?.name != rec.metadata.name || old?.parent != rec.metadata.parent { s.names[id] = nil }
+                if old?.wrappedKey != rec.metadata.wrappedKey || old?.parent != rec.metadata.parent {
+                    // A moved folder's key is unchanged, but drop the cache entry to re-derive through the new chain.
+                    if old?.wrappedKey != rec.metadata.wrappedKey { s.keys[id] = nil }
+                }
+                if old?.sealedAttributes != rec.metadata.sealedAttributes { s.attrs[id] = nil }
+            } else {
+                s.tree.remove(id)
+                s.names[id] = nil; s.keys[id] = nil; s.attrs[id] = nil; s.versions[id] = nil
+            }
+        }
+    }
+
+    /// Picks up commits made by other processes (the daemon calls this periodically). Returns the
+    /// ids that changed, so the caller can tell the kernel.
+    public func refresh() throws -> Set<FileID> {
+        let latest = try store.read { try $0.lastChange() }
+        return try state.withLock { s in
+            var ids = s.externalChanges
+            s.externalChanges = []
+            if latest != s.lastSeq { ids.formUnion(try catchUp(&s)) }
+            return ids
+        }
+    }
+
+    // MARK: Committing
+
+    /// Builds a batch under the state lock inside one store write transaction, validates it as a
+    /// whole, signs and stores every changed record, and only then updates memory.
+    @discardableResult
+    func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
+        do {
+            return try state.withLock { s in
+                let (result, changed, lastSeq) = try store.write { w -> (R, [FileMetadata], Int64) in
+                    // Catch up with other writers inside this transaction: nobody can commit in between.
+                    let (ids, last) = try w.reader.changes(after: s.lastSeq)
+                    if !ids.isEmpty {
+                        var recs: [FileID: StoredFile?] = [:]
+                        for id in ids { recs[id] = try w.reader.current(id) }
+                        apply(recs, &s)
+                        s.externalChanges.formUnion(ids)
+                    }
+                    s.lastSeq = last
+                    var batch = Batch(base: s.tree)
+                    let result = try body(&batch, &s, w)
+                    let snapshot = s
+                    let changed = try batch.validate(describe: { id in var c = snapshot; return self.path(id, &c) })
+                    for m in changed {
+                        let v = s.versions[m.id] ?? (0, 0)
+                        try w.put(StoredFile(signed: sign(m), version: v.0, contentVersion: v.1), .local)
+                    }
+                    return (result, changed, try w.reader.lastChange())
+                }
+                for m in changed {
+                    let old = s.tree.file(m.id)
+                    s.tree.insert(m)
+                    if old?.name != m.name { s.names[m.id] = nil }
+                    if old?.sealedAttributes != m.sealedAttributes { s.attrs[m.id] = nil }
+                }
+                s.lastSeq = lastSeq
+                return result
+            }
+        } catch {
+            throw VaultError.wrap(error)
+        }
+    }
+}
+
+/// Everything a vault caches about the tree, guarded by one lock.
+struct VaultState: Sendable {
+    var tree = FileTree()
+    var keys: [FileID: SymmetricKey] = [:]
+    var names: [FileID: String] = [:]
+    var attrs: [FileID: PosixAttributes] = [:]
+    var versions: [FileID: (Int64, Int64)] = [:]
+    var clock = HybridTimestamp.zero
+    var lastSeq: Int64 = 0
+    /// Ids other processes changed, noticed while committing; `refresh` hands them out.
+    var externalChanges: Set<FileID> = []
+}

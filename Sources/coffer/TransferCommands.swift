@@ -1,0 +1,225 @@
+import ArgumentParser
+import CofferModel
+import CofferVault
+import Foundation
+
+/// A one-line progress bar on stderr, only when stderr is a terminal.
+final class Progress {
+    let total: Int
+    let enabled: Bool
+    var done = 0
+    var bytes: UInt64 = 0
+    var lastDraw = 0.0
+
+    init(total: Int) {
+        self.total = total
+        enabled = isatty(2) == 1
+    }
+
+    func step(bytes b: UInt64 = 0) {
+        done += 1
+        bytes += b
+        guard enabled else { return }
+        let now = Date().timeIntervalSince1970
+        if now - lastDraw < 0.1 && done < total { return }
+        lastDraw = now
+        let width = 30
+        let filled = total == 0 ? width : width * done / max(total, 1)
+        let bar = String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled)
+        FileHandle.standardError.write(Data("\r[\(bar)] \(done)/\(total) files, \(bytes / 1_048_576) MiB".utf8))
+    }
+
+    func finish() {
+        if enabled { FileHandle.standardError.write(Data("\n".utf8)) }
+    }
+}
+
+struct Import: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Copy a local file or folder into Coffer (recursive, keeps mode and mtime).")
+    @OptionGroup var store: StoreOptions
+    @Argument(help: "Local file or folder.") var local: String
+    @Argument(help: "Destination in Coffer: an existing folder to copy into, or a new name.") var destination: String
+
+    func run() throws {
+        try guarded {
+            let vault = try store.openVault()
+            let src = absolute(local)
+            var st = stat()
+            guard lstat(src, &st) == 0 else { throw CLIError("cannot read \(local): \(String(cString: strerror(errno)))") }
+            let base = URL(fileURLWithPath: src).lastPathComponent
+            let parent: Node
+            let name: String
+            if let dst = try? vault.resolve(destination), dst.type == .folder {
+                parent = dst; name = base
+            } else {
+                let parts = Vault.components(destination)
+                guard let last = parts.last else { throw CLIError("invalid destination \(destination)") }
+                parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
+                name = last
+            }
+            if try vault.lookup(parent.id, name) != nil {
+                throw VaultError.tree(.pathConflict(vault.path(of: parent.id) + "/" + name))
+            }
+            let progress = Progress(total: countEntries(src))
+            try importEntry(vault, src, into: parent.id, name: name, progress)
+            progress.finish()
+        }
+    }
+
+    func countEntries(_ path: String) -> Int {
+        var n = 1
+        if let e = FileManager.default.enumerator(atPath: path) { while e.nextObject() != nil { n += 1 } }
+        return n
+    }
+
+    func importEntry(_ vault: Vault, _ path: String, into parent: FileID, name: String, _ progress: Progress) throws {
+        var st = stat()
+        guard lstat(path, &st) == 0 else { throw CLIError("cannot read \(path): \(String(cString: strerror(errno)))") }
+        let mode = UInt32(st.st_mode) & 0o7777
+        let mtime = Timespec(seconds: Int64(st.st_mtim.tv_sec), nanoseconds: Int64(st.st_mtim.tv_nsec))
+        switch st.st_mode & S_IFMT {
+        case S_IFDIR:
+            let folder = try vault.create(in: parent, name: name, type: .folder, mode: mode, uid: st.st_uid, gid: st.st_gid)
+            progress.step()
+            let entries = try FileManager.default.contentsOfDirectory(atPath: path).sorted()
+            for e in entries { try importEntry(vault, path + "/" + e, into: folder.id, name: e, progress) }
+            // Set last: adding children touched the folder's mtime.
+            try vault.setAttributes(folder.id, AttributeChanges(mtime: mtime))
+        case S_IFREG:
+            let fd = open(path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { throw CLIError("cannot open \(path): \(String(cString: strerror(errno)))") }
+            defer { close(fd) }
+            let doc = try vault.create(in: parent, name: name, type: .document, mode: mode, uid: st.st_uid, gid: st.st_gid)
+            try vault.writeContents(doc.id, mtime: mtime, durable: false, from: reader(fd))
+            progress.step(bytes: UInt64(st.st_size))
+        case S_IFLNK:
+            var buf = [CChar](repeating: 0, count: 4097)
+            let n = readlink(path, &buf, 4096)
+            guard n > 0 else { throw CLIError("cannot read link \(path)") }
+            let target = String(decoding: buf[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            try vault.create(in: parent, name: name, type: .symlink, mode: 0o777, uid: st.st_uid, gid: st.st_gid, symlinkTarget: target, mtime: mtime)
+            progress.step()
+        default:
+            printErr("coffer: skipping \(path): not a regular file, folder or symlink")
+            progress.step()
+        }
+    }
+}
+
+struct Export: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode and mtime).")
+    @OptionGroup var store: StoreOptions
+    @Argument(help: "File or folder in Coffer.") var source: String
+    @Argument(help: "Existing local folder to copy into.") var localFolder: String
+
+    func run() throws {
+        try guarded {
+            let vault = try store.openVault()
+            let node = try vault.resolve(source)
+            let dest = absolute(localFolder)
+            var isDir: ObjCBool = false
+            guard FileManager.default.fileExists(atPath: dest, isDirectory: &isDir), isDir.boolValue else {
+                throw CLIError("\(localFolder) is not an existing folder")
+            }
+            let name = node.isRoot ? vault.username : node.name
+            let target = dest + "/" + name
+            if FileManager.default.fileExists(atPath: target) { throw CLIError("\(target) already exists") }
+            let progress = Progress(total: countNodes(vault, node))
+            try exportNode(vault, node, to: target, progress)
+            progress.finish()
+        }
+    }
+
+    func countNodes(_ vault: Vault, _ node: Node) -> Int {
+        guard node.type == .folder, let kids = try? vault.children(of: node.id) else { return 1 }
+        return 1 + kids.reduce(0) { $0 + countNodes(vault, $1) }
+    }
+
+    func setTimes(_ path: String, _ t: Timespec) {
+        var times = [timespec(tv_sec: Int(t.seconds), tv_nsec: Int(t.nanoseconds)), timespec(tv_sec: Int(t.seconds), tv_nsec: Int(t.nanoseconds))]
+        utimensat(AT_FDCWD, path, &times, AT_SYMLINK_NOFOLLOW)
+    }
+
+    func exportNode(_ vault: Vault, _ node: Node, to path: String, _ progress: Progress) throws {
+        let mode = node.attributes.mode.value
+        switch node.type {
+        case .folder:
+            guard mkdir(path, 0o700) == 0 else { throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))") }
+            progress.step()
+            for child in try vault.children(of: node.id) { try exportNode(vault, child, to: path + "/" + child.name, progress) }
+            chmod(path, mode_t(mode))
+            setTimes(path, node.attributes.mtime.value)
+        case .document:
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            guard fd >= 0 else { throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))") }
+            defer { close(fd) }
+            try vault.readContents(node.id) { try writeAllBytes(fd, $0) }
+            fchmod(fd, mode_t(mode))
+            var times = [timespec(tv_sec: Int(node.attributes.mtime.value.seconds), tv_nsec: Int(node.attributes.mtime.value.nanoseconds))]
+            times.append(times[0])
+            futimens(fd, &times)
+            progress.step(bytes: node.size)
+        case .symlink:
+            guard symlink(node.attributes.symlinkTarget ?? "", path) == 0 else { throw CLIError("cannot create link \(path): \(String(cString: strerror(errno)))") }
+            setTimes(path, node.attributes.mtime.value)
+            progress.step()
+        case .link:
+            progress.step()
+        }
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the store, pending changes and mount state.")
+    @OptionGroup var store: StoreOptions
+
+    func run() throws {
+        try guarded {
+            let vault = try store.openVault()
+            let pending = try vault.pendingChanges()
+            print("account:  \(vault.username) (\(vault.accountID))")
+            print("store:    \(vault.dataDirectory)")
+            print("files:    \(vault.fileCount)")
+            print("pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not yet synced)")
+            print("sync:     no server configured (local only)")
+            if MountLock.isHeld(in: vault.dataDirectory), let m = MountLock.recorded(in: vault.dataDirectory) {
+                print("mounted:  \(m.mountPoint) (pid \(m.pid))")
+            } else {
+                print("mounted:  no")
+            }
+        }
+    }
+}
+
+struct Fsck: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Check invariants, signatures and every chunk.")
+    @OptionGroup var store: StoreOptions
+
+    func run() throws {
+        try guarded {
+            let vault = try store.openVault()
+            let r = try vault.check()
+            print("\(r.files) files, \(r.documents) documents, \(r.chunksVerified) chunks (\(r.bytesVerified) bytes) verified")
+            if r.unreferencedChunks + r.unreferencedManifests > 0 {
+                print("\(r.unreferencedChunks) unreferenced chunks and \(r.unreferencedManifests) manifests (from interrupted writes; `coffer gc` reclaims them)")
+            }
+            if r.isClean { print("clean") } else {
+                for p in r.problems { printErr("problem: \(p)") }
+                throw CLIError("\(r.problems.count) problems found")
+            }
+        }
+    }
+}
+
+struct GarbageCollect: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "gc", abstract: "Remove content nothing refers to.")
+    @OptionGroup var store: StoreOptions
+
+    func run() throws {
+        try guarded {
+            let vault = try store.openVault()
+            guard let r = try vault.collectGarbage() else { throw CLIError("the store is in use (mounted or another command is running); try again later") }
+            print("removed \(r.chunks) chunks and \(r.manifests) manifests")
+        }
+    }
+}
