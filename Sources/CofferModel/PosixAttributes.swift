@@ -52,6 +52,9 @@ public struct PosixAttributes: Hashable, Sendable {
         out.gid = .lastWriterWins(a.gid, b.gid)
         out.mtime = .lastWriterWins(a.mtime, b.mtime)
         out.ctime = max(a.ctime, b.ctime)
+        // The size is written together with mtime by a content write: it follows the mtime winner
+        // (was: always `a.size`, which made the merge depend on argument order).
+        out.size = a.mtime.stamp >= b.mtime.stamp ? a.size : b.size
         out.symlinkTarget = a.symlinkTarget ?? b.symlinkTarget
         for (k, v) in b.xattrs {
             if let mine = out.xattrs[k] { out.xattrs[k] = .lastWriterWins(mine, v) } else { out.xattrs[k] = v }

@@ -1,22 +1,113 @@
 import ArgumentParser
+import CofferFS
 import CofferVault
 import Foundation
 
 struct Mount: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Mount the tree with FUSE.")
+    static let configuration = CommandConfiguration(
+        abstract: "Mount the tree with FUSE (runs in the background unless --foreground).",
+        discussion: "Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`. The daemon logs to coffer.log in the data directory.")
     @OptionGroup var store: StoreOptions
-    @Argument var mountPoint: String
+    @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground = false
+    @Option(name: .short, help: "FUSE mount options, e.g. -o allow_other (may repeat).") var o: [String] = []
+    @Argument(help: "An existing, empty folder.") var mountPoint: String
 
     func run() throws {
-        try guarded { throw CLIError("mount is not available yet") }
+        try guarded {
+            let dataDir = store.resolvedDataDir
+            let point = (absolute(mountPoint) as NSString).standardizingPath
+            guard FileManager.default.fileExists(atPath: dataDir + "/account.secret") else { throw VaultError.noAccount(dataDir) }
+            let readyFD = ProcessInfo.processInfo.environment["COFFER_READY_FD"].flatMap { Int32($0) }
+            if !foreground && readyFD == nil {
+                try daemonize(dataDir: dataDir, mountPoint: point)
+                return
+            }
+            try serve(dataDir: dataDir, mountPoint: point, readyFD: readyFD)
+        }
+    }
+
+    func serve(dataDir: String, mountPoint: String, readyFD: Int32?) throws {
+        let logger = FileLogger(path: dataDir + "/coffer.log")
+        let lock = try MountLock(directory: dataDir)
+        try MountService.prepareMountPoint(mountPoint) { logger.log($0) }
+        let vault = try Vault.open(dataDirectory: dataDir)
+        // Reclaim what interrupted writes left, while no other process has the store open.
+        if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests") }
+        lock.record(mountPoint: mountPoint, pid: getpid())
+        if readyFD == nil { print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.") }
+        try MountService.serve(vault: vault, mountPoint: mountPoint, options: o, logger: logger) {
+            if let fd = readyFD {
+                var one: UInt8 = 1
+                _ = Glibc.write(fd, &one, 1)
+                close(fd)
+            }
+        }
+        logger.log("daemon exiting")
+        withExtendedLifetime(lock) {}
+    }
+
+    /// Starts this command again in its own session, detached, and waits until it reports the
+    /// mount is up (or fails), so `coffer mount` returns only when the mount is usable.
+    func daemonize(dataDir: String, mountPoint: String) throws {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw CLIError("cannot create a pipe") }
+        let logPath = dataDir + "/coffer.log"
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, logPath, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        posix_spawn_file_actions_addopen(&actions, 2, logPath, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        posix_spawn_file_actions_addclose(&actions, fds[0])
+        var attr = posix_spawnattr_t()
+        posix_spawnattr_init(&attr)
+        posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
+        var args = ["coffer", "mount", "--foreground", "--data-dir", dataDir]
+        for opt in o { args += ["-o", opt] }
+        args.append(mountPoint)
+        var env = ProcessInfo.processInfo.environment
+        env["COFFER_READY_FD"] = String(fds[1])
+        let argv = args.map { strdup($0) } + [nil]
+        let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv, envp)
+        for p in argv { free(p) }
+        for p in envp { free(p) }
+        posix_spawn_file_actions_destroy(&actions)
+        posix_spawnattr_destroy(&attr)
+        close(fds[1])
+        guard rc == 0 else { throw CLIError("cannot start the mount daemon: \(String(cString: strerror(rc)))") }
+        var byte: UInt8 = 0
+        let n = Glibc.read(fds[0], &byte, 1)
+        close(fds[0])
+        if n == 1 {
+            print("Coffer mounted at \(mountPoint) (daemon pid \(pid)); unmount with `coffer unmount \(mountPoint)`.")
+            return
+        }
+        var status: Int32 = 0
+        waitpid(pid, &status, 0)
+        let lastLine = (try? String(contentsOfFile: logPath, encoding: .utf8))?.split(separator: "\n").last.map(String.init) ?? ""
+        let reason = lastLine.components(separatedBy: "coffer: ").last ?? "see \(logPath)"
+        throw CLIError(reason.isEmpty ? "the mount daemon failed; see \(logPath)" : reason)
     }
 }
 
 struct Unmount: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Unmount a mounted tree.")
+    static let configuration = CommandConfiguration(abstract: "Unmount a mounted tree and wait until the daemon has flushed everything.")
+    @OptionGroup var store: StoreOptions
     @Argument var mountPoint: String
 
     func run() throws {
-        try guarded { throw CLIError("mount is not available yet") }
+        try guarded {
+            let point = (absolute(mountPoint) as NSString).standardizingPath
+            guard MountService.isMounted(point) else { throw CLIError("\(point) is not mounted") }
+            let status = MountService.runQuietly("/bin/fusermount3", ["-u", point])
+            guard status == 0 else { throw CLIError("cannot unmount \(point): it is busy (a program has files open there)") }
+            // Wait for the daemon serving this store to finish flushing and exit.
+            let dir = store.resolvedDataDir
+            if let rec = MountLock.recorded(in: dir), rec.mountPoint == point {
+                let deadline = Date().addingTimeInterval(30)
+                while MountLock.isHeld(in: dir) && Date() < deadline { usleep(20_000) }
+            }
+        }
     }
 }

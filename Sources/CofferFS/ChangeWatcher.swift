@@ -1,0 +1,68 @@
+import CofferModel
+import CofferVault
+import Foundation
+import Synchronization
+
+/// Keeps the kernel's caches true when the store changes behind its back (a `coffer` command,
+/// later the sync routine): polls the store's change log and invalidates the affected dentries,
+/// attributes and cached pages. Runs on its own thread, never inside a request handler, because
+/// a notification sent from a handler can deadlock the kernel.
+public final class ChangeWatcher: Sendable {
+    let fs: CofferFileSystem
+    let session: FuseSession
+    let interval: Double
+    let stopped = Atomic<Bool>(false)
+    let finished = Mutex<Bool>(false)
+
+    public init(fs: CofferFileSystem, session: FuseSession, interval: Double = 0.2) {
+        self.fs = fs
+        self.session = session
+        self.interval = interval
+    }
+
+    public func start() {
+        let t = Thread { [self] in self.loop() }
+        t.name = "coffer-watcher"
+        t.start()
+    }
+
+    public func stop() {
+        stopped.store(true, ordering: .relaxed)
+        let deadline = Date().addingTimeInterval(5)
+        while !finished.withLock({ $0 }) && Date() < deadline { usleep(10_000) }
+    }
+
+    private func loop() {
+        defer { finished.withLock { $0 = true } }
+        while !stopped.load(ordering: .relaxed) {
+            usleep(UInt32(interval * 1_000_000))
+            if stopped.load(ordering: .relaxed) { break }
+            do {
+                let changed = try fs.vault.refreshAll()
+                if !changed.isEmpty { invalidate(changed) }
+            } catch {
+                fs.log("refresh failed: \(error)")
+            }
+        }
+    }
+
+    func invalidate(_ ids: Set<FileID>) {
+        var parents: Set<InodeNumber> = []
+        for id in ids {
+            guard let ino = fs.inodes.knownInode(for: id) else {
+                if let n = try? fs.vault.node(id), let p = fs.inodes.knownInode(for: n.parent) { parents.insert(p) }
+                continue
+            }
+            if let (parent, name) = fs.inodes.knownName(ino), let pino = fs.inodes.knownInode(for: parent) {
+                try? session.invalidateEntry(parent: pino, name: name)
+                parents.insert(pino)
+            }
+            if let n = try? fs.vault.node(id), !n.isRoot, let p = fs.inodes.knownInode(for: n.parent) {
+                parents.insert(p)
+                if fs.inodes.knownName(ino)?.1 != n.name { fs.inodes.remember(ino, parent: n.parent, name: n.name) }
+            }
+            try? session.invalidateInode(ino)
+        }
+        for p in parents { try? session.invalidateInode(p) }
+    }
+}

@@ -1,0 +1,169 @@
+import CofferModel
+import CofferVault
+import Foundation
+
+/// Name operations: lookup, attributes, create/remove names, rename, links.
+extension CofferFileSystem {
+    public func lookup(parent: InodeNumber, name: String) throws -> Entry {
+        try op {
+            if name.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
+            let folder = try folderID(parent)
+            guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
+            return try entry(node)
+        }
+    }
+
+    public func forget(inode: InodeNumber, lookups: UInt64) {
+        inodes.forget(inode, lookups)
+    }
+
+    public func getattr(inode: InodeNumber, handle: UInt64?) throws -> Attributes {
+        try op {
+            let (n, unlinked) = try node(inode)
+            return attributes(n, linkCount: unlinked ? 0 : 1)
+        }
+    }
+
+    public func setattr(inode: InodeNumber, changes: AttributeChanges, handle: UInt64?, context: RequestContext) throws -> Attributes {
+        try op {
+            let (n, unlinked) = try node(inode)
+            if let size = changes.size {
+                guard n.type == .document else { throw n.type == .folder ? FSError.isDirectory : FSError.invalid }
+                if let handle, let h = handles.withLock({ $0.files[handle] }) {
+                    try h.document.truncate(to: size)
+                    try h.document.flush()
+                } else {
+                    let doc = try vault.openDocument(n.id)
+                    defer { try? vault.release(doc) }
+                    try doc.truncate(to: size)
+                    try doc.flush()
+                }
+            }
+            if unlinked { return attributes(try node(inode).0, linkCount: 0) }
+            var vc = CofferVault.AttributeChanges()
+            vc.mode = changes.mode.map { $0 & 0o7777 }
+            vc.uid = changes.uid
+            vc.gid = changes.gid
+            if let mt = changes.modificationTime {
+                let t = mt.resolved(now: FileTime.now())
+                vc.mtime = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+            }
+            if vc.mode != nil || vc.uid != nil || vc.gid != nil || vc.mtime != nil {
+                // A pending write's mtime must not overwrite an explicit utimens later.
+                if vc.mtime != nil, let h = openDocumentHandle(for: n.id) { try h.flush() }
+                try vault.setAttributes(n.id, vc)
+            }
+            return attributes(try vault.node(n.id))
+        }
+    }
+
+    func openDocumentHandle(for id: FileID) -> OpenDocument? {
+        handles.withLock { t in t.files.values.first(where: { $0.document.id == id })?.document }
+    }
+
+    public func readlink(inode: InodeNumber) throws -> String {
+        try op {
+            let (n, _) = try node(inode)
+            guard n.type == .symlink, let target = n.attributes.symlinkTarget else { throw FSError.invalid }
+            return target
+        }
+    }
+
+    /// Regular files may be made with mknod; device nodes, FIFOs and sockets cannot be synced to
+    /// another machine meaningfully, so they are refused with EPERM (see docs/FILESYSTEM.md).
+    public func mknod(parent: InodeNumber, name: String, mode: UInt32, device: UInt64, context: RequestContext) throws -> Entry {
+        try op {
+            guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
+            let folder = try folderID(parent)
+            let node = try vault.create(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: context.gid)
+            return try entry(node)
+        }
+    }
+
+    public func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
+        try op {
+            let folder = try folderID(parent)
+            let node = try vault.create(in: folder, name: name, type: .folder, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
+            return try entry(node)
+        }
+    }
+
+    /// BSD group semantics for set-group-ID folders, as ext4 does.
+    func groupFor(_ folder: FileID, _ context: RequestContext) -> UInt32 {
+        if let p = try? vault.node(folder), p.attributes.mode.value & 0o2000 != 0 { return p.attributes.gid.value }
+        return context.gid
+    }
+
+    public func unlink(parent: InodeNumber, name: String) throws {
+        try op {
+            let folder = try folderID(parent)
+            guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
+            if node.type == .folder { throw FSError.isDirectory }
+            keepIfOpen(node)
+            try vault.remove(node.id, expectFolder: false)
+        }
+    }
+
+    /// An open document that loses its name stays readable and writable through its handles.
+    func keepIfOpen(_ node: Node) {
+        handles.withLock { t in
+            if t.files.values.contains(where: { $0.document.id == node.id }) { t.unlinkedNodes[node.id] = node }
+        }
+    }
+
+    public func rmdir(parent: InodeNumber, name: String) throws {
+        try op {
+            let folder = try folderID(parent)
+            guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
+            guard node.type == .folder else { throw FSError.notDirectory }
+            try vault.remove(node.id, recursive: false, expectFolder: true)
+        }
+    }
+
+    public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
+        try op {
+            let folder = try folderID(parent)
+            let node = try vault.create(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: context.gid, symlinkTarget: target)
+            return try entry(node)
+        }
+    }
+
+    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, flags: RenameFlags) throws {
+        try op {
+            if newName.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
+            let from = try folderID(parent)
+            let to = try folderID(newParent)
+            guard let source = try vault.lookup(from, name) else { throw FSError.notFound }
+            let target = try vault.lookup(to, newName)
+            if flags.contains(.exchange) {
+                guard let target else { throw FSError.notFound }
+                try vault.exchange(source.id, target.id)
+                return
+            }
+            if let target, target.id != source.id {
+                if flags.contains(.noReplace) { throw FSError.exists }
+                if source.type == .folder && target.type != .folder { throw FSError.notDirectory }
+                if source.type != .folder && target.type == .folder { throw FSError.isDirectory }
+                keepIfOpen(target)
+            }
+            if source.type == .folder, to == source.id || vaultAncestors(of: to).contains(source.id) { throw FSError.invalid }
+            try vault.rename(source.id, to: to, name: newName, mode: flags.contains(.noReplace) ? .noReplace : .replace)
+        }
+    }
+
+    func vaultAncestors(of id: FileID) -> [FileID] {
+        var out: [FileID] = []
+        var cursor = id
+        while let n = try? vault.node(cursor), !n.isRoot, out.count < 10_000 {
+            out.append(n.parent)
+            cursor = n.parent
+        }
+        return out
+    }
+
+    /// Hard links would give one document two parents, which a synced tree (and its key chain)
+    /// cannot express; EPERM, as filesystems without hard links return (tools fall back to copies).
+    public func link(inode: InodeNumber, newParent: InodeNumber, newName: String) throws -> Entry {
+        throw FSError.notPermitted
+    }
+}

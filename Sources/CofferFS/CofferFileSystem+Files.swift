@@ -1,0 +1,115 @@
+import CofferModel
+import CofferVault
+import Foundation
+
+/// Document I/O: open/create, read/write, flush/fsync/release.
+///
+/// Every handle on one document shares a single `OpenDocument` (the vault hands out the same
+/// one), so writes through one descriptor are visible through another at once. `flush` (each
+/// close(2)) commits the content as a new version; `fsync` also makes it durable; the last
+/// `release` forgets the document.
+extension CofferFileSystem {
+    public func open(inode: InodeNumber, flags: Int32, context: RequestContext) throws -> OpenReply {
+        try op {
+            let (n, unlinked) = try node(inode)
+            if unlinked { throw FSError.notFound }
+            if n.type == .folder { throw FSError.isDirectory }
+            guard n.type == .document else { throw FSError.invalid }
+            let doc = try vault.openDocument(n.id)
+            let writable = flags & O_ACCMODE != O_RDONLY
+            if flags & O_TRUNC != 0 && writable {
+                do { try doc.truncate(to: 0) } catch { try? vault.release(doc); throw error }
+            }
+            return register(inode: inode, document: doc, flags: flags)
+        }
+    }
+
+    func register(inode: InodeNumber, document: OpenDocument, flags: Int32) -> OpenReply {
+        let fh = handles.withLock { t -> UInt64 in
+            let fh = t.allocate()
+            t.files[fh] = OpenFileHandle(inode: inode, document: document, append: flags & O_APPEND != 0,
+                                     writable: flags & O_ACCMODE != O_RDONLY)
+            return fh
+        }
+        // The page cache stays valid across opens: every change made behind the kernel's back
+        // (CLI, sync) is invalidated explicitly by the change watcher.
+        return OpenReply(handle: fh, keepCache: true)
+    }
+
+    public func create(parent: InodeNumber, name: String, mode: UInt32, flags: Int32, context: RequestContext) throws -> (Entry, OpenReply) {
+        try op {
+            if name.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
+            let folder = try folderID(parent)
+            if let existing = try vault.lookup(folder, name) {
+                if flags & O_EXCL != 0 { throw FSError.exists }
+                let e = try entry(existing)
+                return (e, try open(inode: e.inode, flags: flags, context: context))
+            }
+            let node = try vault.create(in: folder, name: name, type: .document, mode: mode & 0o7777,
+                                        uid: context.uid, gid: groupFor(folder, context))
+            let e = try entry(node)
+            let doc = try vault.openDocument(node.id)
+            return (e, register(inode: e.inode, document: doc, flags: flags))
+        }
+    }
+
+    func handle(_ fh: UInt64) throws -> OpenFileHandle {
+        guard let h = handles.withLock({ $0.files[fh] }) else { throw FSError.badHandle }
+        return h
+    }
+
+    public func read(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) throws -> [UInt8] {
+        try op {
+            guard offset >= 0 else { throw FSError.invalid }
+            return try handle(fh).document.read(offset: UInt64(offset), count: size)
+        }
+    }
+
+    public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
+        try op {
+            let h = try handle(fh)
+            guard h.writable else { throw FSError.badHandle }
+            guard offset >= 0 else { throw FSError.invalid }
+            // O_APPEND writes go to the real end, even if the kernel's idea of the size is stale.
+            let at = h.append ? h.document.currentSize : UInt64(offset)
+            if at + UInt64(data.count) > UInt64(Int64.max) { throw FSError(EFBIG) }
+            try h.document.write(offset: at, bytes: data)
+            return data.count
+        }
+    }
+
+    public func flush(inode: InodeNumber, handle fh: UInt64, lockOwner: UInt64) throws {
+        try op {
+            let h = try handle(fh)
+            if h.writable { try h.document.flush() }
+        }
+    }
+
+    public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {
+        try op { try handle(fh).document.flush(durable: true) }
+    }
+
+    public func release(inode: InodeNumber, handle fh: UInt64, flags: Int32) throws {
+        try op {
+            guard let h = handles.withLock({ t -> OpenFileHandle? in
+                let h = t.files.removeValue(forKey: fh)
+                if let h, !t.files.values.contains(where: { $0.document.id == h.document.id }) {
+                    t.unlinkedNodes[h.document.id] = nil
+                }
+                return h
+            }) else { return }
+            try vault.release(h.document)
+        }
+    }
+
+    /// Plain allocation (mode 0) extends the file; hole punching and the like are not offered.
+    public func fallocate(inode: InodeNumber, handle fh: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+        try op {
+            guard mode == 0 else { throw FSError.notSupported }
+            guard offset >= 0, length > 0 else { throw FSError.invalid }
+            let doc = try handle(fh).document
+            let end = UInt64(offset) + UInt64(length)
+            if end > doc.currentSize { try doc.truncate(to: end) }
+        }
+    }
+}

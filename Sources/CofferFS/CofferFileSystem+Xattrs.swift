@@ -1,0 +1,45 @@
+import CofferModel
+import CofferVault
+import Foundation
+
+/// Extended attributes: the `user.` namespace is stored (sealed, synced); other namespaces
+/// (security, trusted, system ACLs) are not offered, which tools treat as "none present".
+extension CofferFileSystem {
+    static func isUserNamespace(_ name: String) -> Bool { name.hasPrefix("user.") && name.utf8.count > 5 }
+
+    public func setxattr(inode: InodeNumber, name: String, value: [UInt8], flags: XattrFlags) throws {
+        try op {
+            guard Self.isUserNamespace(name) else { throw FSError.notSupported }
+            if name.utf8.count > 255 { throw FSError(ERANGE) }
+            if value.count > 64 * 1024 { throw FSError(E2BIG) }
+            let (n, unlinked) = try node(inode)
+            if unlinked { throw FSError.notFound }
+            try vault.setXattr(n.id, name: name, value: value, create: flags.contains(.create), replace: flags.contains(.replace))
+        }
+    }
+
+    public func getxattr(inode: InodeNumber, name: String) throws -> [UInt8] {
+        try op {
+            guard Self.isUserNamespace(name) else { throw FSError.noAttribute }
+            let (n, _) = try node(inode)
+            guard let v = n.attributes.liveXattrs[name] else { throw FSError.noAttribute }
+            return v
+        }
+    }
+
+    public func listxattr(inode: InodeNumber) throws -> [String] {
+        try op {
+            let (n, _) = try node(inode)
+            return n.attributes.liveXattrs.keys.sorted()
+        }
+    }
+
+    public func removexattr(inode: InodeNumber, name: String) throws {
+        try op {
+            guard Self.isUserNamespace(name) else { throw FSError.noAttribute }
+            let (n, unlinked) = try node(inode)
+            if unlinked { throw FSError.notFound }
+            try vault.setXattr(n.id, name: name, value: nil)
+        }
+    }
+}

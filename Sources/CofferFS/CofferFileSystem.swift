@@ -1,0 +1,201 @@
+import CofferModel
+import CofferVault
+import Foundation
+import Synchronization
+
+/// The Coffer filesystem: FUSE low-level operations over a `Vault`.
+///
+/// Like libfuse's passthrough_ll, there is one table of operations (`FileSystemOperations`,
+/// split by family into the `CofferFileSystem+*.swift` files) and one place for inode reference
+/// counting (`InodeTable`). Inode numbers come from the store, so they are stable per device
+/// across remounts; the kernel's lookup counts live only in memory.
+public final class CofferFileSystem: FileSystemOperations {
+    public let vault: Vault
+    let inodes: InodeTable
+    let handles = Mutex<HandleTable>(HandleTable())
+    let log: @Sendable (String) -> Void
+    let hooks = Mutex<Hooks>(Hooks())
+
+    struct Hooks {
+        var ready: (@Sendable () -> Void)?
+        var beforeDestroy: (@Sendable () -> Void)?
+    }
+
+    /// Called once the kernel has completed the mount handshake.
+    public var onReady: (@Sendable () -> Void)? {
+        get { hooks.withLock { $0.ready } }
+        set { hooks.withLock { $0.ready = newValue } }
+    }
+
+    /// Called first thing in `destroy` (the change watcher stops there).
+    public var beforeDestroy: (@Sendable () -> Void)? {
+        get { hooks.withLock { $0.beforeDestroy } }
+        set { hooks.withLock { $0.beforeDestroy = newValue } }
+    }
+
+    public init(vault: Vault, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+        self.vault = vault
+        self.log = log
+        self.inodes = try InodeTable(vault: vault)
+    }
+
+    // MARK: Errors
+
+    /// Maps any error to the errno a Linux filesystem would return.
+    static func fsError(_ error: any Error) -> FSError {
+        switch error {
+        case let e as FSError: return e
+        case let e as VaultError: return FSError(e.errno)
+        case let e as TreeError: return FSError(VaultError.tree(e).errno)
+        case let e as XattrError: return e == .exists ? .exists : .noAttribute
+        default: return .io
+        }
+    }
+
+    /// Runs an operation body, translating errors.
+    func op<T>(_ body: () throws -> T) throws -> T {
+        do { return try body() } catch {
+            let e = Self.fsError(error)
+            if e.errno == EIO { log("EIO: \(error)") }
+            throw e
+        }
+    }
+
+    // MARK: Attributes
+
+    func attributes(_ node: Node, linkCount: UInt32 = 1) -> Attributes {
+        let a = node.attributes
+        let mtime = FileTime(seconds: a.mtime.value.seconds, nanoseconds: a.mtime.value.nanoseconds)
+        let ctime = FileTime(seconds: a.ctime.seconds, nanoseconds: a.ctime.nanoseconds)
+        return Attributes(mode: node.mode, linkCount: linkCount, uid: a.uid.value, gid: a.gid.value, size: node.size,
+                          blocks: (node.size + 511) / 512, blockSize: 128 * 1024,
+                          accessTime: mtime, modificationTime: mtime, changeTime: max(ctime, mtime))
+    }
+
+    func entry(_ node: Node) throws -> Entry {
+        let ino = try inodes.inode(for: node.id)
+        inodes.remember(ino, parent: node.parent, name: node.name)
+        inodes.addLookup(ino)
+        return Entry(inode: ino, attributes: attributes(node))
+    }
+
+    /// The node behind an inode, including a file that was unlinked while open (nlink 0).
+    func node(_ ino: InodeNumber) throws -> (Node, unlinked: Bool) {
+        guard let id = inodes.fileID(ino) else { throw FSError.notFound }
+        if vault.isLive(id) { return (try vault.node(id), false) }
+        if let last = handles.withLock({ $0.unlinkedNodes[id] }) { return (last, true) }
+        throw FSError.notFound
+    }
+
+    func folderID(_ ino: InodeNumber) throws -> FileID {
+        let (n, unlinked) = try node(ino)
+        if unlinked { throw FSError.notFound }
+        guard n.type == .folder else { throw FSError.notDirectory }
+        return n.id
+    }
+
+    // MARK: Lifecycle
+
+    public func initialize(connection: ConnectionInfo) {
+        log("mounted: protocol \(connection.protocolMajor).\(connection.protocolMinor), max write \(connection.maxWrite)")
+        onReady?()
+    }
+
+    /// Runs after the kernel is done with the mount: every open document is flushed and the
+    /// store made durable, so an unmount (or SIGTERM) never loses a buffered write.
+    public func destroy() {
+        beforeDestroy?()
+        flushEverything()
+        log("unmounted")
+    }
+
+    public func flushEverything() {
+        let docs = handles.withLock { t in t.files.values.map(\.document) }
+        for d in docs { do { try d.flush() } catch { log("flush failed at unmount: \(error)") } }
+        do { try vault.store.makeDurable() } catch { log("sync failed at unmount: \(error)") }
+    }
+}
+
+/// Open files and directories by handle number.
+struct HandleTable {
+    var next: UInt64 = 1
+    var files: [UInt64: OpenFileHandle] = [:]
+    var directories: [UInt64: [DirectorySnapshotEntry]] = [:]
+    /// Nodes of documents unlinked while open, so fstat keeps working until the last close.
+    var unlinkedNodes: [FileID: Node] = [:]
+
+    mutating func allocate() -> UInt64 {
+        defer { next += 1 }
+        return next
+    }
+}
+
+struct OpenFileHandle {
+    let inode: InodeNumber
+    let document: OpenDocument
+    let append: Bool
+    let writable: Bool
+}
+
+struct DirectorySnapshotEntry {
+    let name: String
+    let node: Node
+}
+
+/// Inode numbers and the kernel's references to them: the one place for reference counting.
+final class InodeTable: Sendable {
+    private struct State {
+        var byInode: [InodeNumber: FileID] = [:]
+        var byID: [FileID: InodeNumber] = [:]
+        var lookups: [InodeNumber: UInt64] = [:]
+        /// The (parent, name) the kernel last learned for an inode, to invalidate its dentry
+        /// when the file changes behind the kernel's back.
+        var names: [InodeNumber: (FileID, String)] = [:]
+    }
+    private let state = Mutex(State())
+    let vault: Vault
+
+    init(vault: Vault) throws {
+        self.vault = vault
+        let all = try vault.store.read { try $0.allInodes() }
+        state.withLock { s in
+            for (ino, id) in all { s.byInode[ino] = id; s.byID[id] = ino }
+            let root = vault.rootID
+            s.byInode[1] = root
+            s.byID[root] = 1
+        }
+    }
+
+    func fileID(_ ino: InodeNumber) -> FileID? {
+        if let id = state.withLock({ $0.byInode[ino] }) { return id }
+        guard let id = try? vault.store.read({ r in try r.allInodes().first(where: { $0.0 == ino })?.1 }) else { return nil }
+        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+        return id
+    }
+
+    func inode(for id: FileID) throws -> InodeNumber {
+        if let ino = state.withLock({ $0.byID[id] }) { return ino }
+        let ino = try vault.store.write { w in try w.inode(for: id) }
+        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+        return ino
+    }
+
+    func knownInode(for id: FileID) -> InodeNumber? { state.withLock { $0.byID[id] } }
+
+    func addLookup(_ ino: InodeNumber) { state.withLock { $0.lookups[ino, default: 0] += 1 } }
+
+    func forget(_ ino: InodeNumber, _ n: UInt64) {
+        state.withLock { s in
+            let left = (s.lookups[ino] ?? 0) > n ? (s.lookups[ino] ?? 0) - n : 0
+            if left == 0 { s.lookups[ino] = nil; s.names[ino] = nil } else { s.lookups[ino] = left }
+        }
+    }
+
+    func remember(_ ino: InodeNumber, parent: FileID, name: String) {
+        state.withLock { $0.names[ino] = (parent, name) }
+    }
+
+    func knownName(_ ino: InodeNumber) -> (FileID, String)? { state.withLock { $0.names[ino] } }
+
+    var referencedInodes: Int { state.withLock { $0.lookups.count } }
+}

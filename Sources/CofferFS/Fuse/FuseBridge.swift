@@ -1,0 +1,138 @@
+import CFuse
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The per-session state every C callback reaches through
+/// `fuse_req_userdata` (or the init/destroy `userdata`). It is immutable
+/// apart from the negotiated connection, so worker threads share it freely.
+final class FuseBridge: Sendable {
+    let operations: any FileSystemOperations
+    let configuration: FuseSession.Configuration
+    let connection = Mutex<ConnectionInfo?>(nil)
+    /// Set once `destroy` ran, so teardown paths cannot run it twice.
+    let destroyed = Atomic<Bool>(false)
+
+    init(operations: any FileSystemOperations, configuration: FuseSession.Configuration) {
+        self.operations = operations
+        self.configuration = configuration
+    }
+
+    /// Recovers the bridge from a request. Requests always carry the
+    /// userdata given to `fuse_session_new`; nil only guards against misuse.
+    static func from(_ req: fuse_req_t) -> FuseBridge? {
+        guard let raw = fuse_req_userdata(req) else { return nil }
+        return Unmanaged<FuseBridge>.fromOpaque(raw).takeUnretainedValue()
+    }
+
+    static func from(userdata: UnsafeMutableRawPointer?) -> FuseBridge? {
+        guard let userdata else { return nil }
+        return Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
+    }
+
+    // MARK: Reply helpers
+
+    func entryParam(_ entry: Entry) -> fuse_entry_param {
+        var e = fuse_entry_param()
+        e.ino = entry.inode
+        e.generation = entry.generation
+        e.attr = entry.attributes.statValue(inode: entry.inode)
+        e.attr_timeout = entry.attributeTimeout ?? configuration.attributeTimeout
+        e.entry_timeout = entry.entryTimeout ?? configuration.entryTimeout
+        return e
+    }
+
+    /// Replies with an entry; if the kernel no longer waits for it (the
+    /// request was interrupted) the lookup it would have counted is undone.
+    func replyEntry(_ req: fuse_req_t, _ entry: Entry) {
+        guard entry.inode != 0 else {
+            // Inode 0 would read as a negative entry and never be forgotten.
+            fuse_reply_err(req, EIO)
+            return
+        }
+        var e = entryParam(entry)
+        if fuse_reply_entry(req, &e) != 0 {
+            operations.forget(inode: entry.inode, lookups: 1)
+        }
+    }
+
+    func replyAttributes(_ req: fuse_req_t, _ attributes: Attributes, inode: InodeNumber) {
+        var st = attributes.statValue(inode: inode)
+        fuse_reply_attr(req, &st, configuration.attributeTimeout)
+    }
+
+    /// Runs one request: `body` must end by replying; an error thrown before
+    /// that becomes the reply instead. Every C callback funnels through here
+    /// so no failure path can leave a request unanswered (which would hang
+    /// the calling process).
+    static func serve(_ req: fuse_req_t?, _ body: (FuseBridge, fuse_req_t) throws -> Void) {
+        guard let req else { return }
+        guard let bridge = from(req) else {
+            fuse_reply_err(req, EIO)
+            return
+        }
+        do {
+            try body(bridge, req)
+        } catch let error as FSError {
+            fuse_reply_err(req, error.errno > 0 ? error.errno : EIO)
+        } catch {
+            fuse_reply_err(req, EIO)
+        }
+    }
+
+    // MARK: init
+
+    func initialize(_ conn: UnsafeMutablePointer<fuse_conn_info>) {
+        var c = conn.pointee
+        func want(_ cap: Int32, _ on: Bool) {
+            let bit = UInt32(bitPattern: cap)
+            if on {
+                if c.capable & bit != 0 { c.want |= bit }
+            } else {
+                c.want &= ~bit
+            }
+        }
+        want(FUSE_CAP_ASYNC_READ, true)
+        // O_TRUNC travels inside open, so truncation and open are one step
+        // for the implementation (no window with a half-open file).
+        want(FUSE_CAP_ATOMIC_O_TRUNC, true)
+        want(FUSE_CAP_READDIRPLUS, configuration.readdirPlus != .never)
+        want(FUSE_CAP_READDIRPLUS_AUTO, configuration.readdirPlus == .auto)
+        want(FUSE_CAP_CACHE_SYMLINKS, true)
+        want(FUSE_CAP_PARALLEL_DIROPS, true)
+        // When attributes show a changed mtime/size (e.g. after a sync merged
+        // remote edits) the kernel drops stale cached pages by itself.
+        want(FUSE_CAP_AUTO_INVAL_DATA, true)
+        // Write-back caching would let the kernel own mtime and size between
+        // flushes; the vault must be the single source of truth for both.
+        want(FUSE_CAP_WRITEBACK_CACHE, false)
+        // Let the kernel clear suid/sgid on write/chown via setattr instead
+        // of every implementation having to remember to.
+        want(FUSE_CAP_HANDLE_KILLPRIV, false)
+        want(FUSE_CAP_EXPORT_SUPPORT, false)
+        // Locks stay in the kernel (see FileSystemOperations).
+        want(FUSE_CAP_POSIX_LOCKS, false)
+        want(FUSE_CAP_FLOCK_LOCKS, false)
+        // Splicing would hand us pipe buffers instead of memory; the bridge
+        // copies data into Swift arrays anyway.
+        want(FUSE_CAP_SPLICE_READ, false)
+        want(FUSE_CAP_SPLICE_WRITE, false)
+        want(FUSE_CAP_SPLICE_MOVE, false)
+        if configuration.maxWrite > 0 {
+            // libfuse lowers this further if it exceeds its receive buffer.
+            c.max_write = configuration.maxWrite
+        }
+        c.time_gran = 1
+        conn.pointee = c
+
+        let info = ConnectionInfo(conn)
+        connection.withLock { $0 = info }
+        operations.initialize(connection: info)
+    }
+
+    func destroy() {
+        if destroyed.exchange(true, ordering: .acquiringAndReleasing) { return }
+        operations.destroy()
+    }
+}

@@ -1,0 +1,102 @@
+import CofferVault
+import Foundation
+import Synchronization
+
+/// Appends timestamped lines to the daemon's log file in the data directory.
+public final class FileLogger: Sendable {
+    let fd: Int32
+    let lock = Mutex(())
+
+    public init(path: String) {
+        fd = Foundation.open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+    }
+
+    deinit { if fd >= 0 { close(fd) } }
+
+    public func log(_ message: String) {
+        guard fd >= 0 else { return }
+        let stamp = ISO8601DateFormatter().string(from: Date())
+        let line = Array("\(stamp) [\(getpid())] \(message)\n".utf8)
+        lock.withLock { _ in _ = line.withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) } }
+    }
+}
+
+public struct MountError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ d: String) { description = d }
+}
+
+/// Everything around the FUSE session: checking the mount point, cleaning a stale mount,
+/// running the session with the change watcher, and flushing on the way out.
+public enum MountService {
+    /// The mount point must be an existing, empty folder. A mount left behind by a killed daemon
+    /// ("Transport endpoint is not connected") is lazily unmounted first.
+    public static func prepareMountPoint(_ path: String, log: (String) -> Void) throws {
+        var st = stat()
+        if stat(path, &st) != 0 {
+            if errno == ENOTCONN || isMounted(path) {
+                log("cleaning up a stale mount at \(path)")
+                _ = runQuietly("/bin/fusermount3", ["-u", "-z", path])
+                guard stat(path, &st) == 0 else { throw MountError("cannot clean up the stale mount at \(path)") }
+            } else {
+                throw MountError("mount point \(path) does not exist")
+            }
+        } else if isMounted(path) {
+            throw MountError("\(path) is already a mount point")
+        }
+        guard st.st_mode & S_IFMT == S_IFDIR else { throw MountError("mount point \(path) is not a folder") }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: path)) ?? []
+        guard entries.isEmpty else { throw MountError("mount point \(path) is not empty") }
+    }
+
+    /// Whether `path` is a mount point now (per /proc/self/mountinfo).
+    public static func isMounted(_ path: String) -> Bool {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+        let target = (path as NSString).standardizingPath
+        for line in text.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            if fields.count > 4, unescapeMountPath(String(fields[4])) == target { return true }
+        }
+        return false
+    }
+
+    static func unescapeMountPath(_ s: String) -> String {
+        s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
+            .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
+    }
+
+    @discardableResult
+    public static func runQuietly(_ tool: String, _ args: [String]) -> Int32 {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: tool)
+        p.arguments = args
+        p.standardOutput = FileHandle.nullDevice
+        p.standardError = FileHandle.nullDevice
+        do { try p.run() } catch { return 127 }
+        p.waitUntilExit()
+        return p.terminationStatus
+    }
+
+    /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
+    /// the kernel has the mount.
+    public static func serve(vault: Vault, mountPoint: String, options: [String], logger: FileLogger,
+                             ready: @escaping @Sendable () -> Void) throws {
+        let log: @Sendable (String) -> Void = { logger.log($0) }
+        let fs = try CofferFileSystem(vault: vault, log: log)
+        fs.onReady = ready
+        var mountOptions = ["fsname=coffer", "subtype=coffer", "default_permissions"]
+        for o in options { mountOptions += o.split(separator: ",").map(String.init) }
+        let session = FuseSession(mountPoint: mountPoint, operations: fs,
+                                  configuration: FuseSession.Configuration(mountOptions: mountOptions))
+        let watcher = ChangeWatcher(fs: fs, session: session)
+        fs.beforeDestroy = { watcher.stop() }
+        watcher.start()
+        log("serving \(vault.dataDirectory) at \(mountPoint) with options \(mountOptions.joined(separator: ","))")
+        defer { watcher.stop() }
+        do {
+            try session.run()
+        } catch {
+            throw MountError("cannot mount at \(mountPoint): \(error)")
+        }
+    }
+}

@@ -1,0 +1,220 @@
+import CFuse
+import CofferFS
+import Foundation
+import Testing
+#if canImport(Glibc)
+import Glibc
+#endif
+
+// Real mounts: these need /dev/fuse and permission to mount (root, or
+// fusermount3 with user_allow_other unneeded since allow_other is not used).
+// Serialized because process signals and mount helpers are process-global.
+@Suite(.serialized)
+struct FuseBridgeTests {
+    static let options = ["default_permissions", "fsname=cofferbridgetest", "subtype=coffer"]
+
+    @Test func filesDirectoriesRenameXattrsWithReaddirPlus() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, readdirPlus: .always, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        let fs = mount.filesystem
+
+        let connection = try #require(mount.session.connection)
+        #expect(connection.atomicOpenTruncate)
+        #expect(connection.readdirPlus)
+        #expect(!connection.readdirPlusAuto)
+        #expect(!connection.writebackCache)
+        #expect(!connection.posixLocks)
+        #expect(connection.maxWrite == 1 << 20)
+
+        // Directories and files.
+        try posix("mkdir") { mkdir(mount.path("dir"), 0o755) }
+        #expect(try statPath(mount.path("dir")).st_mode & Glibc.S_IFMT == Glibc.S_IFDIR)
+        #expect(posixErrno { mkdir(mount.path("dir"), 0o755) } == EEXIST)
+
+        let hello = Array("hello, world".utf8)
+        try writeFile(mount.path("dir/a.txt"), hello)
+        #expect(try readFile(mount.path("dir/a.txt")) == hello)
+        #expect(try statPath(mount.path("dir/a.txt")).st_size == hello.count)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: mount.path("dir")) == ["a.txt"])
+
+        // Writes beyond the end leave a zero-filled hole.
+        let fd = try posix("open") { open(mount.path("dir/a.txt"), O_WRONLY) }
+        try posix("pwrite") { [UInt8]("!".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, 1, 20) } }
+        close(fd)
+        let holed = try readFile(mount.path("dir/a.txt"))
+        #expect(holed.count == 21)
+        #expect(holed[12..<20].allSatisfy { $0 == 0 })
+
+        // O_TRUNC arrives inside open (atomic truncation), O_APPEND appends.
+        try writeFile(mount.path("dir/a.txt"), Array("abc".utf8))
+        #expect(try readFile(mount.path("dir/a.txt")) == Array("abc".utf8))
+        try writeFile(mount.path("dir/a.txt"), Array("def".utf8), flags: O_WRONLY | O_APPEND)
+        #expect(try readFile(mount.path("dir/a.txt")) == Array("abcdef".utf8))
+
+        // Large I/O crosses the 1 MiB request size several times.
+        let big = (0..<(3 << 20) + 12345).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 11) }
+        try writeFile(mount.path("big.bin"), big)
+        #expect(try readFile(mount.path("big.bin")) == big)
+
+        // truncate(2), chmod(2), utimensat(2) with explicit and UTIME_NOW times.
+        try posix("truncate") { truncate(mount.path("big.bin"), 100) }
+        #expect(try statPath(mount.path("big.bin")).st_size == 100)
+        try posix("chmod") { chmod(mount.path("big.bin"), 0o600) }
+        #expect(try statPath(mount.path("big.bin")).st_mode & 0o7777 == 0o600)
+        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789),
+                     timespec(tv_sec: 1_200_000_000, tv_nsec: 987_654_321)]
+        try posix("utimensat") { utimensat(AT_FDCWD, mount.path("big.bin"), &times, 0) }
+        var st = try statPath(mount.path("big.bin"))
+        #expect(st.st_atim.tv_sec == 1_000_000_000 && st.st_atim.tv_nsec == 123_456_789)
+        #expect(st.st_mtim.tv_sec == 1_200_000_000 && st.st_mtim.tv_nsec == 987_654_321)
+        times[0] = timespec(tv_sec: 0, tv_nsec: Int(coffer_utime_omit()))
+        times[1] = timespec(tv_sec: 0, tv_nsec: Int(coffer_utime_now()))
+        try posix("utimensat now") { utimensat(AT_FDCWD, mount.path("big.bin"), &times, 0) }
+        st = try statPath(mount.path("big.bin"))
+        #expect(st.st_atim.tv_sec == 1_000_000_000)
+        #expect(abs(st.st_mtim.tv_sec - time(nil)) < 60)
+
+        // Many entries: listing spans several readdirplus replies, so the
+        // offset cookies must resume exactly where the previous reply ended.
+        try posix("mkdir many") { mkdir(mount.path("many"), 0o755) }
+        let names = (0..<500).map { "entry-\($0)-" + String(repeating: "x", count: $0 % 40) }
+        for name in names { try writeFile(mount.path("many/" + name), []) }
+        let listed = try listDirectory(mount.path("many"))
+        #expect(listed.count == names.count + 2)
+        #expect(Set(listed) == Set(names + [".", ".."]))
+        #expect(fs.state.withLock { $0.readdirPlusCalls } > 3)
+
+        // rename: plain, RENAME_NOREPLACE, RENAME_EXCHANGE.
+        try posix("rename") { rename(mount.path("dir/a.txt"), mount.path("dir/b.txt")) }
+        #expect(posixErrno { access(mount.path("dir/a.txt"), F_OK) } == ENOENT)
+        #expect(try readFile(mount.path("dir/b.txt")) == Array("abcdef".utf8))
+        try writeFile(mount.path("dir/c.txt"), Array("ccc".utf8))
+        #expect(posixErrno {
+            coffer_renameat2(AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_noreplace())
+        } == EEXIST)
+        try posix("renameat2 exchange") {
+            coffer_renameat2(AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_exchange())
+        }
+        #expect(try readFile(mount.path("dir/b.txt")) == Array("ccc".utf8))
+        #expect(try readFile(mount.path("dir/c.txt")) == Array("abcdef".utf8))
+        try posix("renameat2 noreplace") {
+            coffer_renameat2(AT_FDCWD, mount.path("dir/c.txt"), AT_FDCWD, mount.path("dir/d.txt"), coffer_rename_noreplace())
+        }
+        // The failed RENAME_NOREPLACE never reached us: the kernel knew the
+        // target existed from its dentry cache.
+        #expect(fs.state.withLock { $0.renameFlagsSeen } == [[], [.exchange], [.noReplace]])
+        // Replacing rename over an existing file.
+        try posix("rename over") { rename(mount.path("dir/d.txt"), mount.path("dir/b.txt")) }
+        #expect(try readFile(mount.path("dir/b.txt")) == Array("abcdef".utf8))
+        #expect(try listDirectory(mount.path("dir")).sorted() == [".", "..", "b.txt"])
+
+        // Symlinks and hard links.
+        try posix("symlink") { symlink("dir/b.txt", mount.path("link")) }
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: mount.path("link")) == "dir/b.txt")
+        #expect(try readFile(mount.path("link")) == Array("abcdef".utf8))
+        try posix("link") { link(mount.path("dir/b.txt"), mount.path("hard")) }
+        #expect(try statPath(mount.path("hard")).st_nlink == 2)
+        #expect(try statPath(mount.path("hard")).st_ino == statPath(mount.path("dir/b.txt")).st_ino)
+
+        // Device nodes and FIFOs are refused by the implementation.
+        #expect(posixErrno { mkfifo(mount.path("fifo"), 0o644) } == EPERM)
+
+        // Extended attributes, including the size probe and ERANGE.
+        let value = Array("some value".utf8)
+        try posix("setxattr") { setxattr(mount.path("dir/b.txt"), "user.test", value, value.count, 0) }
+        #expect(posixErrno { setxattr(mount.path("dir/b.txt"), "user.test", value, value.count, Int32(XATTR_CREATE)) } == EEXIST)
+        #expect(posixErrno { setxattr(mount.path("dir/b.txt"), "user.none", value, value.count, Int32(XATTR_REPLACE)) } == ENODATA)
+        #expect(try posix("getxattr probe") { getxattr(mount.path("dir/b.txt"), "user.test", nil, 0) } == value.count)
+        var small = [UInt8](repeating: 0, count: 3)
+        #expect(posixErrno { getxattr(mount.path("dir/b.txt"), "user.test", &small, small.count) } == ERANGE)
+        var buffer = [UInt8](repeating: 0, count: 64)
+        let got = try posix("getxattr") { getxattr(mount.path("dir/b.txt"), "user.test", &buffer, buffer.count) }
+        #expect(Array(buffer[..<got]) == value)
+        try posix("setxattr 2") { setxattr(mount.path("dir/b.txt"), "user.other", nil, 0, 0) }
+        let listSize = try posix("listxattr probe") { listxattr(mount.path("dir/b.txt"), nil, 0) }
+        #expect(listSize == "user.other\0user.test\0".utf8.count)
+        #expect(posixErrno { listxattr(mount.path("dir/b.txt"), &small, small.count) } == ERANGE)
+        let listed2 = try posix("listxattr") { listxattr(mount.path("dir/b.txt"), &buffer, buffer.count) }
+        #expect(buffer[..<listed2].split(separator: 0).map { String(decoding: $0, as: UTF8.self) } == ["user.other", "user.test"])
+        try posix("removexattr") { removexattr(mount.path("dir/b.txt"), "user.test") }
+        #expect(posixErrno { getxattr(mount.path("dir/b.txt"), "user.test", nil, 0) } == ENODATA)
+
+        // statfs.
+        var sv = statvfs()
+        try posix("statvfs") { statvfs(mount.path(""), &sv) }
+        #expect(sv.f_blocks == 1 << 20)
+        #expect(sv.f_namemax == 255)
+
+        // Invalidation from a non-handler thread succeeds (or finds nothing).
+        let dirIno = InodeNumber(try statPath(mount.path("dir")).st_ino)
+        try mount.session.invalidateEntry(parent: FuseRootInode, name: "dir")
+        try mount.session.invalidateInode(dirIno)
+        try mount.session.invalidateEntry(parent: FuseRootInode, name: "never-looked-up")
+        #expect(try readFile(mount.path("dir/b.txt")) == Array("abcdef".utf8))
+
+        // Removal, including the rules for directories.
+        #expect(posixErrno { rmdir(mount.path("dir")) } == ENOTEMPTY)
+        #expect(posixErrno { unlink(mount.path("dir")) } == EISDIR)
+        for name in names { try posix("unlink") { unlink(mount.path("many/" + name)) } }
+        for path in ["dir/b.txt", "hard", "link", "big.bin"] { try posix("unlink \(path)") { unlink(mount.path(path)) } }
+        try posix("rmdir") { rmdir(mount.path("dir")) }
+        try posix("rmdir many") { rmdir(mount.path("many")) }
+        #expect(try listDirectory(mount.path("")).sorted() == [".", ".."])
+
+        // Every reference the kernel took (lookups, creates, readdirplus
+        // entries) comes back through forget once the names are gone.
+        let drained = waitUntil(seconds: 10) { fs.liveInodes.isEmpty }
+        #expect(drained, "still alive: \(fs.liveInodes)")
+        #expect(fs.state.withLock { $0.violations } == [])
+
+        mount.session.exit()
+        let result = try mount.join()
+        #expect(throws: Never.self) { try result.get() }
+        #expect(!mount.isMounted)
+        #expect(fs.state.withLock { $0.destroyCount } == 1)
+    }
+
+    @Test func plainReaddirAndTerminationSignal() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, readdirPlus: .never, handleSignals: true))
+        defer { mount.cleanUp() }
+        try mount.start()
+        let fs = mount.filesystem
+        #expect(mount.session.connection?.readdirPlus == false)
+
+        try posix("mkdir") { mkdir(mount.path("d"), 0o700) }
+        let names = (0..<1000).map { "file-\($0)-" + String(repeating: "y", count: $0 % 200) }
+        for name in names { try writeFile(mount.path("d/" + name), Array(name.utf8)) }
+        let listed = try listDirectory(mount.path("d"))
+        #expect(listed.count == names.count + 2)
+        #expect(Set(listed) == Set(names + [".", ".."]))
+        #expect(fs.state.withLock { ($0.readdirCalls, $0.readdirPlusCalls) }.1 == 0)
+        #expect(fs.state.withLock { $0.readdirCalls } > 3)
+        #expect(try readFile(mount.path("d/" + names[123])) == Array(names[123].utf8))
+
+        // A process-directed SIGHUP may land on any thread; the session must
+        // still wind down, unmount and run destroy.
+        kill(getpid(), SIGHUP)
+        let result = try mount.join()
+        #expect(throws: Never.self) { try result.get() }
+        #expect(!mount.isMounted)
+        #expect(fs.state.withLock { $0.destroyCount } == 1)
+        #expect(fs.state.withLock { $0.violations } == [])
+    }
+
+    @Test func externalUnmountEndsRun() throws {
+        let mount = try MountHarness(configuration: .init(mountOptions: Self.options, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("f"), [1, 2, 3])
+        #expect(try runCommand("/usr/bin/fusermount3", ["-u", mount.mountPoint]) == 0)
+        let result = try mount.join()
+        #expect(throws: Never.self) { try result.get() }
+        #expect(!mount.isMounted)
+        #expect(mount.filesystem.state.withLock { $0.destroyCount } == 1)
+        #expect(throws: FSError(ENOTCONN)) { try mount.session.invalidateInode(FuseRootInode) }
+        #expect(throws: FuseSessionError.alreadyStarted) { try mount.session.run() }
+    }
+}

@@ -1,0 +1,277 @@
+import Testing
+@testable import CofferModel
+
+@Suite("File tree and deletion states")
+struct FileTreeTests {
+    @Test func childIndexFollowsInsertsMovesAndRenames() {
+        var t = sampleTree()
+        #expect(t.count == 6)
+        #expect(t.rootID == rootID)
+        #expect(Set(t.childIDs(of: rootID)) == [fid(2), fid(3)])
+        #expect(Set(t.childIDs(of: fid(2))) == [fid(4), fid(5)])
+        #expect(t.childIDs(of: fid(2), nameMAC: Array("d".utf8)) == [fid(4)])
+        // Move d from a to b and rename it.
+        t.insert(meta(4, parent: 3, "d2"))
+        #expect(Set(t.childIDs(of: fid(2))) == [fid(5)])
+        #expect(t.childIDs(of: fid(3)) == [fid(4)])
+        #expect(t.childIDs(of: fid(2), nameMAC: Array("d".utf8)).isEmpty)
+        #expect(t.childIDs(of: fid(3), nameMAC: Array("d".utf8)).isEmpty)
+        #expect(t.childIDs(of: fid(3), nameMAC: Array("d2".utf8)) == [fid(4)])
+        // Rename in place.
+        t.insert(meta(4, parent: 3, "d3"))
+        #expect(t.childIDs(of: fid(3), nameMAC: Array("d2".utf8)).isEmpty)
+        #expect(t.childIDs(of: fid(3), nameMAC: Array("d3".utf8)) == [fid(4)])
+        // Remove (prune).
+        t.remove(fid(4))
+        #expect(t.file(fid(4)) == nil)
+        #expect(t.childIDs(of: fid(3)).isEmpty)
+        #expect(t.childIDs(of: fid(3), nameMAC: Array("d3".utf8)).isEmpty)
+        #expect(t.count == 5)
+        t.remove(rootID)
+        #expect(t.rootID == nil)
+    }
+
+    @Test func nameIndexKeepsDuplicatesAndDeletedFiles() {
+        var t = sampleTree()
+        t.insert(meta(10, parent: 3, "x", deleted: true))
+        t.insert(meta(11, parent: 3, "x"))
+        #expect(Set(t.childIDs(of: fid(3), nameMAC: Array("x".utf8))) == [fid(10), fid(11)])
+        #expect(t.liveChild(of: fid(3), nameMAC: Array("x".utf8))?.id == fid(11))
+        #expect(t.liveChildren(of: fid(3)).map(\.id) == [fid(11)])
+    }
+
+    @Test func ancestorsAndDescendants() {
+        let t = sampleTree()
+        #expect(t.ancestors(of: fid(6)) == [fid(5), fid(2), rootID])
+        #expect(t.ancestors(of: rootID) == [])
+        #expect(Set(t.descendants(of: fid(2))) == [fid(4), fid(5), fid(6)])
+        #expect(Set(t.descendants(of: rootID)) == [fid(2), fid(3), fid(4), fid(5), fid(6)])
+        #expect(t.descendants(of: fid(4)) == [])
+    }
+
+    @Test func ancestorsStopOnACycle() {
+        var t = sampleTree()
+        t.insert(folder(20, parent: 21, "x"))
+        t.insert(folder(21, parent: 20, "y"))
+        #expect(t.ancestors(of: fid(20)) == [fid(21)])
+    }
+
+    @Test func deletionStates() {
+        var t = sampleTree()
+        #expect(t.deletionState(of: fid(6)) == .live)
+        #expect(t.deletionState(of: rootID) == .live)
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        #expect(t.deletionState(of: fid(2)) == .explicitlyDeleted)
+        #expect(t.deletionState(of: fid(4)) == .implicitlyDeleted)
+        #expect(t.deletionState(of: fid(5)) == .implicitlyDeleted)
+        #expect(t.deletionState(of: fid(6)) == .implicitlyDeleted, "deep descendants too")
+        #expect(t.deletionState(of: fid(3)) == .live)
+        t.insert(folder(6, parent: 5, "e", deleted: true))
+        #expect(t.deletionState(of: fid(6)) == .explicitlyDeleted, "its own flag comes first")
+        t.remove(fid(6))
+        #expect(t.deletionState(of: fid(6)) == nil, "pruned")
+        #expect(t.deletionState(of: fid(999)) == nil)
+        #expect(!t.isLive(fid(4)))
+        #expect(t.isLive(fid(3)))
+        // An orphan (parent pruned) is not live.
+        t.insert(meta(30, parent: 31, "orphan"))
+        #expect(t.deletionState(of: fid(30)) == .implicitlyDeleted)
+    }
+}
+
+@Suite("Validator")
+struct ValidatorTests {
+    func validate(_ tree: FileTree, _ build: (inout Batch<FileTree>) throws(TreeError) -> Void) throws(TreeError) -> [FileMetadata] {
+        var b = Batch(base: tree)
+        try build(&b)
+        return try b.validate()
+    }
+
+    // MARK: Root
+
+    @Test func firstRootIsAccepted() throws {
+        let changed = try validate(FileTree()) { $0.upsertUnchecked(root) }
+        #expect(changed == [root])
+    }
+
+    @Test func rootCannotBeModified() {
+        let t = sampleTree()
+        var r = root; r.parent = fid(2)
+        #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
+        r = root; r.name = sname("renamed")
+        #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
+        r = root; r.isDeleted = true
+        #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
+        r = root; r.wrappedKey = [1]
+        #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
+        r = root; r.access = [AccessEntry(account: owner, mode: .owner, sealedKey: [1])]
+        #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
+    }
+
+    @Test func rootAttributesMayChange() throws {
+        var r = root; r.sealedAttributes = [4, 5, 6]
+        let changed = try validate(sampleTree()) { $0.upsertUnchecked(r) }
+        #expect(changed == [r])
+    }
+
+    @Test func secondRootIsRefused() {
+        let other = FileMetadata(id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
+                                 wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner)
+        #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { $0.upsertUnchecked(other) } }
+        #expect(throws: TreeError.multipleRoots) { try validate(FileTree()) { $0.upsertUnchecked(root); $0.upsertUnchecked(other) } }
+        #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { try $0.create(other) } }
+        // A folder made its own parent becomes a second root.
+        #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { $0.upsertUnchecked(folder(2, parent: 2, "a")) } }
+    }
+
+    // MARK: Path conflicts
+
+    @Test func sameNameInOneFolderIsRefused() {
+        #expect(throws: TreeError.pathConflict(fid(10).description)) {
+            try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 2, "d")) }
+        }
+        // Different type, same name: still a conflict.
+        #expect(throws: TreeError.self) { try validate(sampleTree()) { $0.upsertUnchecked(folder(10, parent: 2, "c")) } }
+    }
+
+    @Test func sameNameIsAllowedInOtherFoldersOrWhenDeleted() throws {
+        _ = try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 3, "d")) }
+        _ = try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 2, "d", deleted: true)) }
+        var t = sampleTree()
+        t.insert(meta(4, parent: 2, "d", deleted: true))
+        _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 2, "d")) }
+    }
+
+    @Test func sameNameIsAllowedInsideADeletedFolder() throws {
+        var t = sampleTree()
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        // d(4) is implicitly deleted; a new live-flagged sibling with its name is not a conflict.
+        _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 2, "d")) }
+        _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 5, "e")) } // deeper: c(5) is implicitly deleted
+    }
+
+    @Test func revivingAFolderRechecksItsSubtree() {
+        var t = sampleTree()
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        t.insert(meta(10, parent: 5, "dup"))
+        t.insert(meta(11, parent: 5, "dup")) // allowed while a/ is deleted
+        #expect(throws: TreeError.self) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 1, "a")) } }
+        // Moving c/ out of the deleted folder revives its children too.
+        #expect(throws: TreeError.self) { try validate(t) { $0.upsertUnchecked(folder(5, parent: 3, "c")) } }
+        // Without the duplicate, reviving is fine.
+        t.remove(fid(11))
+        #expect(throws: Never.self) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 1, "a")) } }
+    }
+
+    // MARK: Cycles
+
+    @Test func moveIntoSelfOrDescendantIsRefused() {
+        let t = sampleTree()
+        #expect(throws: TreeError.cycle(fid(2).description)) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 5, "a")) } }
+        #expect(throws: TreeError.cycle(fid(2).description)) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 6, "a")) } }
+    }
+
+    @Test func twoAndThreeFolderCyclesAreRefused() {
+        let t = sampleTree()
+        // a ↔ b
+        #expect(throws: TreeError.self) {
+            try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 2, "b")) }
+        }
+        // new folders x → y → z → x, detached from the root
+        #expect(throws: TreeError.self) {
+            try validate(t) {
+                $0.upsertUnchecked(folder(20, parent: 21, "x"))
+                $0.upsertUnchecked(folder(21, parent: 22, "y"))
+                $0.upsertUnchecked(folder(22, parent: 20, "z"))
+            }
+        }
+        // a → b → e, with e under a: a three-folder cycle among existing folders.
+        #expect(throws: TreeError.self) {
+            try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 6, "b")) }
+        }
+        // Each half alone is a valid move.
+        #expect(throws: Never.self) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")) } }
+        #expect(throws: Never.self) { try validate(t) { $0.upsertUnchecked(folder(3, parent: 6, "b")) } }
+    }
+
+    @Test func cycleErrorIsCycleForTwoFolderCase() {
+        let t = sampleTree()
+        do {
+            _ = try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 2, "b")) }
+            Issue.record("cycle accepted")
+        } catch {
+            guard case .cycle = error else { Issue.record("expected a cycle error, got \(error)"); return }
+        }
+    }
+
+    // MARK: Orphans and types
+
+    @Test func missingParentIsRefused() {
+        #expect(throws: TreeError.orphan(fid(10).description)) {
+            try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 99, "x")) }
+        }
+    }
+
+    @Test func documentParentIsRefused() {
+        #expect(throws: TreeError.parentNotFolder(fid(4).description)) {
+            try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 4, "x")) }
+        }
+    }
+
+    @Test func typeChangeIsRefused() {
+        #expect(throws: TreeError.typeChanged(fid(4).description)) {
+            try validate(sampleTree()) { $0.upsertUnchecked(meta(4, parent: 2, "d", .symlink)) }
+        }
+    }
+
+    @Test func validateReturnsChangesInFirstChangeOrder() throws {
+        let changed = try validate(sampleTree()) {
+            $0.upsertUnchecked(meta(12, parent: 3, "n2"))
+            $0.upsertUnchecked(meta(10, parent: 3, "n0"))
+            $0.upsertUnchecked(meta(12, parent: 3, "n2b"))
+        }
+        #expect(changed.map(\.id) == [fid(12), fid(10)])
+        #expect(changed[0].name == sname("n2b"))
+    }
+
+    // MARK: Whole trees
+
+    @Test func validateAllAcceptsAGoodTree() throws {
+        var t = sampleTree()
+        try Validator.validateAll(t)
+        try Validator.validateAll(FileTree())
+        // Duplicates inside a deleted folder are fine.
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        t.insert(meta(10, parent: 2, "d"))
+        t.insert(meta(11, parent: 5, "e"))
+        try Validator.validateAll(t)
+    }
+
+    @Test func validateAllFindsEveryKindOfDamage() {
+        var t = sampleTree()
+        t.insert(meta(10, parent: 3, "x")); t.insert(meta(11, parent: 3, "x"))
+        #expect(throws: TreeError.self) { try Validator.validateAll(t) }
+
+        t = sampleTree(); t.insert(meta(10, parent: 99, "x"))
+        #expect(throws: TreeError.orphan(fid(10).description)) { try Validator.validateAll(t) }
+
+        t = sampleTree(); t.insert(meta(10, parent: 4, "x"))
+        #expect(throws: TreeError.parentNotFolder(fid(4).description)) { try Validator.validateAll(t) }
+
+        t = sampleTree(); t.insert(folder(20, parent: 21, "x")); t.insert(folder(21, parent: 20, "y"))
+        #expect(throws: TreeError.self) { try Validator.validateAll(t) }
+        do { try Validator.validateAll(t); Issue.record("cycle accepted") } catch {
+            if case .cycle = error {} else { Issue.record("expected cycle, got \(error)") }
+        }
+
+        t = sampleTree(); t.remove(rootID)
+        #expect(throws: TreeError.self) { try Validator.validateAll(t) } // no root (and orphans)
+        t = FileTree([folder(2, parent: 3, "a"), folder(3, parent: 2, "b")])
+        #expect(throws: TreeError.noRoot) { try Validator.validateAll(t) }
+
+        t = sampleTree()
+        t.insert(FileMetadata(id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
+                              wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner))
+        #expect(throws: TreeError.multipleRoots) { try Validator.validateAll(t) }
+    }
+}
