@@ -31,6 +31,8 @@ let package = Package(
         .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),
         // The FUSE daemon's filesystem: low-level operations over a vault.
         .target(name: "CofferFS", dependencies: ["CFuse", "CofferVault", "CofferModel"]),
+        // The client–server wire format and request signing, shared by both sides.
+        .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
         // The command-line client.
         .executableTarget(name: "coffer", dependencies: [
             "CofferVault", "CofferFS", "CofferModel", "CofferCrypto",

@@ -1,0 +1,163 @@
+import Foundation
+
+/// The wire format between `coffer` and `coffer-server`: JSON bodies (binary fields base64,
+/// as `Data` encodes) on `/v1/...` paths, raw bytes for chunks. Metadata records travel as the
+/// signed, canonically encoded `SignedMetadata` bytes, so the server stores exactly what the
+/// client signed and other devices verify exactly that. See docs/PROTOCOL.md.
+public enum API {
+    public static let prefix = "/v1"
+    /// Largest request body the server accepts (a batch of metadata or one chunk).
+    public static let maxBodyBytes = 32 * 1024 * 1024
+    /// How far a request's timestamp may be from the server's clock.
+    public static let maxClockSkewMillis: Int64 = 5 * 60 * 1000
+    /// Most records one updates response carries; clients page with `since`.
+    public static let updatesPageSize = 5000
+}
+
+public struct CreateAccountRequest: Codable, Sendable {
+    public var username: String
+    public var signingKey: Data
+    public var boxKey: Data
+    public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
+}
+
+public struct AccountResponse: Codable, Sendable {
+    public var username: String
+    public var signingKey: Data
+    public var boxKey: Data
+    public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
+}
+
+/// One metadata record to upsert, with the precondition the client saw: the parent and name MAC
+/// of its base version (both nil for a file the server has never seen). A stale precondition
+/// makes the whole batch fail with `get_updates_required`.
+public struct FileUpdate: Codable, Sendable {
+    public var record: Data
+    public var expectedParent: Data?
+    public var expectedNameMAC: Data?
+    public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?) {
+        self.record = record; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+    }
+}
+
+public struct UpsertRequest: Codable, Sendable {
+    public var updates: [FileUpdate]
+    public init(updates: [FileUpdate]) { self.updates = updates }
+}
+
+public struct UpsertResponse: Codable, Sendable {
+    /// The metadata version assigned to this batch.
+    public var version: Int64
+    public init(version: Int64) { self.version = version }
+}
+
+/// A record as the server holds it.
+public struct ServerFile: Codable, Sendable, Equatable {
+    public var record: Data
+    public var version: Int64
+    public var contentVersion: Int64
+    /// Set when the server turned an implicit deletion (a deleted ancestor) into an explicit one.
+    /// The signed record is left untouched, so its signature still verifies.
+    public var serverDeleted: Bool
+    public init(record: Data, version: Int64, contentVersion: Int64, serverDeleted: Bool) {
+        self.record = record; self.version = version; self.contentVersion = contentVersion; self.serverDeleted = serverDeleted
+    }
+}
+
+public struct UpdatesRequest: Codable, Sendable {
+    public var since: Int64
+    public init(since: Int64) { self.since = since }
+}
+
+public struct UpdatesResponse: Codable, Sendable {
+    public var files: [ServerFile]
+    /// The version to ask from next time.
+    public var latest: Int64
+    /// More records remain past `latest`; ask again.
+    public var more: Bool
+    public init(files: [ServerFile], latest: Int64, more: Bool) { self.files = files; self.latest = latest; self.more = more }
+}
+
+public struct ChunkIDsRequest: Codable, Sendable {
+    public var ids: [Data]
+    public init(ids: [Data]) { self.ids = ids }
+}
+
+public struct MissingChunksResponse: Codable, Sendable {
+    public var missing: [Data]
+    public init(missing: [Data]) { self.missing = missing }
+}
+
+/// Stores a document version's sealed manifest. Every listed chunk must already be on the server
+/// (content before metadata); the metadata naming `digest` is upserted afterwards.
+public struct PutManifestRequest: Codable, Sendable {
+    public var fileID: Data
+    public var digest: Data
+    public var sealed: Data
+    public var chunkIDs: [Data]
+    public init(fileID: Data, digest: Data, sealed: Data, chunkIDs: [Data]) {
+        self.fileID = fileID; self.digest = digest; self.sealed = sealed; self.chunkIDs = chunkIDs
+    }
+}
+
+public struct GetManifestRequest: Codable, Sendable {
+    public var fileID: Data
+    public var digest: Data
+    public init(fileID: Data, digest: Data) { self.fileID = fileID; self.digest = digest }
+}
+
+public struct UsageResponse: Codable, Sendable {
+    public var files: Int64
+    public var bytes: Int64
+    public var quotaBytes: Int64
+    public init(files: Int64, bytes: Int64, quotaBytes: Int64) { self.files = files; self.bytes = bytes; self.quotaBytes = quotaBytes }
+}
+
+/// Every error body. `code` is stable for programs; `message` is for people.
+public struct ErrorResponse: Codable, Sendable {
+    public var code: String
+    public var message: String
+    public init(code: String, message: String) { self.code = code; self.message = message }
+
+    public static let getUpdatesRequired = "get_updates_required"
+    public static let badRequest = "bad_request"
+    public static let unauthorized = "unauthorized"
+    public static let forbidden = "forbidden"
+    public static let notFound = "not_found"
+    public static let tooLarge = "too_large"
+    public static let quotaExceeded = "quota_exceeded"
+    public static let conflict = "conflict"
+    public static let rateLimited = "rate_limited"
+    public static let invalidTree = "invalid_tree"
+}
+
+/// Batched chunk bodies (for fetching many chunks in one response):
+/// u32 count, then per chunk: 32-byte id, u32 length, sealed bytes. Big-endian.
+public enum ChunkBundle {
+    public static func encode(_ chunks: [(id: [UInt8], sealed: [UInt8])]) -> [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(4 + chunks.reduce(0) { $0 + 36 + $1.sealed.count })
+        func u32(_ v: Int) { out += [UInt8((v >> 24) & 0xff), UInt8((v >> 16) & 0xff), UInt8((v >> 8) & 0xff), UInt8(v & 0xff)] }
+        u32(chunks.count)
+        for c in chunks { out += c.id; u32(c.sealed.count); out += c.sealed }
+        return out
+    }
+
+    public static func decode(_ bytes: [UInt8]) -> [(id: [UInt8], sealed: [UInt8])]? {
+        var i = 0
+        func u32() -> Int? {
+            guard i + 4 <= bytes.count else { return nil }
+            defer { i += 4 }
+            return (Int(bytes[i]) << 24) | (Int(bytes[i + 1]) << 16) | (Int(bytes[i + 2]) << 8) | Int(bytes[i + 3])
+        }
+        guard let n = u32(), n <= 1 << 20 else { return nil }
+        var out: [(id: [UInt8], sealed: [UInt8])] = []
+        for _ in 0..<n {
+            guard i + 32 <= bytes.count else { return nil }
+            let id = Array(bytes[i..<(i + 32)]); i += 32
+            guard let len = u32(), i + len <= bytes.count else { return nil }
+            out.append((id, Array(bytes[i..<(i + len)]))); i += len
+        }
+        return i == bytes.count ? out : nil
+    }
+}
