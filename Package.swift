@@ -10,6 +10,7 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
     ],
     targets: [
         // C shims: one system library each.
@@ -33,9 +34,14 @@ let package = Package(
         .target(name: "CofferFS", dependencies: ["CFuse", "CofferVault", "CofferModel"]),
         // The client–server wire format and request signing, shared by both sides.
         .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
+        // The client side of sync: signed calls to the server, the sync routine, the scheduler.
+        .target(name: "CofferSync", dependencies: [
+            "CofferVault", "CofferProtocol", "CofferModel", "CofferStore",
+            .product(name: "AsyncHTTPClient", package: "async-http-client"),
+        ]),
         // The command-line client.
         .executableTarget(name: "coffer", dependencies: [
-            "CofferVault", "CofferFS", "CofferModel", "CofferCrypto",
+            "CofferVault", "CofferFS", "CofferModel", "CofferCrypto", "CofferSync",
             .product(name: "ArgumentParser", package: "swift-argument-parser"),
         ]),
 

@@ -9,7 +9,7 @@ import CofferModel
 /// neither can be moved to another file or position.
 public struct ContentCipher: Sendable {
     public let fileID: FileID
-    let key: SymmetricKey
+    package let key: SymmetricKey
     let idKey: SymmetricKey
 
     public init(fileID: FileID, key: SymmetricKey) {

@@ -46,7 +46,7 @@ public final class ChangeWatcher: Sendable {
         }
     }
 
-    func invalidate(_ ids: Set<FileID>) {
+    public func invalidate(_ ids: Set<FileID>) {
         var parents: Set<InodeNumber> = []
         for id in ids {
             guard let ino = fs.inodes.knownInode(for: id) else {

@@ -11,11 +11,21 @@ import Foundation
 extension CofferFileSystem {
     public func open(inode: InodeNumber, flags: Int32, context: RequestContext) throws -> OpenReply {
         try op {
-            let (n, unlinked) = try node(inode)
+            // The kernel may open an inode it looked up just before a rename replaced it. ESTALE
+            // (not ENOENT) makes the VFS walk the path again with a fresh lookup, so an open
+            // racing an atomic replace finds the new file, as on a local filesystem.
+            let found: (Node, unlinked: Bool)
+            do { found = try node(inode) } catch let e as FSError where e.errno == ENOENT { throw FSError(ESTALE) }
+            let (n, unlinked) = found
             if unlinked { throw FSError.notFound }
             if n.type == .folder { throw FSError.isDirectory }
             guard n.type == .document else { throw FSError.invalid }
-            let doc = try vault.openDocument(n.id)
+            let doc: OpenDocument
+            do { doc = try vault.openDocument(n.id) } catch {
+                // Replaced between the check above and here (its records may be pruned already).
+                if !vault.isLive(n.id) { throw FSError(ESTALE) }
+                throw error
+            }
             let writable = flags & O_ACCMODE != O_RDONLY
             if flags & O_TRUNC != 0 && writable {
                 do { try doc.truncate(to: 0) } catch { try? vault.release(doc); throw error }

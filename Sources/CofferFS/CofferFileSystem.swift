@@ -65,10 +65,12 @@ public final class CofferFileSystem: FileSystemOperations {
 
     func attributes(_ node: Node, linkCount: UInt32 = 1) -> Attributes {
         let a = node.attributes
+        // An unlinked open document keeps changing through its handles; its snapshot does not.
+        let size = linkCount == 0 && node.type == .document ? (openDocumentHandle(for: node.id)?.currentSize ?? node.size) : node.size
         let mtime = FileTime(seconds: a.mtime.value.seconds, nanoseconds: a.mtime.value.nanoseconds)
         let ctime = FileTime(seconds: a.ctime.seconds, nanoseconds: a.ctime.nanoseconds)
-        return Attributes(mode: node.mode, linkCount: linkCount, uid: a.uid.value, gid: a.gid.value, size: node.size,
-                          blocks: (node.size + 511) / 512, blockSize: 128 * 1024,
+        return Attributes(mode: node.mode, linkCount: linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
+                          blocks: (size + 511) / 512, blockSize: 128 * 1024,
                           accessTime: mtime, modificationTime: mtime, changeTime: max(ctime, mtime))
     }
 

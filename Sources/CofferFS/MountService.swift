@@ -1,3 +1,4 @@
+import CofferModel
 import CofferVault
 import Foundation
 import Synchronization
@@ -79,7 +80,10 @@ public enum MountService {
 
     /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
     /// the kernel has the mount.
+    /// `services`, if given, starts background work (the sync scheduler) once serving; it gets a
+    /// function that tells the kernel about changed files and returns a function that stops it.
     public static func serve(vault: Vault, mountPoint: String, options: [String], logger: FileLogger,
+                             services: (@Sendable (_ changed: @escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil,
                              ready: @escaping @Sendable () -> Void) throws {
         let log: @Sendable (String) -> Void = { logger.log($0) }
         let fs = try CofferFileSystem(vault: vault, log: log)
@@ -89,7 +93,14 @@ public enum MountService {
         let session = FuseSession(mountPoint: mountPoint, operations: fs,
                                   configuration: FuseSession.Configuration(mountOptions: mountOptions))
         let watcher = ChangeWatcher(fs: fs, session: session)
-        fs.beforeDestroy = { watcher.stop() }
+        let stopServices = services?({ ids in
+            vault.adoptExternalContent(ids)
+            watcher.invalidate(ids)
+        })
+        fs.beforeDestroy = {
+            stopServices?()
+            watcher.stop()
+        }
         watcher.start()
         log("serving \(vault.dataDirectory) at \(mountPoint) with options \(mountOptions.joined(separator: ","))")
         defer { watcher.stop() }

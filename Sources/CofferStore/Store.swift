@@ -16,10 +16,19 @@ public struct StoredFile: Sendable, Equatable {
     /// Server-assigned versions; 0 until the server has seen the record.
     public var version: Int64
     public var contentVersion: Int64
-    public init(signed: SignedMetadata, version: Int64 = 0, contentVersion: Int64 = 0) {
-        self.signed = signed; self.version = version; self.contentVersion = contentVersion
+    /// The server made this file's implicit deletion (a deleted ancestor) explicit. Kept beside
+    /// the signed record, which the server cannot re-sign.
+    public var serverDeleted: Bool
+    public init(signed: SignedMetadata, version: Int64 = 0, contentVersion: Int64 = 0, serverDeleted: Bool = false) {
+        self.signed = signed; self.version = version; self.contentVersion = contentVersion; self.serverDeleted = serverDeleted
     }
     public var metadata: FileMetadata { signed.metadata }
+    /// The metadata as the tree should see it: deleted if either the writer or the server said so.
+    public var effectiveMetadata: FileMetadata {
+        var m = signed.metadata
+        if serverDeleted { m.isDeleted = true }
+        return m
+    }
 }
 
 public struct StoreError: Error, CustomStringConvertible {
@@ -84,6 +93,10 @@ public final class Store: Sendable {
             try db.execute(sql: "CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
             try db.execute(sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
         }
+        m.registerMigration("v2-sync") { db in
+            try db.execute(sql: "ALTER TABLE base_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
+            try db.execute(sql: "ALTER TABLE local_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
+        }
         return m
     }
 
@@ -138,11 +151,24 @@ public struct StoreReader {
     let db: Database
 
     public func files(_ side: TreeSide) throws -> [StoredFile] {
-        try Row.fetchAll(db, sql: "SELECT record, version, content_version FROM \(side.table)").map(Self.decode)
+        try Row.fetchAll(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")).map(Self.decode)
+    }
+
+    /// Every record that decodes, plus a description of each that does not (for fsck).
+    public func filesLeniently(_ side: TreeSide) throws -> (files: [StoredFile], problems: [String]) {
+        var files: [StoredFile] = []
+        var problems: [String] = []
+        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT id, record, version, content_version, server_deleted FROM \(side.table)")) {
+            do { files.append(try Self.decode(row)) } catch {
+                let id: Data = row["id"]
+                problems.append("\(side == .base ? "base" : "local") record \(hexString([UInt8](id))) does not decode: \(error)")
+            }
+        }
+        return (files, problems)
     }
 
     public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
-        try Row.fetchOne(db, sql: "SELECT record, version, content_version FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)]).map(Self.decode)
+        try Row.fetchOne(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]).map(Self.decode)
     }
 
     /// The current view of one file: the local record if there is one, else base.
@@ -152,31 +178,32 @@ public struct StoreReader {
 
     static func decode(_ row: Row) throws -> StoredFile {
         let record: Data = row["record"]
-        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"], contentVersion: row["content_version"])
+        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"],
+                          contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
     }
 
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
-        try Data.fetchOne(db, sql: "SELECT sealed FROM manifests WHERE digest = ?", arguments: [Data(digest)]).map { [UInt8]($0) }
+        try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM manifests WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
     }
 
     public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
-        try Data.fetchOne(db, sql: "SELECT sealed FROM chunks WHERE id = ?", arguments: [Data(id)]).map { [UInt8]($0) }
+        try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM chunks WHERE id = ?"), arguments: [Data(id)]).map { [UInt8]($0) }
     }
 
     public func hasChunk(_ id: [UInt8]) throws -> Bool {
-        try Bool.fetchOne(db, sql: "SELECT 1 FROM chunks WHERE id = ?", arguments: [Data(id)]) ?? false
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)]) ?? false
     }
 
     public func setting(_ key: String) throws -> [UInt8]? {
-        try Data.fetchOne(db, sql: "SELECT value FROM settings WHERE key = ?", arguments: [key]).map { [UInt8]($0) }
+        try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map { [UInt8]($0) }
     }
 
     public func inode(of id: FileID) throws -> UInt64? {
-        try Int64.fetchOne(db, sql: "SELECT ino FROM inodes WHERE file_id = ?", arguments: [Data(id.bytes)]).map { UInt64($0) }
+        try Int64.fetchOne(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]).map { UInt64($0) }
     }
 
     public func allInodes() throws -> [(UInt64, FileID)] {
-        try Row.fetchAll(db, sql: "SELECT ino, file_id FROM inodes").compactMap { row in
+        try Row.fetchAll(db.cachedStatement(sql: "SELECT ino, file_id FROM inodes")).compactMap { row in
             let ino: Int64 = row["ino"]
             let id: Data = row["file_id"]
             guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
@@ -186,7 +213,7 @@ public struct StoreReader {
 
     /// Ids changed by any writer after `seq`, and the newest sequence number.
     public func changes(after seq: Int64) throws -> (ids: Set<FileID>, last: Int64) {
-        let rows = try Row.fetchAll(db, sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq", arguments: [seq])
+        let rows = try Row.fetchAll(db.cachedStatement(sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq"), arguments: [seq])
         var ids: Set<FileID> = []
         var last = seq
         for r in rows {
@@ -198,22 +225,22 @@ public struct StoreReader {
     }
 
     public func lastChange() throws -> Int64 {
-        try Int64.fetchOne(db, sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log") ?? 0
+        try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0
     }
 
     public func count(_ sql: String) throws -> Int { try Int.fetchOne(db, sql: sql) ?? 0 }
 
     /// Chunk ids listed by a manifest row (for integrity checks).
     public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {
-        try Data.fetchAll(db, sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?", arguments: [Data(digest)]).map { [UInt8]($0) }
+        try Data.fetchAll(db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
     }
 
     public func allChunkIDs() throws -> [[UInt8]] {
-        try Data.fetchAll(db, sql: "SELECT id FROM chunks").map { [UInt8]($0) }
+        try Data.fetchAll(db.cachedStatement(sql: "SELECT id FROM chunks")).map { [UInt8]($0) }
     }
 
     public func allManifestDigests() throws -> [[UInt8]] {
-        try Data.fetchAll(db, sql: "SELECT digest FROM manifests").map { [UInt8]($0) }
+        try Data.fetchAll(db.cachedStatement(sql: "SELECT digest FROM manifests")).map { [UInt8]($0) }
     }
 }
 
@@ -224,20 +251,21 @@ public struct StoreWriter {
 
     public func put(_ f: StoredFile, _ side: TreeSide) throws {
         let m = f.metadata
-        let previous = try Data.fetchOne(db, sql: "SELECT content_digest FROM \(side.table) WHERE id = ?", arguments: [Data(m.id.bytes)])
-        try db.execute(sql: """
-            INSERT INTO \(side.table) (id, parent, record, content_digest, version, content_version) VALUES (?, ?, ?, ?, ?, ?)
+        let previous = try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(side.table) WHERE id = ?"), arguments: [Data(m.id.bytes)])
+        try db.cachedStatement(sql: """
+            INSERT INTO \(side.table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
             ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
-              content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version
-            """, arguments: [Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()),
-                             m.contentDigest.map { Data($0) }, f.version, f.contentVersion])
+              content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
+              server_deleted = excluded.server_deleted
+            """).execute(arguments: [Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()),
+                             m.contentDigest.map { Data($0) }, f.version, f.contentVersion, f.serverDeleted])
         if let previous, previous != m.contentDigest.map({ Data($0) }) { try releaseManifest(previous) }
         try logChange(m.id)
     }
 
     public func remove(_ id: FileID, _ side: TreeSide) throws {
-        let previous = try Data.fetchOne(db, sql: "SELECT content_digest FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)])
-        try db.execute(sql: "DELETE FROM \(side.table) WHERE id = ?", arguments: [Data(id.bytes)])
+        let previous = try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)])
+        try db.cachedStatement(sql: "DELETE FROM \(side.table) WHERE id = ?").execute(arguments: [Data(id.bytes)])
         if let previous { try releaseManifest(previous) }
         try logChange(id)
     }
@@ -245,29 +273,29 @@ public struct StoreWriter {
     /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
     /// which alone can know that no writer is about to reference them again.
     func releaseManifest(_ digest: Data) throws {
-        let used = try Bool.fetchOne(db, sql: """
+        let used = try Bool.fetchOne(db.cachedStatement(sql: """
             SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
                 OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
-            """, arguments: [digest]) ?? true
+            """), arguments: [digest]) ?? true
         guard !used else { return }
-        try db.execute(sql: "DELETE FROM manifests WHERE digest = ?", arguments: [digest])
-        try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest = ?", arguments: [digest])
+        try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
+        try db.cachedStatement(sql: "DELETE FROM manifest_chunks WHERE digest = ?").execute(arguments: [digest])
     }
 
     public func logChange(_ id: FileID) throws {
-        try db.execute(sql: "INSERT INTO change_log(file_id) VALUES (?)", arguments: [Data(id.bytes)])
+        try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
     }
 
     /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).
     public func putManifest(digest: [UInt8], sealed: [UInt8], chunkIDs: [[UInt8]]) throws {
-        try db.execute(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)", arguments: [Data(digest), Data(sealed)])
+        try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)").execute(arguments: [Data(digest), Data(sealed)])
         for c in Set(chunkIDs.map { Data($0) }) {
-            try db.execute(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)", arguments: [Data(digest), c])
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)").execute(arguments: [Data(digest), c])
         }
     }
 
     public func putChunk(id: [UInt8], sealed: [UInt8]) throws {
-        try db.execute(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)", arguments: [Data(id), Data(sealed)])
+        try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [Data(id), Data(sealed)])
     }
 
     public func setSetting(_ key: String, _ value: [UInt8]) throws {
@@ -280,19 +308,19 @@ public struct StoreWriter {
     public func inode(for id: FileID, fixed: UInt64? = nil) throws -> UInt64 {
         if let existing = try reader.inode(of: id) { return existing }
         if let fixed {
-            try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)", arguments: [Int64(fixed), Data(id.bytes)])
+            try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [Int64(fixed), Data(id.bytes)])
             return fixed
         }
-        try db.execute(sql: "INSERT INTO inodes(file_id) VALUES (?)", arguments: [Data(id.bytes)])
+        try db.cachedStatement(sql: "INSERT INTO inodes(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
         return UInt64(db.lastInsertedRowID)
     }
 
     public func forgetInode(of id: FileID) throws {
-        try db.execute(sql: "DELETE FROM inodes WHERE file_id = ?", arguments: [Data(id.bytes)])
+        try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [Data(id.bytes)])
     }
 
     /// Drops old change-log entries; readers that fell further behind reload everything.
     public func trimChangeLog(keeping n: Int64) throws {
-        try db.execute(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?", arguments: [n])
+        try db.cachedStatement(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?").execute(arguments: [n])
     }
 }

@@ -23,6 +23,9 @@ public final class OpenDocument: Sendable {
     let state: Mutex<DocumentState>
     let sizeAtomic: Atomic<UInt64>
     let mtimeAtomic: Atomic<Int64> // nanoseconds since the epoch of an unflushed write; 0 if none
+    /// Handles open on this document. Atomic so the vault's table of open documents never has
+    /// to take the document's lock (which is held across commits).
+    let openCount = Atomic<Int>(0)
 
     struct DocumentState {
         var chunkSize: Int
@@ -33,7 +36,6 @@ public final class OpenDocument: Sendable {
         var dirtyBytes = 0
         var size: UInt64
         var modified = false
-        var openCount = 0
         var cache: (index: Int, plaintext: [UInt8])?
         var digest: [UInt8]?
     }

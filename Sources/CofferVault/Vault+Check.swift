@@ -22,7 +22,9 @@ extension Vault {
     /// attribute record, and every chunk of every live document (authenticity and chunk id).
     public func check() throws -> CheckReport {
         var report = CheckReport()
-        let (base, local) = try store.read { r in (try r.files(.base), try r.files(.local)) }
+        let (baseRead, localRead) = try store.read { r in (try r.filesLeniently(.base), try r.filesLeniently(.local)) }
+        let (base, local) = (baseRead.files, localRead.files)
+        report.problems += baseRead.problems + localRead.problems
         var merged: [FileID: StoredFile] = [:]
         for f in base { merged[f.metadata.id] = f }
         for f in local { merged[f.metadata.id] = f }
@@ -37,9 +39,9 @@ extension Vault {
             }
         }
         // Invariants on base alone and on the current view.
-        let baseTree = FileTree(base.map(\.metadata))
+        let baseTree = FileTree(base.map(\.effectiveMetadata))
         do { try Validator.validateAll(baseTree) } catch { report.problems.append("base tree: \(error)") }
-        let tree = FileTree(merged.values.map(\.metadata))
+        let tree = FileTree(merged.values.map(\.effectiveMetadata))
         do { try Validator.validateAll(tree) } catch { report.problems.append("local tree: \(error)") }
 
         // Keys, names, attributes; then content.
@@ -92,7 +94,7 @@ extension Vault {
 
     /// Counts of records with unsynced local changes, for `coffer status`.
     public func pendingChanges() throws -> (created: Int, modified: Int, deleted: Int) {
-        let (base, local) = try store.read { r in (try r.files(.base), try r.files(.local)) }
+        let (base, local) = try store.read { r in (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files) }
         let baseIDs = Dictionary(uniqueKeysWithValues: base.map { ($0.metadata.id, $0.metadata) })
         var created = 0, modified = 0, deleted = 0
         for f in local {

@@ -11,7 +11,7 @@ extension Vault {
         do {
             if let doc = openDocuments.withLock({ docs -> OpenDocument? in
                 guard let d = docs[id] else { return nil }
-                d.state.withLock { $0.openCount += 1 }
+                d.openCount.add(1, ordering: .relaxed)
                 return d
             }) { return doc }
             let (cipher, digest) = try state.withLock { s -> (ContentCipher, [UInt8]?) in
@@ -25,7 +25,7 @@ extension Vault {
             return openDocuments.withLock { docs in
                 let doc = docs[id] ?? fresh // another thread may have opened it meanwhile
                 docs[id] = doc
-                doc.state.withLock { $0.openCount += 1 }
+                doc.openCount.add(1, ordering: .relaxed)
                 return doc
             }
         } catch { throw VaultError.wrap(error) }
@@ -45,7 +45,7 @@ extension Vault {
     /// Drops one reference; the last one flushes unflushed writes and forgets the document.
     public func release(_ doc: OpenDocument) throws {
         let last = openDocuments.withLock { docs -> Bool in
-            let remaining = doc.state.withLock { s -> Int in s.openCount -= 1; return s.openCount }
+            let remaining = doc.openCount.subtract(1, ordering: .relaxed).newValue
             if remaining <= 0, docs[doc.id] === doc { docs[doc.id] = nil; return true }
             return false
         }
@@ -86,7 +86,7 @@ extension Vault {
     }
 
     /// Tells open documents about content other processes committed (the daemon's refresh).
-    func adoptExternalContent(_ ids: Set<FileID>) {
+    public func adoptExternalContent(_ ids: Set<FileID>) {
         for id in ids {
             guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
             guard let digest = state.withLock({ $0.tree.file(id)?.contentDigest }) else { continue }
@@ -153,6 +153,8 @@ extension Vault {
 
     /// Runs garbage collection if no other process has the store open; returns nil if it is busy.
     public func collectGarbage() throws -> (manifests: Int, chunks: Int)? {
-        try locks.exclusively { try store.collectGarbage() }
+        // Open documents may hold chunks no manifest names yet (spilled writes, unlinked files).
+        guard openDocuments.withLock({ $0.isEmpty }) else { return nil }
+        return try locks.exclusively { try store.collectGarbage() }
     }
 }

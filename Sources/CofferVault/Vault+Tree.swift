@@ -320,16 +320,19 @@ extension Vault {
     public func setXattr(_ id: FileID, name: String, value: [UInt8]?, create: Bool = false, replace: Bool = false) throws {
         guard name.utf8.count <= 255, !name.isEmpty else { throw VaultError.invalidArgument("xattr name too long") }
         if let value, value.count > 64 * 1024 { throw VaultError.invalidArgument("xattr value larger than 64 KiB") }
+        // `commit` wraps what its body throws into a VaultError (EIO); these two keep their errno.
+        var refusal: XattrError?
         try commit { batch, s, _ in
             var a = try attributes(id, &s)
             let exists = a.xattrs[name]?.value != nil
-            if create && exists { throw XattrError.exists }
-            if (replace || value == nil) && !exists { throw XattrError.missing }
+            if create && exists { refusal = .exists; return }
+            if (replace || value == nil) && !exists { refusal = .missing; return }
             if a.xattrs.count >= 1000 && !exists { throw VaultError.invalidArgument("too many xattrs") }
             a.xattrs[name] = Stamped(value, at: nextStamp(&s))
             a.ctime = now()
             try setSealedAttributes(id, a, &batch, &s)
         }
+        if let refusal { throw refusal }
     }
 }
 

@@ -17,16 +17,24 @@ import Synchronization
 public final class Vault: Sendable {
     public let dataDirectory: String
     public let store: Store
-    let secret: AccountSecret
-    let signing: SigningKeyPair
-    let box: BoxKeyPair
+    package let secret: AccountSecret
+    package let signing: SigningKeyPair
+    package let box: BoxKeyPair
     public let accountID: AccountID
-    public let username: String
+    let storedUsername: String
+    /// The account's name: the root folder's name once there is a root (a device that joined from
+    /// a server learns it with the first pull), else what the store was created with.
+    public var username: String {
+        state.withLock { s in
+            guard let root = s.tree.rootID else { return storedUsername }
+            return (try? name(root, &s)) ?? storedUsername
+        }
+    }
     let deviceID: UInt32
     let locks: StoreLocks
-    let now: @Sendable () -> Timespec
+    package let now: @Sendable () -> Timespec
 
-    let state: Mutex<VaultState>
+    package let state: Mutex<VaultState>
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
 
     /// How many plaintext bytes an open document may buffer before it seals them into chunks.
@@ -42,7 +50,7 @@ public final class Vault: Sendable {
         self.signing = secret.signingKeys
         self.box = secret.boxKeys
         self.accountID = try AccountID(bytes: signing.publicKey.bytes)
-        self.username = username
+        self.storedUsername = username
         self.deviceID = deviceID
         self.locks = locks
         self.now = now
@@ -59,7 +67,10 @@ public final class Vault: Sendable {
     // MARK: Creating and opening
 
     /// Creates a new account and an empty tree in `dataDirectory`.
+    /// With `createRoot: false` the tree starts empty and arrives with the first pull (a new
+    /// device joining an account that already has a tree on a server).
     public static func create(dataDirectory: String, username: String, secret: AccountSecret = .generate(),
+                              createRoot: Bool = true,
                               now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
         let name = username.trimmingCharacters(in: .whitespaces)
         guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }) else {
@@ -81,7 +92,7 @@ public final class Vault: Sendable {
         try writeSecret(secret, to: dataDirectory)
         let vault = try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: name,
                               deviceID: device, locks: locks, now: now)
-        try vault.createRoot()
+        if createRoot { try vault.createRoot() }
         return vault
     }
 
@@ -131,7 +142,7 @@ public final class Vault: Sendable {
             let stamp = nextStamp(&s)
             let t = now()
             let attrs = PosixAttributes(mode: 0o755, uid: getuid(), gid: getgid(), mtime: t, stamp: stamp)
-            let sealedName = sealName(username, parentKey: key, fileID: id)
+            let sealedName = sealName(storedUsername, parentKey: key, fileID: id)
             let access = AccessEntry(account: accountID, mode: .owner, sealedKey: box.publicKey.seal(key: key, fileID: id.bytes))
             let m = FileMetadata(id: id, type: .folder, parent: id, name: sealedName, owner: accountID,
                                  wrappedKey: [], access: [access],
@@ -244,14 +255,19 @@ public final class Vault: Sendable {
     // MARK: Loading and catching up
 
     func reloadAll(_ s: inout VaultState) throws {
-        let (base, local, last) = try store.read { r in (try r.files(.base), try r.files(.local), try r.lastChange()) }
+        // Records that do not decode are left out here (fsck reports them) rather than making
+        // the whole store unopenable.
+        let (base, local, last) = try store.read { r in (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files, try r.lastChange()) }
         var merged: [FileID: StoredFile] = [:]
         for f in base { merged[f.metadata.id] = f }
         for f in local { merged[f.metadata.id] = f }
         let keepClock = s.clock
+        var pending = s.externalChanges
+        if s.lastSeq > 0, let (ids, _) = try? store.read({ try $0.changes(after: s.lastSeq) }) { pending.formUnion(ids) }
         s = VaultState()
         s.clock = keepClock
-        s.tree = FileTree(merged.values.map(\.metadata))
+        s.externalChanges = pending
+        s.tree = FileTree(merged.values.map(\.effectiveMetadata))
         s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
         s.lastSeq = last
         for m in s.tree.files.values { if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.mode.stamp) } }
@@ -275,9 +291,10 @@ public final class Vault: Sendable {
         for (id, rec) in records {
             let old = s.tree.file(id)
             if let rec {
-                s.tree.insert(rec.metadata)
+                s.tree.insert(rec.effectiveMetadata)
                 s.versions[id] = (rec.version, rec.contentVersion)
                 if old?.name != rec.metadata.name || old?.parent != rec.metadata.parent { s.names[id] = nil }
+                if old?.access != rec.metadata.access && rec.metadata.isRoot { s.keys[id] = nil }
                 if old?.wrappedKey != rec.metadata.wrappedKey || old?.parent != rec.metadata.parent {
                     // A moved folder's key is unchanged, but drop the cache entry to re-derive through the new chain.
                     if old?.wrappedKey != rec.metadata.wrappedKey { s.keys[id] = nil }
@@ -310,6 +327,7 @@ public final class Vault: Sendable {
     func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
         do {
             return try state.withLock { s in
+              do {
                 let (result, changed, lastSeq) = try store.write { w -> (R, [FileMetadata], Int64) in
                     // Catch up with other writers inside this transaction: nobody can commit in between.
                     let (ids, last) = try w.reader.changes(after: s.lastSeq)
@@ -338,7 +356,16 @@ public final class Vault: Sendable {
                 }
                 s.lastSeq = lastSeq
                 return result
+              } catch {
+                // Operations fill the name and attribute caches as they go; a refused batch may
+                // have left entries for changes that never happened, so start those caches over.
+                s.names.removeAll(keepingCapacity: true)
+                s.attrs.removeAll(keepingCapacity: true)
+                throw error
+              }
             }
+        } catch let e as XattrError {
+            throw e // keeps its own errno (EEXIST, ENODATA)
         } catch {
             throw VaultError.wrap(error)
         }
@@ -346,7 +373,7 @@ public final class Vault: Sendable {
 }
 
 /// Everything a vault caches about the tree, guarded by one lock.
-struct VaultState: Sendable {
+package struct VaultState: Sendable {
     var tree = FileTree()
     var keys: [FileID: SymmetricKey] = [:]
     var names: [FileID: String] = [:]

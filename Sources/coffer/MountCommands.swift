@@ -1,5 +1,7 @@
 import ArgumentParser
 import CofferFS
+import CofferModel
+import CofferSync
 import CofferVault
 import Foundation
 
@@ -10,6 +12,8 @@ struct Mount: ParsableCommand {
     @OptionGroup var store: StoreOptions
     @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground = false
     @Option(name: .short, help: "FUSE mount options, e.g. -o allow_other (may repeat).") var o: [String] = []
+    @Option(help: "Seconds between syncs when idle (with a server).") var syncInterval: Double = 30
+    @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
     @Argument(help: "An existing, empty folder.") var mountPoint: String
 
     func run() throws {
@@ -27,6 +31,12 @@ struct Mount: ParsableCommand {
     }
 
     func serve(dataDir: String, mountPoint: String, readyFD: Int32?) throws {
+        // A parent may have left termination signals blocked (libdispatch worker threads block
+        // them, and posix_spawn passes the mask on); then SIGTERM would never unmount.
+        var termination = sigset_t()
+        sigemptyset(&termination)
+        for sig in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&termination, sig) }
+        pthread_sigmask(SIG_UNBLOCK, &termination, nil)
         let logger = FileLogger(path: dataDir + "/coffer.log")
         let lock = try MountLock(directory: dataDir)
         try MountService.prepareMountPoint(mountPoint) { logger.log($0) }
@@ -35,7 +45,18 @@ struct Mount: ParsableCommand {
         if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests") }
         lock.record(mountPoint: mountPoint, pid: getpid())
         if readyFD == nil { print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.") }
-        try MountService.serve(vault: vault, mountPoint: mountPoint, options: o, logger: logger) {
+        var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil
+        if vault.syncStatus.server != nil {
+            let engine = try SyncEngine.forStore(vault)
+            let (interval, quiet) = (syncInterval, syncQuiet)
+            services = { changed in
+                let scheduler = SyncScheduler(engine: engine, quietPeriod: quiet, interval: interval, onChange: changed,
+                                              log: { logger.log($0) })
+                scheduler.start()
+                return { scheduler.stop() }
+            }
+        }
+        try MountService.serve(vault: vault, mountPoint: mountPoint, options: o, logger: logger, services: services) {
             if let fd = readyFD {
                 var one: UInt8 = 1
                 _ = Glibc.write(fd, &one, 1)
@@ -63,6 +84,7 @@ struct Mount: ParsableCommand {
         posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
         var args = ["coffer", "mount", "--foreground", "--data-dir", dataDir]
         for opt in o { args += ["-o", opt] }
+        args += ["--sync-interval", String(syncInterval), "--sync-quiet", String(syncQuiet)]
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
         env["COFFER_READY_FD"] = String(fds[1])

@@ -181,7 +181,14 @@ struct Status: ParsableCommand {
             print("store:    \(vault.dataDirectory)")
             print("files:    \(vault.fileCount)")
             print("pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not yet synced)")
-            print("sync:     no server configured (local only)")
+            let sync = vault.syncStatus
+            if let server = sync.server {
+                let last = sync.lastSuccessMillis.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
+                print("sync:     \(server), last success \(last), server version \(sync.cursor)")
+                if let e = sync.lastError { print("error:    last attempt failed: \(e)") }
+            } else {
+                print("sync:     no server configured (local only)")
+            }
             if MountLock.isHeld(in: vault.dataDirectory), let m = MountLock.recorded(in: vault.dataDirectory) {
                 print("mounted:  \(m.mountPoint) (pid \(m.pid))")
             } else {

@@ -31,7 +31,8 @@ public struct ProcessResult: Sendable {
     public let status: Int32
     public let stdout: [UInt8]
     public let stderr: [UInt8]
-    /// Peak resident set size of the child, in KiB (from wait4's rusage).
+    /// Peak resident set size of the child in KiB (wait4 rusage). Note: a posix_spawn child is
+    /// charged its parent's memory until exec, so measure programs through /usr/bin/time instead.
     public let maxRSSKiB: Int
     public var out: String { String(decoding: stdout, as: UTF8.self) }
     public var err: String { String(decoding: stderr, as: UTF8.self) }
@@ -117,6 +118,8 @@ public final class Child: @unchecked Sendable {
 }
 
 public func spawn(_ executable: String, _ arguments: [String], environment: [String: String] = [:], cwd: String? = nil) -> Child {
+    // A child killed mid-test closes its stdin; writing to it must fail with EPIPE, not kill us.
+    signal(SIGPIPE, SIG_IGN)
     if let cwd {
         return spawn("/bin/sh", ["-c", "cd \"$0\" && exec \"$@\"", cwd, executable] + arguments, environment: environment)
     }

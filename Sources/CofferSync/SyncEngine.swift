@@ -1,0 +1,186 @@
+import CofferModel
+import CofferProtocol
+import CofferStore
+import CofferVault
+import Foundation
+
+/// What one sync did.
+public struct SyncReport: Sendable {
+    public var pulled = 0
+    public var pushedRecords = 0
+    public var pushedChunks = 0
+    public var fetchedChunks = 0
+    public var pruned = 0
+    /// Ids whose view changed on this device (the daemon tells the kernel).
+    public var changed: Set<FileID> = []
+}
+
+/// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
+///
+/// Content goes up before the metadata that names it (the server refuses a record naming content
+/// it does not hold), so "push content" comes before "push metadata" here. A push refused as
+/// stale (`get_updates_required`) is followed by a pull, which merges, and a retry. Every step is
+/// idempotent: pulled content is stored before the metadata naming it, metadata before the
+/// cursor, so a crash anywhere just repeats work on the next sync.
+public final class SyncEngine: Sendable {
+    public let vault: Vault
+    public let client: ServerClient
+
+    public init(vault: Vault, transport: any ServerTransport) {
+        self.vault = vault
+        self.client = ServerClient(transport: transport, keys: vault.signing)
+    }
+
+    /// An engine for the server recorded in the store.
+    public static func forStore(_ vault: Vault) throws -> SyncEngine {
+        guard let url = vault.syncStatus.server else {
+            throw SyncError.protocolError("no server configured; create the account with `coffer init NAME --server URL`")
+        }
+        return SyncEngine(vault: vault, transport: HTTPTransport(baseURL: url))
+    }
+
+    /// Registers this account with the server.
+    public func register() async throws {
+        let keys = vault.exportedSecret
+        _ = try await client.createAccount(CreateAccountRequest(username: vault.username,
+                                                                signingKey: Data(keys.signingKeys.publicKey.bytes),
+                                                                boxKey: Data(keys.boxKeys.publicKey.bytes)))
+    }
+
+    @discardableResult
+    public func sync() async throws -> SyncReport {
+        var report = SyncReport()
+        do {
+            try await pull(&report)
+            var attempts = 0
+            while true {
+                try await pushContent(&report)
+                do {
+                    try await pushMetadata(&report)
+                    break
+                } catch let e as SyncError where e.isGetUpdatesRequired && attempts < 8 {
+                    attempts += 1
+                    try await pull(&report)
+                }
+            }
+            try await pull(&report)
+            report.pruned = try vault.pruneSyncedDeletions()
+            vault.recordSyncOutcome(error: nil)
+            return report
+        } catch {
+            vault.recordSyncOutcome(error: "\(error)")
+            throw error
+        }
+    }
+
+    // MARK: Pull
+
+    func pull(_ report: inout SyncReport) async throws {
+        let cursor = vault.syncStatus.cursor
+        var since = cursor
+        var byID: [FileID: RemoteFile] = [:]
+        while true {
+            let page = try await client.updates(since: since)
+            for f in page.files {
+                guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
+                    throw SyncError.protocolError("the server sent a malformed record")
+                }
+                let r = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted)
+                if let prior = byID[signed.metadata.id], prior.version > r.version { continue }
+                byID[signed.metadata.id] = r
+            }
+            guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
+            since = page.latest
+            if !page.more { break }
+        }
+        guard !byID.isEmpty || since != cursor else { return }
+        let files = Array(byID.values)
+        try vault.verifyRemote(files)
+        // Content before the metadata that names it.
+        for need in try vault.contentNeeds(files) {
+            let sealed = try await client.getManifest(fileID: need.fileID, digest: need.digest)
+            let manifest = try vault.openRemoteManifest(need, sealed: sealed)
+            let missing = try vault.missingChunks(manifest.chunks.map(\.id))
+            var chunks: [[UInt8]: [UInt8]] = [:]
+            var start = 0
+            while start < missing.count {
+                let batch = Array(missing[start..<min(missing.count, start + 64)])
+                let got = try await client.getChunks(batch)
+                for id in batch {
+                    guard let c = got[id] else { throw SyncError.protocolError("the server did not send a requested chunk") }
+                    chunks[id] = c
+                }
+                start += batch.count
+            }
+            try vault.storeRemoteContent(need, manifest: manifest, sealedManifest: sealed, chunks: chunks)
+            report.fetchedChunks += chunks.count
+        }
+        let changed = try vault.applyPull(files, cursor: since)
+        report.pulled += files.count
+        report.changed.formUnion(changed)
+    }
+
+    // MARK: Push
+
+    func pushContent(_ report: inout SyncReport) async throws {
+        let uploads = try vault.pendingContent()
+        guard !uploads.isEmpty else { return }
+        var all: [[UInt8]] = []
+        var seen: Set<[UInt8]> = []
+        for u in uploads { for id in u.chunkIDs where seen.insert(id).inserted { all.append(id) } }
+        var missing: [[UInt8]] = []
+        var start = 0
+        while start < all.count {
+            let batch = Array(all[start..<min(all.count, start + 4096)])
+            missing += try await client.missingChunks(batch)
+            start += batch.count
+        }
+        for id in missing {
+            guard let sealed = try vault.sealedChunk(id) else { throw SyncError.protocolError("a local chunk vanished during sync") }
+            try await client.putChunk(id: id, sealed: sealed)
+            report.pushedChunks += 1
+        }
+        for u in uploads {
+            try await client.putManifest(PutManifestRequest(fileID: Data(u.fileID.bytes), digest: Data(u.digest),
+                                                            sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) }))
+        }
+    }
+
+    func pushMetadata(_ report: inout SyncReport) async throws {
+        let records = try vault.pendingRecords()
+        guard !records.isEmpty else { return }
+        let request = UpsertRequest(updates: records.map {
+            FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                       expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
+        })
+        let response = try await client.upsert(request)
+        let changed = try vault.markPushed(records, version: response.version)
+        report.pushedRecords += records.count
+        report.changed.formUnion(changed)
+    }
+}
+
+/// Runs async work to completion from synchronous code (the CLI, the daemon's scheduler thread).
+/// Never call it from inside a Swift concurrency task.
+@discardableResult
+public func runBlocking<T: Sendable>(_ body: @escaping @Sendable () async throws -> T) throws -> T {
+    let box = ResultBox<T>()
+    let done = DispatchSemaphore(value: 0)
+    Task.detached {
+        do { box.set(.success(try await body())) } catch { box.set(.failure(error)) }
+        done.signal()
+    }
+    done.wait()
+    return try box.get()
+}
+
+final class ResultBox<T: Sendable>: @unchecked Sendable {
+    private var result: Result<T, any Error>?
+    private let lock = NSLock()
+    func set(_ r: Result<T, any Error>) { lock.lock(); result = r; lock.unlock() }
+    func get() throws -> T {
+        lock.lock(); defer { lock.unlock() }
+        guard let result else { throw SyncError.protocolError("no result") }
+        return try result.get()
+    }
+}

@@ -1,0 +1,369 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+
+/// Applying a pull: the 3-way merge of base, local and remote, then conflict resolution in the
+/// order the Sync v3 design requires (content conflicts, then cycles, then path conflicts), all
+/// in one transaction together with the new cursor. Nothing a user wrote is dropped: an edit to
+/// a document deleted elsewhere is saved again as a new file, a binary conflict keeps the local
+/// bytes in a copy, a text conflict keeps both sides between markers.
+extension Vault {
+    /// Applies pulled records and advances the cursor. Returns every id whose view changed.
+    @discardableResult
+    public func applyPull(_ files: [RemoteFile], cursor: Int64) throws -> Set<FileID> {
+        do {
+            return try state.withLock { s in
+                let changed = try store.write { w -> Set<FileID> in
+                    var merge = PullMerge(vault: self, writer: w)
+                    let changed = try merge.run(files, &s)
+                    try w.setSetting("cursor", Self.bytes(cursor))
+                    return changed
+                }
+                try reloadAll(&s)
+                return changed
+            }
+        } catch { throw VaultError.wrap(error) }
+    }
+}
+
+/// The working state of one pull application.
+struct PullMerge {
+    let vault: Vault
+    let w: StoreWriter
+    /// The tree as it will be: new base under merged local.
+    var view = FileTree()
+    var newBase: [FileID: StoredFile] = [:]
+    /// Final local records (to sign and store) by id; nil value = no local record.
+    var local: [FileID: FileMetadata?] = [:]
+    var touched: Set<FileID> = []
+    var memo: [FileID: SymmetricKey] = [:]
+
+    init(vault: Vault, writer: StoreWriter) { self.vault = vault; self.w = writer }
+
+    mutating func run(_ files: [RemoteFile], _ s: inout VaultState) throws -> Set<FileID> {
+        let before = s.tree
+        view = s.tree
+        var remote: [FileID: RemoteFile] = [:]
+        for f in files { remote[f.signed.metadata.id] = f }
+        let remoteMeta = remote.mapValues { $0.signed.metadata }
+
+        // Orphans: an update whose parent this device cannot know (it was pruned after its
+        // deletion synced) belongs to a deleted subtree; it is dropped.
+        var known: [FileID: Bool] = [:]
+        func isKnown(_ id: FileID, _ depth: Int = 0) -> Bool {
+            if let k = known[id] { return k }
+            guard depth < 10_000, let m = remoteMeta[id] ?? before.file(id) else { return false }
+            let k = m.isRoot || before.file(m.parent) != nil || (remoteMeta[m.parent] != nil && isKnown(m.parent, depth + 1))
+            known[id] = k
+            return k
+        }
+        let applicable = remote.values.filter { isKnown($0.signed.metadata.id) }.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
+
+        var conflicts: [FileID: (base: FileMetadata, local: FileMetadata, remote: FileMetadata)] = [:]
+        // Local documents with unsynced content edits that are live before this pull.
+        var editedLocally: [(FileMetadata, oldBaseDigest: [UInt8]?)] = []
+        for l in try w.reader.files(.local) where l.metadata.type == .document && before.isLive(l.metadata.id) {
+            let oldBase = try w.reader.file(l.metadata.id, .base)
+            if oldBase == nil || oldBase?.metadata.contentDigest != l.metadata.contentDigest {
+                editedLocally.append((l.metadata, oldBase?.metadata.contentDigest))
+            }
+        }
+        for r in applicable {
+            let id = r.signed.metadata.id
+            let oldBase = try w.reader.file(id, .base)
+            let stored = r.stored
+            newBase[id] = stored
+            try w.put(stored, .base)
+            touched.insert(id)
+            let rEff = stored.effectiveMetadata
+            if let l = try w.reader.file(id, .local)?.metadata {
+                let b = oldBase?.effectiveMetadata ?? rEff
+                let (m, conflict) = try mergeRecord(base: b, local: l, remote: rEff, &s)
+                local[id] = m
+                view.insert(m)
+                if conflict { conflicts[id] = (b, l, rEff) }
+            } else {
+                view.insert(rEff)
+            }
+        }
+        // Before reading plaintext below, every key in the merged tree must be derivable.
+        memo = [:]
+
+        // 1. Content conflicts (they can create files, so they come before path conflicts).
+        for (id, c) in conflicts.sorted(by: { $0.key < $1.key }) {
+            try resolveContentConflict(id, c.base, c.local, c.remote, &s, remoteMeta)
+        }
+        // Edits to documents deleted elsewhere survive as new files at their old path.
+        for (l, _) in editedLocally where !view.isLive(l.id) {
+            let id = l.id
+            let name = try vault.name(id, &s)
+            let parent = view.isLive(l.parent) ? l.parent : (view.rootID ?? l.parent)
+            try recreate(from: l, name: name, in: parent, &s, remoteMeta)
+        }
+        // 2. Cycles: local moves that close a loop with pulled moves are undone.
+        try resolveCycles()
+        // 3. Path conflicts: the locally changed file is renamed name-1.ext, name-2.ext, …
+        try resolvePathConflicts(&s, remoteMeta)
+
+        // Check, then write the local side.
+        let ids = Array(touched)
+        try Validator.validate(changed: ids, before: { before.file($0) }, in: view)
+        for id in ids {
+            guard let entry = local[id] else { continue }
+            let stored = try newBase[id] ?? w.reader.file(id, .base)
+            if let m = entry, let base = stored, Self.sameContent(m, base.effectiveMetadata) {
+                try w.remove(id, .local)
+            } else if let m = entry {
+                let base = stored
+                try w.put(StoredFile(signed: vault.sign(m), version: base?.version ?? 0, contentVersion: base?.contentVersion ?? 0), .local)
+                if base == nil { _ = try w.inode(for: id) }
+            } else {
+                try w.remove(id, .local)
+            }
+        }
+        return touched
+    }
+
+    static func sameContent(_ a: FileMetadata, _ b: FileMetadata) -> Bool {
+        var x = a
+        x.lastModifiedBy = b.lastModifiedBy
+        return x == b
+    }
+
+    // MARK: Field merge
+
+    /// Remote wins name and parent, deletion wins, content from whichever side changed it,
+    /// POSIX attributes per attribute by hybrid clock. Reports a content conflict if both sides
+    /// changed the content differently.
+    mutating func mergeRecord(base b: FileMetadata, local l: FileMetadata, remote r: FileMetadata, _ s: inout VaultState) throws -> (FileMetadata, Bool) {
+        var m = l
+        let remoteMoved = r.parent != b.parent || r.name.mac != b.name.mac
+        if remoteMoved { m.parent = r.parent; m.name = r.name; m.wrappedKey = r.wrappedKey }
+        m.isDeleted = l.isDeleted || r.isDeleted
+        m.access = r.access
+        m.owner = r.owner
+        let localContent = l.contentDigest != b.contentDigest
+        let remoteContent = r.contentDigest != b.contentDigest
+        if remoteContent && !localContent { m.contentDigest = r.contentDigest }
+        let conflict = l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
+        if l.sealedAttributes != r.sealedAttributes {
+            let k = try vault.key(l.id, &s)
+            let la = try PosixAttributes(decoding: AEAD.open(l.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+            let ra = try PosixAttributes(decoding: AEAD.open(r.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+            var ma = PosixAttributes.merge(la, ra)
+            ma.size = m.contentDigest == r.contentDigest ? ra.size : la.size
+            for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp] where stamp > s.clock { s.clock = stamp }
+            if ma == ra { m.sealedAttributes = r.sealedAttributes }
+            else if ma == la { m.sealedAttributes = l.sealedAttributes }
+            else { m.sealedAttributes = AEAD.seal(ma.encoded(), key: k, purpose: .attributes, fileID: l.id.bytes) }
+        }
+        if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
+        return (m, conflict)
+    }
+
+    // MARK: Content
+
+    mutating func cipher(_ id: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> ContentCipher {
+        ContentCipher(fileID: id, key: try vault.remoteKey(id, remote, &s, &memo))
+    }
+
+    func manifest(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> Manifest {
+        guard let digest else { return Manifest() }
+        guard let sealed = try w.reader.manifest(digest) else { throw VaultError.corrupt("manifest missing for \(cipher.fileID)") }
+        return try cipher.openManifest(sealed)
+    }
+
+    func plaintext(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> [UInt8] {
+        var out: [UInt8] = []
+        for ref in try manifest(digest, cipher).chunks {
+            guard let sealed = try w.reader.chunk(ref.id) else { throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8)))) }
+            out += try cipher.openChunk(sealed, ref: ref)
+        }
+        return out
+    }
+
+    /// Seals plaintext as a new version under `cipher`; returns digest and size.
+    func storeContent(_ bytes: [UInt8], _ cipher: ContentCipher) throws -> ([UInt8], UInt64) {
+        var refs: [ChunkRef] = []
+        var offset = 0
+        let size = Int(Manifest.defaultChunkSize)
+        while offset < bytes.count {
+            let end = min(bytes.count, offset + size)
+            let (ref, sealed) = bytes[offset..<end].withUnsafeBytes { cipher.sealChunk($0) }
+            try w.putChunk(id: ref.id, sealed: sealed)
+            refs.append(ref)
+            offset = end
+        }
+        let m = Manifest(chunks: refs)
+        let sealed = cipher.sealManifest(m)
+        let digest = ContentCipher.digest(ofSealedManifest: sealed)
+        try w.putManifest(digest: digest, sealed: sealed, chunkIDs: refs.map(\.id))
+        return (digest, m.size)
+    }
+
+    /// Re-seals one version's content under another file's key, chunk by chunk.
+    func copyContent(_ digest: [UInt8]?, from: ContentCipher, to: ContentCipher) throws -> ([UInt8], UInt64) {
+        var refs: [ChunkRef] = []
+        for ref in try manifest(digest, from).chunks {
+            guard let sealed = try w.reader.chunk(ref.id) else { throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8)))) }
+            let plain = try from.openChunk(sealed, ref: ref)
+            let (newRef, newSealed) = to.sealChunk(plain)
+            try w.putChunk(id: newRef.id, sealed: newSealed)
+            refs.append(newRef)
+        }
+        let m = Manifest(chunks: refs)
+        let sealed = to.sealManifest(m)
+        let d = ContentCipher.digest(ofSealedManifest: sealed)
+        try w.putManifest(digest: d, sealed: sealed, chunkIDs: refs.map(\.id))
+        return (d, m.size)
+    }
+
+    mutating func setAttributes(_ m: inout FileMetadata, _ key: SymmetricKey, _ change: (inout PosixAttributes) -> Void) throws {
+        var a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: key, purpose: .attributes, fileID: m.id.bytes, what: "attributes"))
+        change(&a)
+        m.sealedAttributes = AEAD.seal(a.encoded(), key: key, purpose: .attributes, fileID: m.id.bytes)
+    }
+
+    /// Text: merged line by line, overlaps between markers. Anything else: remote content under
+    /// the name, local content in a new file next to it.
+    mutating func resolveContentConflict(_ id: FileID, _ b: FileMetadata, _ l: FileMetadata, _ r: FileMetadata,
+                                         _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+        guard var m = local[id] ?? nil else { return }
+        let c = try cipher(id, &s, remote)
+        let sizes = (try manifest(b.contentDigest, c).size, try manifest(l.contentDigest, c).size, try manifest(r.contentDigest, c).size)
+        let limit = UInt64(TextMerge.maxBytes)
+        if sizes.0 <= limit && sizes.1 <= limit && sizes.2 <= limit {
+            let bt = try plaintext(b.contentDigest, c), lt = try plaintext(l.contentDigest, c), rt = try plaintext(r.contentDigest, c)
+            if TextMerge.isText(bt) && TextMerge.isText(lt) && TextMerge.isText(rt) {
+                let result = TextMerge.merge(base: bt, local: lt, remote: rt)
+                let (digest, size) = try storeContent(result.merged, c)
+                m.contentDigest = digest
+                let stamp = vault.nextStamp(&s)
+                let t = vault.now()
+                try setAttributes(&m, c.key) { a in a.size = size; a.mtime = Stamped(t, at: stamp); a.ctime = t }
+                local[id] = m
+                view.insert(m)
+                return
+            }
+        }
+        // Binary: the name keeps the remote bytes; the local bytes move to a copy.
+        m.contentDigest = r.contentDigest
+        try setAttributes(&m, c.key) { a in a.size = sizes.2 }
+        local[id] = m
+        view.insert(m)
+        let name = try nameOf(m, &s, remote)
+        let parent = view.isLive(m.parent) ? m.parent : (view.rootID ?? m.parent)
+        var copy = l
+        copy.contentDigest = l.contentDigest
+        try recreate(from: copy, name: name, in: parent, &s, remote)
+    }
+
+    /// The plaintext name of a record as it stands in the merged view.
+    mutating func nameOf(_ m: FileMetadata, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> String {
+        let pk = try vault.remoteKey(m.parent, remote, &s, &memo)
+        let raw = try AEAD.open(m.name.ciphertext, key: pk, purpose: .name, fileID: m.id.bytes, what: "file name")
+        return String(decoding: raw, as: UTF8.self)
+    }
+
+    /// Saves a local document version as a brand-new file (new id, new key) in `parent`.
+    mutating func recreate(from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+        let oldCipher = try cipher(l.id, &s, remote)
+        let id = try FileID(random: randomBytes(16))
+        let key = SymmetricKey.random()
+        let newCipher = ContentCipher(fileID: id, key: key)
+        let (digest, _) = try copyContent(l.contentDigest, from: oldCipher, to: newCipher)
+        var attrs = try PosixAttributes(decoding: AEAD.open(l.sealedAttributes, key: oldCipher.key, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+        let stamp = vault.nextStamp(&s)
+        attrs.mode.stamp = stamp; attrs.uid.stamp = stamp; attrs.gid.stamp = stamp; attrs.mtime.stamp = stamp
+        let parentKey = try vault.remoteKey(parent, remote, &s, &memo)
+        let m = FileMetadata(id: id, type: .document, parent: parent, name: vault.sealName(name, parentKey: parentKey, fileID: id),
+                             owner: vault.accountID, wrappedKey: KeyWrap.wrap(key, with: parentKey, fileID: id.bytes),
+                             sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+                             contentDigest: digest, lastModifiedBy: vault.accountID)
+        memo[id] = key
+        local[id] = m
+        view.insert(m)
+        touched.insert(id)
+        created.insert(id)
+    }
+
+    // MARK: Cycles and path conflicts
+
+    /// Any locally moved file that is part of a cycle goes back to its (new) base parent.
+    mutating func resolveCycles() throws {
+        for _ in 0..<100 {
+            var fixed = false
+            for (id, entry) in local {
+                guard let m = entry, m.parent != (try newBase[id] ?? w.reader.file(id, .base))?.metadata.parent, inCycle(id),
+                      let base = try (newBase[id] ?? w.reader.file(id, .base))?.effectiveMetadata else { continue }
+                var undone = m
+                undone.parent = base.parent
+                undone.name = base.name
+                undone.wrappedKey = base.wrappedKey
+                local[id] = undone
+                view.insert(undone)
+                touched.insert(id)
+                fixed = true
+            }
+            if !fixed { return }
+        }
+    }
+
+    func inCycle(_ id: FileID) -> Bool {
+        var seen: Set<FileID> = [id]
+        var cursor = view.file(id)
+        while let c = cursor, !c.isRoot {
+            if !seen.insert(c.parent).inserted { return true }
+            cursor = view.file(c.parent)
+        }
+        return false
+    }
+
+    var created: Set<FileID> = []
+
+    /// Files whose name or place comes from this device (created here, or renamed/moved here).
+    func isLocallyPlaced(_ id: FileID) throws -> Bool {
+        let entry: FileMetadata?? = try local[id] ?? w.reader.file(id, .local).map { Optional($0.metadata) }
+        guard let found = entry, let m = found else { return false }
+        if created.contains(id) { return true }
+        guard let base = try newBase[id] ?? w.reader.file(id, .base) else { return true }
+        return base.metadata.parent != m.parent || base.metadata.name.mac != m.name.mac
+    }
+
+    mutating func resolvePathConflicts(_ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+        var candidates: [FileID] = []
+        for (id, entry) in local where entry != nil { candidates.append(id) }
+        for l in try w.reader.files(.local) where local[l.metadata.id] == nil { candidates.append(l.metadata.id) }
+        for id in candidates.sorted() {
+            guard let m = view.file(id), !m.isRoot, view.isLive(id) else { continue }
+            let others = view.childIDs(of: m.parent, nameMAC: m.name.mac).filter { $0 != id && view.file($0).map { !$0.isDeleted } == true }
+            guard let other = others.first else { continue }
+            // Rename the one placed by this device; if both were, the newer copy.
+            let renameMe = try isLocallyPlaced(id) || !(try isLocallyPlaced(other))
+            let target = renameMe ? id : other
+            guard var t = view.file(target) else { continue }
+            let name = try nameOf(t, &s, remote)
+            let parentKey = try vault.remoteKey(t.parent, remote, &s, &memo)
+            var n = 1
+            var candidate = Self.numbered(name, n)
+            while view.liveChild(of: t.parent, nameMAC: NameMAC.mac(name: candidate, parentKey: parentKey)) != nil {
+                n += 1
+                candidate = Self.numbered(name, n)
+            }
+            t.name = vault.sealName(candidate, parentKey: parentKey, fileID: target)
+            local[target] = t
+            view.insert(t)
+            touched.insert(target)
+        }
+    }
+
+    /// `notes.txt` → `notes-1.txt`; `archive.tar.gz` → `archive.tar-1.gz`; `.bashrc` → `.bashrc-1`.
+    static func numbered(_ name: String, _ n: Int) -> String {
+        if let dot = name.lastIndex(of: "."), dot != name.startIndex {
+            return String(name[..<dot]) + "-\(n)" + String(name[dot...])
+        }
+        return name + "-\(n)"
+    }
+}

@@ -1,0 +1,82 @@
+import CofferContent
+import CofferModel
+import CofferStore
+import Foundation
+
+/// A document version the server needs before the metadata naming it can be pushed.
+public struct PendingUpload: Sendable {
+    public let fileID: FileID
+    public let digest: [UInt8]
+    public let sealedManifest: [UInt8]
+    public let chunkIDs: [[UInt8]]
+}
+
+/// A local record to push, with the precondition (what the device last agreed with the server).
+public struct PendingRecord: Sendable {
+    public let stored: StoredFile
+    public let expectedParent: FileID?
+    public let expectedNameMAC: [UInt8]?
+}
+
+extension Vault {
+    /// Content of locally changed documents that the server does not have yet: content is pushed
+    /// before the metadata that names it, so no device ever pulls a record whose content is missing.
+    public func pendingContent() throws -> [PendingUpload] {
+        try store.read { r in
+            var out: [PendingUpload] = []
+            for local in try r.files(.local) where local.metadata.type == .document {
+                guard let digest = local.metadata.contentDigest else { continue }
+                if try r.file(local.metadata.id, .base)?.metadata.contentDigest == digest { continue }
+                guard let sealed = try r.manifest(digest) else {
+                    throw VaultError.corrupt("the manifest of \(local.metadata.id) is missing")
+                }
+                out.append(PendingUpload(fileID: local.metadata.id, digest: digest, sealedManifest: sealed,
+                                         chunkIDs: try r.chunkIDs(ofManifest: digest)))
+            }
+            return out
+        }
+    }
+
+    public func sealedChunk(_ id: [UInt8]) throws -> [UInt8]? {
+        try store.read { try $0.chunk(id) }
+    }
+
+    /// Every local record, with its base version's parent and name MAC as the precondition.
+    public func pendingRecords() throws -> [PendingRecord] {
+        try store.read { r in
+            try r.files(.local).map { local in
+                let base = try r.file(local.metadata.id, .base)
+                return PendingRecord(stored: local, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac)
+            }
+        }
+    }
+
+    /// The server accepted `records` at `version`: they become base. A local record that changed
+    /// again while the push was in flight stays local (it is pushed next time).
+    @discardableResult
+    public func markPushed(_ records: [PendingRecord], version: Int64) throws -> Set<FileID> {
+        try state.withLock { s in
+            let changed = try store.write { w -> Set<FileID> in
+                var changed: Set<FileID> = []
+                for p in records {
+                    let id = p.stored.metadata.id
+                    let base = try w.reader.file(id, .base)
+                    let digestChanged = base?.metadata.contentDigest != p.stored.metadata.contentDigest
+                    let contentVersion = digestChanged ? version : (base?.contentVersion ?? version)
+                    try w.put(StoredFile(signed: p.stored.signed, version: version, contentVersion: contentVersion), .base)
+                    if let current = try w.reader.file(id, .local), current.signed == p.stored.signed {
+                        try w.remove(id, .local)
+                    } else if var current = try w.reader.file(id, .local) {
+                        current.version = version
+                        current.contentVersion = contentVersion
+                        try w.put(current, .local)
+                    }
+                    changed.insert(id)
+                }
+                return changed
+            }
+            try reloadAll(&s)
+            return changed
+        }
+    }
+}

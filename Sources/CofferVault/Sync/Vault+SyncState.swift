@@ -1,0 +1,47 @@
+import CofferModel
+import CofferStore
+import Foundation
+
+/// What the device remembers about syncing: the server, the cursor (the last server version
+/// whose changes are applied here) and the outcome of the last attempt.
+public struct SyncStatus: Sendable, Equatable {
+    public var server: String?
+    public var cursor: Int64
+    public var lastSuccessMillis: Int64?
+    public var lastAttemptMillis: Int64?
+    public var lastError: String?
+}
+
+extension Vault {
+    public var syncStatus: SyncStatus {
+        (try? store.read { r in
+            SyncStatus(server: try r.setting("server").map { String(decoding: $0, as: UTF8.self) },
+                       cursor: try r.setting("cursor").map(Self.int64) ?? 0,
+                       lastSuccessMillis: try r.setting("lastSuccess").map(Self.int64),
+                       lastAttemptMillis: try r.setting("lastAttempt").map(Self.int64),
+                       lastError: try r.setting("lastError").flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) })
+        }) ?? SyncStatus(server: nil, cursor: 0)
+    }
+
+    public func setServer(_ url: String) throws {
+        try store.write { w in try w.setSetting("server", Array(url.utf8)) }
+    }
+
+    /// Records the outcome of a sync attempt for `coffer status`.
+    public func recordSyncOutcome(error: String?) {
+        let t = now()
+        let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
+        try? store.write { w in
+            try w.setSetting("lastAttempt", Self.bytes(ms))
+            if let error { try w.setSetting("lastError", Array(error.utf8)) } else {
+                try w.setSetting("lastError", [])
+                try w.setSetting("lastSuccess", Self.bytes(ms))
+            }
+        }
+    }
+
+    static func int64(_ b: [UInt8]) -> Int64 { Int64(bitPattern: b.reduce(UInt64(0)) { ($0 << 8) | UInt64($1) }) }
+    static func bytes(_ v: Int64) -> [UInt8] { withUnsafeBytes(of: UInt64(bitPattern: v).bigEndian) { Array($0) } }
+
+    public var hasRoot: Bool { state.withLock { $0.tree.rootID != nil } }
+}

@@ -1,0 +1,233 @@
+import Testing
+import CofferCrypto
+import CofferModel
+@testable import CofferContent
+
+let fileA = try! FileID(bytes: [UInt8](repeating: 0xA1, count: 16))
+let fileB = try! FileID(bytes: [UInt8](repeating: 0xB2, count: 16))
+let fixedKey = try! SymmetricKey(bytes: Array(32..<64))
+
+/// Deterministic pseudo-random bytes (incompressible), so tests are reproducible.
+func noise(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
+    var s = seed &* 0x9E37_79B9_7F4A_7C15 | 1
+    var out = [UInt8](repeating: 0, count: count)
+    for i in 0..<count {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17
+        out[i] = UInt8(truncatingIfNeeded: s >> 24)
+    }
+    return out
+}
+
+func containsBytes(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
+    guard haystack.count >= needle.count, !needle.isEmpty else { return false }
+    for i in 0...(haystack.count - needle.count) where haystack[i] == needle[0] {
+        if haystack[i..<(i + needle.count)].elementsEqual(needle) { return true }
+    }
+    return false
+}
+
+@Suite("Content chunks")
+struct ChunkTests {
+    let cipher = ContentCipher(fileID: fileA, key: .random())
+
+    @Test func roundTrip() throws {
+        for n in [0, 1, 100, 4096, 256 * 1024] {
+            let plain = noise(n, seed: UInt64(n))
+            let (ref, sealed) = cipher.sealChunk(plain)
+            #expect(ref.length == UInt32(n))
+            #expect(ref.id.count == 32)
+            #expect(try cipher.openChunk(sealed, ref: ref) == plain)
+        }
+        let text = Array(String(repeating: "compressible text line\n", count: 5000).utf8)
+        let (ref, sealed) = cipher.sealChunk(text)
+        #expect(try cipher.openChunk(sealed, ref: ref) == text)
+    }
+
+    @Test func sealedChunkHidesItsPlaintext() {
+        let marker = Array("PLAINTEXT-MARKER-7f3a".utf8)
+        let (_, sealed) = cipher.sealChunk(marker + noise(100))
+        #expect(!containsBytes(sealed, marker))
+    }
+
+    @Test func chunkIDIsStableAndKeyed() throws {
+        let plain = Array("the same chunk".utf8)
+        let (r1, s1) = cipher.sealChunk(plain)
+        let (r2, s2) = cipher.sealChunk(plain)
+        #expect(r1 == r2, "equal plaintext in one file: equal id (dedup)")
+        #expect(s1 != s2, "but a fresh nonce")
+        let other = ContentCipher(fileID: fileA, key: .random())
+        #expect(other.sealChunk(plain).0.id != r1.id, "another file key gives another id")
+        #expect(cipher.sealChunk(plain + [0]).0.id != r1.id)
+        // The id is not a plain hash of the content.
+        #expect(r1.id != blake2b(plain))
+    }
+
+    /// Fixed vector: BLAKE2b-256(plaintext, key = derive(fileKey, 2, "cfchunk")), cross-checked
+    /// with Python hashlib. Changing it would make every stored chunk unreachable.
+    @Test func chunkIDFixedVector() {
+        let c = ContentCipher(fileID: fileA, key: fixedKey)
+        let id = Array("hello".utf8).withUnsafeBytes { c.chunkID($0) }
+        #expect(hexString(id) == "092d52d0c01078f899277835b3c3bcc317e6536f70c7caf17c271179c60039aa")
+        // The file id does not enter the chunk id; only the key does.
+        let d = ContentCipher(fileID: fileB, key: fixedKey)
+        #expect(Array("hello".utf8).withUnsafeBytes { d.chunkID($0) } == id)
+    }
+
+    @Test func everyTamperedByteIsDetected() {
+        let plain = Array("short chunk".utf8)
+        let (ref, sealed) = cipher.sealChunk(plain)
+        for i in sealed.indices {
+            var t = sealed
+            t[i] ^= 0x01
+            #expect(throws: (any Error).self, "byte \(i)") { try cipher.openChunk(t, ref: ref) }
+        }
+        #expect(throws: (any Error).self) { try cipher.openChunk(Array(sealed.dropLast()), ref: ref) }
+    }
+
+    @Test func chunkFromAnotherFileIsRefused() {
+        let key = SymmetricKey.random()
+        let a = ContentCipher(fileID: fileA, key: key)
+        let b = ContentCipher(fileID: fileB, key: key) // even with the same key
+        let (ref, sealed) = a.sealChunk(Array("secret".utf8))
+        #expect(throws: CryptoError.self) { try b.openChunk(sealed, ref: ref) }
+        let c = ContentCipher(fileID: fileA, key: .random())
+        #expect(throws: CryptoError.self) { try c.openChunk(sealed, ref: ref) }
+    }
+
+    @Test func chunkUnderAnotherIDOrLengthIsRefused() {
+        let (r1, s1) = cipher.sealChunk(Array("one".utf8))
+        let (r2, _) = cipher.sealChunk(Array("two".utf8))
+        // Swapping positions in a manifest (another chunk's id) fails the AEAD.
+        #expect(throws: CryptoError.self) { try cipher.openChunk(s1, ref: r2) }
+        // A wrong length fails too.
+        #expect(throws: ContentError.self) { try cipher.openChunk(s1, ref: ChunkRef(id: r1.id, length: 4)) }
+    }
+
+    @Test func contentSealedAsAnotherPurposeIsRefused() {
+        let key = SymmetricKey.random()
+        let c = ContentCipher(fileID: fileA, key: key)
+        let plain = Array("x".utf8)
+        let id = plain.withUnsafeBytes { c.chunkID($0) }
+        let asName = AEAD.seal([0] + plain, key: key, purpose: .name, fileID: fileA.bytes, extra: id)
+        #expect(throws: CryptoError.self) { try c.openChunk(asName, ref: ChunkRef(id: id, length: 1)) }
+    }
+}
+
+@Suite("Compression")
+struct CompressionTests {
+    @Test func compressibleDataShrinks() throws {
+        let text = Array(String(repeating: "all work and no play makes jack a dull boy. ", count: 6000).utf8)
+        let packed = text.withUnsafeBytes { Compression.pack($0) }
+        #expect(packed[0] == Compression.zstd)
+        #expect(packed.count < text.count / 10)
+        #expect(try Compression.unpack(packed, expectedLength: text.count) == text)
+        // And the sealed chunk is correspondingly small.
+        let (_, sealed) = ContentCipher(fileID: fileA, key: .random()).sealChunk(text)
+        #expect(sealed.count < text.count / 10)
+        let zeros = [UInt8](repeating: 0, count: 256 * 1024)
+        let (_, sealedZeros) = ContentCipher(fileID: fileA, key: .random()).sealChunk(zeros)
+        #expect(sealedZeros.count < 1024)
+    }
+
+    @Test func randomDataIsStoredRaw() throws {
+        let data = noise(100_000)
+        let packed = data.withUnsafeBytes { Compression.pack($0) }
+        #expect(packed[0] == Compression.raw)
+        #expect(packed.count == data.count + 1)
+        #expect(Array(packed[1...]) == data)
+        #expect(try Compression.unpack(packed, expectedLength: data.count) == data)
+        let (_, sealed) = ContentCipher(fileID: fileA, key: .random()).sealChunk(data)
+        #expect(sealed.count == data.count + 1 + AEAD.overhead)
+    }
+
+    @Test func emptyAndTinyInputs() throws {
+        for n in [0, 1, 5] {
+            let d = noise(n)
+            let packed = d.withUnsafeBytes { Compression.pack($0) }
+            #expect(packed.first == Compression.raw)
+            #expect(try Compression.unpack(packed, expectedLength: n) == d)
+        }
+    }
+
+    @Test func malformedPackedDataIsRefused() {
+        #expect(throws: ContentError.corrupt("empty chunk")) { try Compression.unpack([], expectedLength: 0) }
+        #expect(throws: ContentError.self) { try Compression.unpack([Compression.raw, 1, 2], expectedLength: 3) }
+        #expect(throws: ContentError.self) { try Compression.unpack([7, 1, 2], expectedLength: 2) }
+        #expect(throws: ContentError.self) { try Compression.unpack([Compression.zstd, 1, 2, 3, 4], expectedLength: 10) }
+        let text = Array(String(repeating: "abc", count: 1000).utf8)
+        let packed = text.withUnsafeBytes { Compression.pack($0) }
+        #expect(throws: ContentError.self) { try Compression.unpack(packed, expectedLength: text.count - 1) }
+        #expect(throws: ContentError.self) { try Compression.unpack(packed, expectedLength: text.count + 1) }
+    }
+}
+
+@Suite("Manifests")
+struct ManifestTests {
+    static func sample() -> Manifest {
+        Manifest(chunkSize: 4, chunks: [ChunkRef(id: Array(repeating: 1, count: 32), length: 4),
+                                        ChunkRef(id: Array(repeating: 2, count: 32), length: 4),
+                                        ChunkRef(id: Array(repeating: 3, count: 32), length: 1)])
+    }
+
+    @Test func encodingIsFixed() throws {
+        let m = Self.sample()
+        let expected = "43464d46" + "01" + "00000004" + "00000003"
+            + String(repeating: "01", count: 32) + "00000004"
+            + String(repeating: "02", count: 32) + "00000004"
+            + String(repeating: "03", count: 32) + "00000001"
+        #expect(hexString(m.encoded()) == expected)
+        #expect(try Manifest(decoding: bytesFromHex(expected)!) == m)
+        #expect(m.size == 9)
+        #expect(Manifest().size == 0)
+        #expect(Manifest().chunkSize == 256 * 1024)
+        #expect(try Manifest(decoding: Manifest().encoded()) == Manifest())
+    }
+
+    @Test func sealAndOpen() throws {
+        let c = ContentCipher(fileID: fileA, key: .random())
+        let m = Self.sample()
+        let sealed = c.sealManifest(m)
+        #expect(try c.openManifest(sealed) == m)
+        #expect(ContentCipher.digest(ofSealedManifest: sealed) == blake2b(sealed))
+        #expect(ContentCipher.digest(ofSealedManifest: sealed) != ContentCipher.digest(ofSealedManifest: c.sealManifest(m)))
+        // Other file, other key, tampering: refused.
+        #expect(throws: CryptoError.self) { try ContentCipher(fileID: fileB, key: c.key).openManifest(sealed) }
+        #expect(throws: CryptoError.self) { try ContentCipher(fileID: fileA, key: .random()).openManifest(sealed) }
+        for i in sealed.indices {
+            var t = sealed; t[i] ^= 0x80
+            #expect(throws: CryptoError.self) { try c.openManifest(t) }
+        }
+        // A chunk is not a manifest.
+        let (_, chunk) = c.sealChunk(m.encoded())
+        #expect(throws: CryptoError.self) { try c.openManifest(chunk) }
+    }
+
+    @Test func malformedManifestsAreRefused() {
+        let good = Self.sample().encoded()
+        for n in 0..<good.count {
+            #expect(throws: (any Error).self, "prefix \(n)") { try Manifest(decoding: Array(good.prefix(n))) }
+        }
+        #expect(throws: (any Error).self) { try Manifest(decoding: good + [0]) }
+        var b = good; b[0] = 0
+        #expect(throws: ContentError.corrupt("not a manifest")) { try Manifest(decoding: b) }
+        b = good; b[4] = 2
+        #expect(throws: ContentError.corrupt("unsupported manifest version")) { try Manifest(decoding: b) }
+        // chunk size 0 and > 64 MiB
+        b = good; b[5...8] = [0, 0, 0, 0]
+        #expect(throws: ContentError.corrupt("bad chunk size")) { try Manifest(decoding: b) }
+        b = good; b[5...8] = [0x04, 0, 0, 1]
+        #expect(throws: ContentError.corrupt("bad chunk size")) { try Manifest(decoding: b) }
+        // A short chunk before the end.
+        var m = Self.sample(); m.chunks[0].length = 3
+        #expect(throws: ContentError.corrupt("short chunk before the end")) { try Manifest(decoding: m.encoded()) }
+        // A last chunk longer than the chunk size.
+        m = Self.sample(); m.chunks[2].length = 5
+        #expect(throws: ContentError.corrupt("chunk longer than chunk size")) { try Manifest(decoding: m.encoded()) }
+        // An absurd chunk count.
+        b = good; b[9...12] = [0xFF, 0xFF, 0xFF, 0xFF]
+        #expect(throws: ContentError.corrupt("too many chunks")) { try Manifest(decoding: b) }
+        // A count larger than the bytes present.
+        b = good; b[9...12] = [0, 0, 0, 4]
+        #expect(throws: (any Error).self) { try Manifest(decoding: b) }
+    }
+}

@@ -1,0 +1,199 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+/// Mounting, unmounting, signals, refusals and crash recovery.
+@Suite struct LifecycleTests {
+    @Test func unmountRemountKeepsEverything() throws {
+        let m = try MountFixture("coffer-fs-remount")
+        let src = m.tmp.sub("src")
+        makeSourceTree(src, files: 60, seed: 21)
+        #expect(run("/bin/cp", ["-a", src + "/.", m.mountPoint + "/"]).status == 0)
+        #expect(setXattr(m.path("file-0.txt"), "user.k", [1, 2, 3]) == 0)
+        let sums = checksums(m.mountPoint), listing = statListing(m.mountPoint)
+        #expect(sums == checksums(src) && sums.count == 60)
+        #expect(listing == statListing(src))
+        let pid = m.daemonPID
+        #expect(pid != nil)
+
+        // coffer unmount returns once the daemon is gone.
+        try m.unmount()
+        #expect(!m.isMounted)
+        #expect(pid.map { MountFixture.waitForExit($0, timeout: 0.5) } == true, "daemon still running after coffer unmount")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: m.mountPoint)) ?? ["?"]).isEmpty)
+        #expect(coffer(m.dataDir, ["fsck"]).status == 0)
+        try m.mount()
+        #expect(checksums(m.mountPoint) == sums)
+        #expect(statListing(m.mountPoint) == listing)
+        #expect((try? getXattr(m.path("file-0.txt"), "user.k").get()) == [1, 2, 3])
+
+        // fusermount3 -u works too, and the daemon exits by itself having flushed.
+        #expect(writeFile(m.path("late.txt"), "written just before fusermount3 -u") == 0)
+        let pid2 = m.daemonPID
+        #expect(run("/bin/fusermount3", ["-u", m.mountPoint]).status == 0)
+        #expect(pid2.map { MountFixture.waitForExit($0, timeout: 10) } == true)
+        #expect(!m.isMounted)
+        #expect(coffer(m.dataDir, ["cat", "/late.txt"]).out == "written just before fusermount3 -u")
+        try m.mount()
+        #expect(Set(checksums(m.mountPoint)) == Set(sums + [sha256line("./late.txt", "written just before fusermount3 -u")]))
+        #expect(text(readFile(m.path("late.txt"))) == "written just before fusermount3 -u")
+        #expect(m.log.contains("unmounted"))
+    }
+
+    @Test(arguments: [SIGTERM, SIGINT])
+    func signalUnmountsCleanlyAndFlushes(signal: Int32) throws {
+        let m = try MountFixture("coffer-fs-signal")
+        let content = pseudoRandomBytes(count: 3_000_000, seed: UInt64(signal))
+        #expect(writeFile(m.path("closed.bin"), content) == 0)
+        // A file still open, written (the writes have reached the daemon) but never closed.
+        let fd = open(m.path("open.bin"), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
+        #expect(fd >= 0)
+        let tail = Array("still open when the signal came".utf8)
+        #expect(write(fd, tail, tail.count) == tail.count)
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        #expect(kill(pid, signal) == 0)
+        #expect(MountFixture.waitForExit(pid, timeout: 15), "daemon did not exit on signal \(signal)")
+        close(fd)
+        #expect(eventually(timeout: 5) { !m.isMounted }, "still mounted after the daemon exited")
+        #expect(m.log.contains("unmounted"), "\(m.log)")
+        #expect(coffer(m.dataDir, ["fsck"]).status == 0)
+        #expect(coffer(m.dataDir, ["cat", "/closed.bin"]).stdout == content)
+        #expect(coffer(m.dataDir, ["cat", "/open.bin"]).stdout == tail, "a buffered write of a still-open file")
+        try m.mount()
+        #expect(readFile(m.path("closed.bin")) == content)
+    }
+
+    @Test func refusesANonEmptyMountPoint() throws {
+        let m = try MountFixture("coffer-fs-nonempty", mount: false)
+        #expect(writeFile(m.mountPoint + "/already-here", "x") == 0)
+        let r = m.mountResult()
+        #expect(r.status != 0)
+        #expect(r.err.contains("not empty"), "\(r.err)")
+        #expect(r.err.contains(m.mountPoint), "\(r.err)")
+        #expect(!m.isMounted)
+        #expect(m.daemonPID == nil)
+        // A missing mount point, and a file as mount point, are refused too.
+        let missing = m.mountResult(at: m.tmp.path + "/nope")
+        #expect(missing.status != 0 && missing.err.contains("does not exist"), "\(missing.err)")
+        let file = m.mountResult(at: m.mountPoint + "/already-here")
+        #expect(file.status != 0 && file.err.contains("not a folder"), "\(file.err)")
+        // Emptied, it mounts.
+        #expect(unlink(m.mountPoint + "/already-here") == 0)
+        try m.mount()
+        #expect(m.isMounted)
+    }
+
+    @Test func refusesASecondDaemonOnTheSameStore() throws {
+        let m = try MountFixture("coffer-fs-second")
+        #expect(writeFile(m.path("f"), "one") == 0)
+        let other = m.tmp.sub("other")
+        let r = m.mountResult(at: other)
+        #expect(r.status != 0)
+        #expect(r.err.contains("already serving"), "\(r.err)")
+        #expect(!MountFixture.isMounted(other))
+        // Mounting again at the same point is refused too, and the first mount is unharmed.
+        let again = m.mountResult()
+        #expect(again.status != 0 && !again.err.isEmpty, "\(again.err)")
+        #expect(text(readFile(m.path("f"))) == "one")
+        #expect(m.isMounted)
+    }
+
+    @Test func staleMountOfAKilledDaemonIsCleanedUp() throws {
+        let m = try MountFixture("coffer-fs-stale")
+        #expect(writeFile(m.path("f"), "survives") == 0)
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(MountFixture.waitForExit(pid, timeout: 10))
+        var st = stat()
+        #expect(stat(m.mountPoint, &st) != 0 && errno == ENOTCONN, "a dead mount answers ENOTCONN")
+        #expect(m.isMounted)
+        try m.mount()
+        #expect(m.isMounted)
+        #expect(stat(m.mountPoint, &st) == 0)
+        #expect(text(readFile(m.path("f"))) == "survives")
+        #expect(m.log.contains("stale mount"))
+        // Exactly one mount there now.
+        let text = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
+        #expect(text.split(separator: "\n").filter { $0.split(separator: " ").count > 4 && $0.split(separator: " ")[4] == m.mountPoint }.count == 1)
+    }
+
+    /// kill -9 of the daemon while a program writes and fsyncs files: afterwards `coffer fsck`
+    /// is clean and every byte whose fsync returned is there.
+    @Test func killDuringWritesKeepsEveryFsyncedByte() throws {
+        let m = try MountFixture("coffer-fs-kill9")
+        let record = m.tmp.path + "/record"
+        let writer = spawn(python, ["-c", """
+            import os, sys, random
+            root, record = sys.argv[1], sys.argv[2]
+            rec = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            log = os.open(root + '/log.bin', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            def put(fd, data):
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            logsize, i = 0, 0
+            try:
+                while True:
+                    data = random.Random(i).randbytes(random.Random(-i).randint(1, 700_000))
+                    fd = os.open(f'{root}/f-{i}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    put(fd, data)
+                    os.fsync(fd)
+                    put(rec, f'file {i} {len(data)}\\n'.encode()); os.fsync(rec)
+                    os.close(fd)
+                    chunk = random.Random(10_000_000 + i).randbytes(1 + (i * 7919) % 20_000)
+                    put(log, chunk)
+                    os.fsync(log)
+                    logsize += len(chunk)
+                    put(rec, f'log {i} {logsize}\\n'.encode()); os.fsync(rec)
+                    i += 1
+            except OSError as e:
+                print('stopped by', e)
+            """, m.mountPoint, record])
+        // Let a good number of fsyncs complete, then kill the daemon mid-stream.
+        let enough = eventually(timeout: 60, interval: 0.02) {
+            ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").split(separator: "\n").count >= 60
+        }
+        #expect(enough, "the writer made too little progress")
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); writer.kill(SIGKILL); _ = writer.wait(); return }
+        #expect(kill(pid, SIGKILL) == 0)
+        #expect(MountFixture.waitForExit(pid, timeout: 10))
+        writer.kill(SIGKILL)
+        _ = writer.wait()
+        let lines = ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").split(separator: "\n")
+        let files = lines.filter { $0.hasPrefix("file ") }.count
+        print("kill -9 during writes: \(files) files fsynced before the kill")
+
+        let fsck = coffer(m.dataDir, ["fsck"])
+        #expect(fsck.status == 0, "fsck after kill -9: \(fsck.out)\(fsck.err)")
+        try m.mount() // also cleans the stale mount
+        let verify = py("""
+            import sys, random
+            root, record = sys.argv[1], sys.argv[2]
+            bad, files, logsize = [], 0, 0
+            for line in open(record):
+                parts = line.split()
+                if len(parts) != 3: continue
+                kind, i, n = parts[0], int(parts[1]), int(parts[2])
+                if kind == 'file':
+                    files += 1
+                    want = random.Random(i).randbytes(random.Random(-i).randint(1, 700_000))
+                    try: got = open(f'{root}/f-{i}', 'rb').read()
+                    except OSError as e: bad.append(f'f-{i}: {e}'); continue
+                    if got != want: bad.append(f'f-{i}: {len(got)} bytes, wanted {len(want)}')
+                else:
+                    logsize = n
+            want = b''
+            i = 0
+            while len(want) < logsize:
+                want += random.Random(10_000_000 + i).randbytes(1 + (i * 7919) % 20_000); i += 1
+            got = open(root + '/log.bin', 'rb').read()
+            if got[:logsize] != want[:logsize]: bad.append(f'log.bin: first {logsize} bytes differ ({len(got)} bytes there)')
+            print(files, logsize, 'OK' if not bad else bad[:5])
+            """, [m.mountPoint, record])
+        #expect(verify.status == 0, "\(verify.err)")
+        #expect(verify.out.hasSuffix(" OK\n"), "\(verify.out)")
+        #expect(coffer(m.dataDir, ["fsck"]).status == 0)
+    }
+}
+
+func sha256line(_ name: String, _ content: String) -> String { sha256(Array(content.utf8)) + "  " + name }

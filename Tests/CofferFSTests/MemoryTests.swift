@@ -1,0 +1,41 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+/// A 2 GiB file written through the mount keeps the daemon's resident memory bounded.
+@Suite struct MemoryTests {
+    @Test func twoGiBWithDdStaysUnder300MB() throws {
+        let m = try MountFixture("coffer-fs-memory")
+        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        func vm(_ key: String) -> Int? {
+            guard let s = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+            return s.split(separator: "\n").first { $0.hasPrefix(key + ":") }
+                .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
+        }
+        let before = vm("VmHWM") ?? 0
+        let start = Date()
+        let dd = run("/bin/dd", ["if=/dev/zero", "of=" + m.path("big"), "bs=1M", "count=2048", "conv=fsync"])
+        let writeTime = Date().timeIntervalSince(start)
+        #expect(dd.status == 0, "\(dd.err)")
+        let peakKiB = vm("VmHWM") ?? Int.max
+        print("2 GiB dd conv=fsync through the mount: \(String(format: "%.1f", writeTime)) s; daemon VmHWM \(peakKiB / 1024) MiB (\(peakKiB) KiB; \(before / 1024) MiB before)")
+        #expect(peakKiB < 300_000_000 / 1024, "daemon peak RSS \(peakKiB) KiB")
+        #expect(statOf(m.path("big"))?.st_size == 2 << 30)
+
+        let expected = sh("head -c 2147483648 /dev/zero | md5sum").out.prefix(32)
+        // Read it back from the store, not the page cache.
+        try m.unmount()
+        try m.mount()
+        let readStart = Date()
+        let md5 = run("/usr/bin/md5sum", [m.path("big")])
+        let readTime = Date().timeIntervalSince(readStart)
+        #expect(md5.status == 0)
+        #expect(md5.out.prefix(32) == expected)
+        let readPeak = m.daemonPID.flatMap { p -> Int? in
+            guard let s = try? String(contentsOfFile: "/proc/\(p)/status", encoding: .utf8) else { return nil }
+            return s.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
+        } ?? Int.max
+        print("2 GiB md5sum read back: \(String(format: "%.1f", readTime)) s; daemon VmHWM \(readPeak / 1024) MiB")
+        #expect(readPeak < 300_000_000 / 1024, "daemon peak RSS while reading \(readPeak) KiB")
+    }
+}

@@ -1,0 +1,160 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+/// The shell/POSIX operations matrix: each failing operation returns the errno a Linux
+/// filesystem gives.
+@Suite struct OperationsMatrixTests {
+    @Test func errnoMatrix() throws {
+        let m = try MountFixture("coffer-fs-errno")
+        let root = m.mountPoint
+        #expect(mkdir(root + "/d", 0o755) == 0)
+        #expect(writeFile(root + "/d/inside", "x") == 0)
+        #expect(writeFile(root + "/f", "file") == 0)
+        #expect(writeFile(root + "/g", "other") == 0)
+        #expect(mkdir(root + "/e", 0o755) == 0)
+        #expect(mkdir(root + "/a", 0o755) == 0)
+        #expect(mkdir(root + "/a/sub", 0o755) == 0)
+
+        // ENOENT
+        #expect(openErrno(root + "/missing", O_RDONLY) == ENOENT)
+        #expect(errnoOf { unlink(root + "/missing") } == ENOENT)
+        #expect(errnoOf { rmdir(root + "/missing") } == ENOENT)
+        #expect(errnoOf { rename(root + "/missing", root + "/x") } == ENOENT)
+        #expect(openErrno(root + "/nodir/file", O_WRONLY | O_CREAT) == ENOENT)
+        #expect(errnoOf { renameat2(root + "/f", root + "/nothere", flags: RENAME_EXCHANGE_FLAG) } == ENOENT)
+
+        // EEXIST
+        #expect(errnoOf { mkdir(root + "/d", 0o755) } == EEXIST)
+        #expect(errnoOf { mkdir(root + "/f", 0o755) } == EEXIST)
+        #expect(openErrno(root + "/f", O_WRONLY | O_CREAT | O_EXCL) == EEXIST)
+        #expect(errnoOf { renameat2(root + "/g", root + "/f", flags: RENAME_NOREPLACE_FLAG) } == EEXIST)
+        #expect(errnoOf { symlink("t", root + "/f") } == EEXIST)
+
+        // ENOTEMPTY
+        #expect(errnoOf { rmdir(root + "/d") } == ENOTEMPTY)
+        #expect(errnoOf { rename(root + "/e", root + "/d") } == ENOTEMPTY)
+
+        // ENOTDIR
+        #expect(errnoOf { rmdir(root + "/f") } == ENOTDIR)
+        #expect(openErrno(root + "/f/x", O_RDONLY) == ENOTDIR)
+        #expect(errnoOf { mkdir(root + "/f/x", 0o755) } == ENOTDIR)
+        #expect(errnoOf { rename(root + "/e", root + "/f") } == ENOTDIR)
+        #expect(openErrno(root + "/f", O_RDONLY | O_DIRECTORY) == ENOTDIR)
+
+        // EISDIR
+        #expect(errnoOf { unlink(root + "/d") } == EISDIR)
+        #expect(openErrno(root + "/d", O_WRONLY) == EISDIR)
+        #expect(openErrno(root + "/d", O_RDWR) == EISDIR)
+        #expect(errnoOf { rename(root + "/f", root + "/e") } == EISDIR)
+        #expect(errnoOf { truncate(root + "/d", 0) } == EISDIR)
+
+        // EINVAL: a folder into itself or its own subfolder
+        #expect(errnoOf { rename(root + "/a", root + "/a/sub/a") } == EINVAL)
+        #expect(errnoOf { rename(root + "/a", root + "/a/a") } == EINVAL)
+
+        // ENAMETOOLONG past 255 bytes; 255 is fine (also in multi-byte UTF-8)
+        let long255 = String(repeating: "n", count: 255)
+        let long256 = String(repeating: "n", count: 256)
+        #expect(writeFile(root + "/" + long255, "ok") == 0)
+        #expect(text(readFile(root + "/" + long255)) == "ok")
+        #expect(openErrno(root + "/" + long256, O_WRONLY | O_CREAT) == ENAMETOOLONG)
+        #expect(openErrno(root + "/" + long256, O_RDONLY) == ENAMETOOLONG)
+        #expect(errnoOf { mkdir(root + "/" + long256, 0o755) } == ENAMETOOLONG)
+        #expect(errnoOf { rename(root + "/g", root + "/" + long256) } == ENAMETOOLONG)
+        #expect(errnoOf { symlink("t", root + "/" + long256) } == ENAMETOOLONG)
+        let multi = String(repeating: "é", count: 128) // 256 bytes
+        #expect(openErrno(root + "/" + multi, O_WRONLY | O_CREAT) == ENAMETOOLONG)
+
+        // Hard links, FIFOs and device nodes: refused with EPERM (documented); regular mknod works.
+        #expect(errnoOf { link(root + "/f", root + "/hard") } == EPERM)
+        #expect(errnoOf { mkfifo(root + "/fifo", 0o644) } == EPERM)
+        #expect(errnoOf { mknod(root + "/chr", S_IFCHR | 0o644, dev_t(0x0103)) } == EPERM)
+        #expect(errnoOf { mknod(root + "/reg", S_IFREG | 0o644, 0) } == 0)
+        #expect(statOf(root + "/reg").map { $0.st_mode & S_IFMT } == S_IFREG)
+        #expect(lstatOf(root + "/hard") == nil && lstatOf(root + "/fifo") == nil && lstatOf(root + "/chr") == nil)
+
+        // The successful counterparts leave the expected tree.
+        #expect(rename(root + "/e", root + "/a/sub") == 0) // empty folder over empty folder
+        #expect(unlink(root + "/d/inside") == 0)
+        #expect(rmdir(root + "/d") == 0)
+        #expect(lstatOf(root + "/d") == nil)
+        let names = Set((try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [])
+        #expect(names == ["a", "f", "g", long255, "reg"])
+    }
+
+    /// EACCES and EPERM from mode, uid and gid under default_permissions, as a non-root user.
+    @Test func permissionsAsAnotherUser() throws {
+        let m = try MountFixture("coffer-fs-perm", options: ["allow_other"])
+        let root = m.mountPoint
+        chmod(root, 0o755)
+        #expect(writeFile(root + "/root644", "root's") == 0)
+        chmod(root + "/root644", 0o644)
+        #expect(writeFile(root + "/root600", "secret") == 0)
+        chmod(root + "/root600", 0o600)
+        #expect(writeFile(root + "/group640", "group") == 0)
+        chmod(root + "/group640", 0o640)
+        chown(root + "/group640", 0, 1000)
+        #expect(writeFile(root + "/group604", "not for the group") == 0)
+        chmod(root + "/group604", 0o604)
+        chown(root + "/group604", 0, 1000)
+        #expect(mkdir(root + "/rootdir", 0o755) == 0)
+        chmod(root + "/rootdir", 0o755)
+        #expect(mkdir(root + "/open", 0o777) == 0)
+        chmod(root + "/open", 0o777)
+        #expect(mkdir(root + "/sticky", 0o777) == 0)
+        chmod(root + "/sticky", 0o1777)
+        #expect(writeFile(root + "/sticky/roots", "r") == 0)
+
+        let probe = """
+        import os, sys, errno
+        op, p = sys.argv[1], sys.argv[2]
+        try:
+            if op == 'write': os.close(os.open(p, os.O_WRONLY))
+            elif op == 'read': print(open(p).read(), end=' ')
+            elif op == 'chmod': os.chmod(p, 0o777)
+            elif op == 'chown': os.chown(p, 1000, 1000)
+            elif op == 'utime': os.utime(p, (1, 1))
+            elif op == 'create': os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+            elif op == 'mkdir': os.mkdir(p)
+            elif op == 'unlink': os.unlink(p)
+            elif op == 'touch': os.utime(p, None)
+            print('OK')
+        except OSError as e:
+            print(errno.errorcode[e.errno])
+        """
+        func asUser(_ op: String, _ rel: String, gid: Int = 1000) -> String {
+            let r = py(probe, [op, root + "/" + rel], uid: 1000, gid: gid)
+            return r.out.trimmingCharacters(in: .whitespacesAndNewlines) + (r.status == 0 ? "" : " status \(r.status): \(r.err)")
+        }
+        // mode: others may read a 0644 root file but not write it; 0600 is closed to them.
+        #expect(asUser("read", "root644") == "root's OK")
+        #expect(asUser("write", "root644") == "EACCES")
+        #expect(asUser("read", "root600") == "EACCES")
+        // uid: only the owner (or root) may chmod, chown or set explicit times.
+        #expect(asUser("chmod", "root644") == "EPERM")
+        #expect(asUser("chown", "root644") == "EPERM")
+        #expect(asUser("utime", "root644") == "EPERM")
+        // gid: the group class applies to members (even when it grants less than others).
+        #expect(asUser("read", "group640") == "group OK")
+        #expect(asUser("read", "group640", gid: 1001) == "EACCES")
+        #expect(asUser("read", "group604") == "EACCES")
+        #expect(asUser("read", "group604", gid: 1001) == "not for the group OK")
+        // folders: no creating or removing in a 0755 root folder; a 0777 one is open.
+        #expect(asUser("create", "rootdir/new") == "EACCES")
+        #expect(asUser("mkdir", "rootdir/newdir") == "EACCES")
+        #expect(asUser("unlink", "root644") == "EACCES")
+        #expect(asUser("create", "open/mine") == "OK")
+        #expect(asUser("chmod", "open/mine") == "OK")
+        // sticky folder: not someone else's file.
+        #expect(asUser("unlink", "sticky/roots") == "EPERM")
+        let mine = statOf(root + "/open/mine")
+        #expect(mine?.st_uid == 1000 && mine?.st_gid == 1000)
+        #expect(mine.map { $0.st_mode & 0o7777 } == 0o777)
+        // Nothing changed behind the denials.
+        #expect(text(readFile(root + "/root644")) == "root's")
+        #expect(statOf(root + "/root644").map { $0.st_mode & 0o7777 } == 0o644)
+        #expect(lstatOf(root + "/rootdir/new") == nil)
+        #expect(lstatOf(root + "/sticky/roots") != nil)
+    }
+}

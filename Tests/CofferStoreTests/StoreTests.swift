@@ -1,0 +1,311 @@
+import Foundation
+import Testing
+import CofferModel
+@testable import CofferStore
+
+/// A fresh directory under the system temp dir, removed by `cleanup`.
+func makeTempDir() -> String {
+    let path = NSTemporaryDirectory() + "coffer-store-test-" + UUID().uuidString
+    try! FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
+
+func cleanup(_ path: String) { try? FileManager.default.removeItem(atPath: path) }
+
+func fid(_ n: Int) -> FileID { try! FileID(bytes: [UInt8](repeating: 0, count: 14) + [UInt8(n >> 8), UInt8(n & 0xff)]) }
+let owner = try! AccountID(bytes: [UInt8](repeating: 3, count: 32))
+
+func record(_ id: Int, parent: Int, name: String = "n", digest: [UInt8]? = nil, deleted: Bool = false,
+            version: Int64 = 0, contentVersion: Int64 = 0) -> StoredFile {
+    let m = FileMetadata(id: fid(id), type: digest == nil ? .folder : .document, parent: fid(parent),
+                         name: SealedName(ciphertext: Array(name.utf8), mac: Array(name.utf8)), owner: owner,
+                         isDeleted: deleted, wrappedKey: [1], sealedAttributes: [2], contentDigest: digest, lastModifiedBy: owner)
+    return StoredFile(signed: SignedMetadata(metadata: m, signature: [UInt8](repeating: UInt8(id & 0xff), count: 64)),
+                      version: version, contentVersion: contentVersion)
+}
+
+func chunkID(_ n: UInt8) -> [UInt8] { [UInt8](repeating: n, count: 32) }
+func digest(_ n: UInt8) -> [UInt8] { [UInt8](repeating: 0xD0 | n, count: 32) }
+
+/// Runs `body` with a store in a temp dir.
+func withStore<T>(_ body: (Store, String) throws -> T) throws -> T {
+    let dir = makeTempDir()
+    defer { cleanup(dir) }
+    let store = try Store(directory: dir + "/data")
+    return try body(store, dir + "/data")
+}
+
+@Suite("Store")
+struct StoreTests {
+    @Test func opensWithPrivatePermissions() throws {
+        try withStore { store, dir throws in
+            var st = stat()
+            #expect(stat(dir, &st) == 0)
+            #expect(st.st_mode & 0o777 == 0o700)
+            #expect(stat(store.databasePath, &st) == 0)
+            #expect(st.st_mode & 0o777 == 0o600)
+            #expect(store.databasePath == dir + "/coffer.sqlite")
+        }
+    }
+
+    @Test func putAndGetOnBothSides() throws {
+        try withStore { store, _ throws in
+            let base = record(1, parent: 1, name: "base", version: 5, contentVersion: 6)
+            let local = record(1, parent: 1, name: "local")
+            try store.write { w throws in
+                try w.put(base, .base)
+                try w.put(record(2, parent: 1, name: "only-base"), .base)
+            }
+            try store.read { r throws in
+                #expect(try r.file(fid(1), .base) == base)
+                #expect(try r.file(fid(1), .local) == nil)
+                #expect(try r.current(fid(1)) == base)
+                #expect(try r.files(.base).count == 2)
+                #expect(try r.files(.local).isEmpty)
+                #expect(try r.file(fid(1), .base)?.version == 5)
+                #expect(try r.file(fid(1), .base)?.contentVersion == 6)
+            }
+            try store.write { w in try w.put(local, .local) }
+            try store.read { r throws in
+                #expect(try r.current(fid(1)) == local, "local over base")
+                #expect(try r.current(fid(2))?.metadata.name.mac == Array("only-base".utf8))
+                #expect(try r.current(fid(3)) == nil)
+                #expect(try r.file(fid(1), .base) == base, "base untouched")
+            }
+            // Overwrite in place.
+            let newer = record(1, parent: 1, name: "local2", version: 9)
+            try store.write { w in try w.put(newer, .local) }
+            #expect(try store.read { try $0.file(fid(1), .local) } == newer)
+            #expect(try store.read { try $0.files(.local).count } == 1)
+            // Remove.
+            try store.write { w in try w.remove(fid(1), .local) }
+            #expect(try store.read { try $0.current(fid(1)) } == base)
+        }
+    }
+
+    @Test func failedWriteTransactionLeavesNothing() throws {
+        try withStore { store, _ throws in
+            struct Boom: Error {}
+            #expect(throws: Boom.self) {
+                try store.write { w throws in
+                    try w.put(record(1, parent: 1), .local)
+                    try w.putChunk(id: chunkID(1), sealed: [1])
+                    throw Boom()
+                }
+            }
+            try store.read { r throws in
+                #expect(try r.files(.local).isEmpty)
+                #expect(try r.hasChunk(chunkID(1)) == false)
+                #expect(try r.lastChange() == 0)
+            }
+        }
+    }
+
+    @Test func changeLog() throws {
+        try withStore { store, _ throws in
+            #expect(try store.read { try $0.lastChange() } == 0)
+            try store.write { w in try w.put(record(1, parent: 1), .local); try w.put(record(2, parent: 1), .base) }
+            let (ids1, last1) = try store.read { try $0.changes(after: 0) }
+            #expect(ids1 == [fid(1), fid(2)])
+            #expect(last1 == 2)
+            #expect(try store.read { try $0.lastChange() } == 2)
+            try store.write { w in try w.put(record(3, parent: 1), .local); try w.remove(fid(1), .local) }
+            let (ids2, last2) = try store.read { try $0.changes(after: last1) }
+            #expect(ids2 == [fid(3), fid(1)])
+            #expect(last2 == 4)
+            let (ids3, last3) = try store.read { try $0.changes(after: last2) }
+            #expect(ids3.isEmpty)
+            #expect(last3 == last2)
+            try store.write { w in try w.logChange(fid(7)) }
+            #expect(try store.read { try $0.changes(after: last2) }.ids == [fid(7)])
+            // Trimming keeps the newest entries.
+            try store.write { w in try w.trimChangeLog(keeping: 2) }
+            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM change_log") } == 2)
+            #expect(try store.read { try $0.lastChange() } == 5)
+            #expect(try store.read { try $0.changes(after: 0) }.ids == [fid(1), fid(7)])
+        }
+    }
+
+    @Test func twoStoresOnOneDirectorySeeEachOther() throws {
+        try withStore { a, dir throws in
+            let b = try Store(directory: dir)
+            try a.write { try $0.put(record(1, parent: 1, name: "x"), .local) }
+            #expect(try b.read { try $0.current(fid(1)) }?.metadata.name.mac == Array("x".utf8))
+            try b.write { try $0.put(record(2, parent: 1), .local) }
+            #expect(try a.read { try $0.changes(after: 1) }.ids == [fid(2)])
+        }
+    }
+
+    @Test func inodesAreStableAndUnique() throws {
+        try withStore { store, dir throws in
+            let root = try store.write { try $0.inode(for: fid(1), fixed: 1) }
+            #expect(root == 1)
+            var seen: [FileID: UInt64] = [fid(1): 1]
+            try store.write { w throws in
+                for i in 2..<200 { seen[fid(i)] = try w.inode(for: fid(i)) }
+            }
+            #expect(Set(seen.values).count == seen.count, "unique")
+            try store.write { w throws in
+                for (id, ino) in seen { #expect(try w.inode(for: id) == ino, "stable") }
+                #expect(try w.inode(for: fid(1), fixed: 77) == 1, "an existing inode wins over a fixed request")
+            }
+            #expect(try store.read { try $0.inode(of: fid(5)) } == seen[fid(5)])
+            #expect(try store.read { try $0.inode(of: fid(999)) } == nil)
+            let all = try store.read { try $0.allInodes() }
+            #expect(all.count == seen.count)
+            for (ino, id) in all { #expect(seen[id] == ino) }
+            // Forgotten inodes are not reused.
+            let old = seen[fid(150)]!
+            try store.write { w in try w.forgetInode(of: fid(150)) }
+            #expect(try store.read { try $0.inode(of: fid(150)) } == nil)
+            let fresh = try store.write { try $0.inode(for: fid(150)) }
+            #expect(fresh != old)
+            #expect(!seen.values.contains(fresh))
+            // And they survive reopening.
+            let reopened = try Store(directory: dir)
+            #expect(try reopened.read { try $0.inode(of: fid(5)) } == seen[fid(5)])
+        }
+    }
+
+    @Test func putChunkIsIdempotent() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                try w.putChunk(id: chunkID(1), sealed: [1, 2, 3])
+                try w.putChunk(id: chunkID(1), sealed: [1, 2, 3])
+            }
+            try store.write { w in try w.putChunk(id: chunkID(1), sealed: [9, 9]) }
+            try store.read { r throws in
+                #expect(try r.count("SELECT COUNT(*) FROM chunks") == 1)
+                #expect(try r.chunk(chunkID(1)) == [1, 2, 3], "the first stored copy stays")
+                #expect(try r.hasChunk(chunkID(1)))
+                #expect(try !r.hasChunk(chunkID(2)))
+                #expect(try r.chunk(chunkID(2)) == nil)
+                #expect(try r.allChunkIDs() == [chunkID(1)])
+            }
+            // putManifest is idempotent too, and dedups its chunk list.
+            try store.write { w throws in
+                try w.putManifest(digest: digest(1), sealed: [7], chunkIDs: [chunkID(1), chunkID(1), chunkID(2)])
+                try w.putManifest(digest: digest(1), sealed: [7], chunkIDs: [chunkID(1)])
+            }
+            try store.read { r throws in
+                #expect(try r.manifest(digest(1)) == [7])
+                #expect(try r.count("SELECT COUNT(*) FROM manifests") == 1)
+                #expect(Set(try r.chunkIDs(ofManifest: digest(1))) == [chunkID(1), chunkID(2)])
+                #expect(try r.allManifestDigests() == [digest(1)])
+            }
+        }
+    }
+
+    @Test func garbageCollectionRemovesOnlyUnreferencedContent() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                // M1 named by a local record, M2 by a base record, M3 by nothing.
+                try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(1), chunkID(9)])
+                try w.putManifest(digest: digest(2), sealed: [2], chunkIDs: [chunkID(2), chunkID(9)])
+                try w.putManifest(digest: digest(3), sealed: [3], chunkIDs: [chunkID(3)])
+                for c: UInt8 in [1, 2, 3, 4, 9] { try w.putChunk(id: chunkID(c), sealed: [c]) } // chunk 4: in no manifest
+                try w.put(record(1, parent: 1), .local)
+                try w.put(record(10, parent: 1, digest: digest(1)), .local)
+                try w.put(record(11, parent: 1, digest: digest(2)), .base)
+            }
+            let result = try store.collectGarbage()
+            #expect(result.manifests == 1)
+            #expect(result.chunks == 2)
+            try store.read { r throws in
+                #expect(Set(try r.allManifestDigests()) == [digest(1), digest(2)])
+                #expect(Set(try r.allChunkIDs()) == [chunkID(1), chunkID(2), chunkID(9)])
+                #expect(try r.chunkIDs(ofManifest: digest(3)).isEmpty)
+            }
+            // Nothing more to collect.
+            let again = try store.collectGarbage()
+            #expect(again.manifests == 0 && again.chunks == 0)
+        }
+    }
+
+    @Test func changingAContentDigestReleasesTheOldManifest() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(1)])
+                try w.putManifest(digest: digest(2), sealed: [2], chunkIDs: [chunkID(2)])
+                try w.putChunk(id: chunkID(1), sealed: [1])
+                try w.putChunk(id: chunkID(2), sealed: [2])
+                try w.put(record(10, parent: 1, digest: digest(1)), .local)
+            }
+            // New content version: the old manifest is no longer named by anything.
+            try store.write { w in try w.put(record(10, parent: 1, digest: digest(2)), .local) }
+            try store.read { r throws in
+                #expect(try r.manifest(digest(1)) == nil)
+                #expect(try r.chunkIDs(ofManifest: digest(1)).isEmpty)
+                #expect(try r.manifest(digest(2)) == [2])
+                #expect(try r.hasChunk(chunkID(1)), "chunks wait for garbage collection")
+            }
+            #expect(try store.collectGarbage().chunks == 1)
+            #expect(try store.read { try $0.hasChunk(chunkID(1)) } == false)
+            #expect(try store.read { try $0.hasChunk(chunkID(2)) })
+        }
+    }
+
+    @Test func aManifestStillNamedElsewhereIsKept() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(1)])
+                try w.putManifest(digest: digest(2), sealed: [2], chunkIDs: [])
+                try w.put(record(10, parent: 1, digest: digest(1)), .base)
+                try w.put(record(10, parent: 1, digest: digest(1)), .local)
+            }
+            // The local edit moves on; base still names digest 1.
+            try store.write { w in try w.put(record(10, parent: 1, digest: digest(2)), .local) }
+            #expect(try store.read { try $0.manifest(digest(1)) } == [1])
+            #expect(try store.read { try $0.chunkIDs(ofManifest: digest(1)) } == [chunkID(1)])
+            // Re-putting the same digest releases nothing.
+            try store.write { w in try w.put(record(10, parent: 1, name: "renamed", digest: digest(2)), .local) }
+            #expect(try store.read { try $0.manifest(digest(2)) } == [2])
+            // Removing the base record (e.g. after sync) releases digest 1.
+            try store.write { w in try w.remove(fid(10), .base) }
+            #expect(try store.read { try $0.manifest(digest(1)) } == nil)
+            // Removing the last record naming digest 2 releases it too.
+            try store.write { w in try w.remove(fid(10), .local) }
+            #expect(try store.read { try $0.manifest(digest(2)) } == nil)
+        }
+    }
+
+    @Test func twoFilesSharingADigest() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [])
+                try w.put(record(10, parent: 1, digest: digest(1)), .local)
+                try w.put(record(11, parent: 1, digest: digest(1)), .local)
+                try w.put(record(10, parent: 1, digest: nil), .local)
+            }
+            #expect(try store.read { try $0.manifest(digest(1)) } == [1], "file 11 still names it")
+        }
+    }
+
+    @Test func settings() throws {
+        try withStore { store, dir throws in
+            #expect(try store.read { try $0.setting("k") } == nil)
+            try store.write { try $0.setSetting("k", [1, 2]) }
+            try store.write { try $0.setSetting("k", [3]) }
+            #expect(try store.read { try $0.setting("k") } == [3])
+            try store.makeDurable()
+            try store.vacuum()
+            #expect(try Store(directory: dir).read { try $0.setting("k") } == [3])
+        }
+    }
+
+    @Test func reopeningKeepsEverything() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        do {
+            let s = try Store(directory: dir)
+            try s.write { w throws in
+                try w.put(record(1, parent: 1, name: "r", version: 3), .base)
+                try w.putChunk(id: chunkID(5), sealed: [5])
+            }
+        }
+        let s = try Store(directory: dir)
+        #expect(try s.read { try $0.file(fid(1), .base) } == record(1, parent: 1, name: "r", version: 3))
+        #expect(try s.read { try $0.chunk(chunkID(5)) } == [5])
+        #expect(try s.read { try $0.lastChange() } == 1)
+    }
+}

@@ -1,0 +1,285 @@
+import Foundation
+import Testing
+import CofferCrypto
+import CofferModel
+import CofferStore
+import CofferContent
+@testable import CofferVault
+
+@Suite("Vault content")
+struct VaultContentTests {
+    @Test func writeAllReadAllRoundTrip() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("doc")
+        #expect(try f.vault.readAll(doc.id) == [], "a new document is empty")
+        for size in [1, 100, 256 * 1024 - 1, 256 * 1024, 256 * 1024 + 1, 700_000] {
+            let data = noise((size + 7) / 8 * 8, seed: UInt64(size)).prefix(size).map { $0 }
+            try f.vault.writeAll(doc.id, data)
+            #expect(try f.vault.readAll(doc.id) == data, "size \(size)")
+            #expect(try f.vault.node(doc.id).size == UInt64(size))
+        }
+        // Back to empty.
+        try f.vault.writeAll(doc.id, [])
+        #expect(try f.vault.readAll(doc.id) == [])
+        #expect(try f.vault.node(doc.id).size == 0)
+        // Survives reopening.
+        try f.vault.writeAll(doc.id, Array("persisted".utf8))
+        let reopened = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try reopened.readAll(doc.id) == Array("persisted".utf8))
+        #expect(try f.vault.check().isClean)
+    }
+
+    @Test func writeContentsStreamsPieces() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("doc")
+        var pieces: [[UInt8]] = [Array("ab".utf8), [], Array("cd".utf8), noise(300_000, seed: 3)]
+        let expected = pieces.flatMap { $0 }
+        try f.vault.writeContents(doc.id, mtime: Timespec(seconds: 42)) { pieces.isEmpty ? nil : pieces.removeFirst() }
+        #expect(try f.vault.readAll(doc.id) == expected)
+        #expect(try f.vault.node(doc.id).attributes.mtime.value == Timespec(seconds: 42))
+        var streamed: [UInt8] = []
+        var calls = 0
+        try f.vault.readContents(doc.id) { streamed += $0; calls += 1 }
+        #expect(streamed == expected)
+        #expect(calls >= 2, "read in chunk-sized pieces")
+    }
+
+    @Test func openDocumentsAreNotFolders() throws {
+        let f = try VaultFixture()
+        let dir = try f.folder("dir")
+        expectErrno(21) { _ = try f.vault.openDocument(dir.id) }
+        let link = try f.vault.create(in: f.root, name: "l", type: .symlink, mode: 0o777, symlinkTarget: "x")
+        expectErrno(22) { _ = try f.vault.openDocument(link.id) }
+        expectErrno(2) { _ = try f.vault.openDocument(try FileID(random: randomBytes(16))) }
+    }
+
+    @Test func writesPastTheEndLeaveAZeroGap() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("sparse", contents: Array("head".utf8))
+        let h = try f.vault.openDocument(doc.id)
+        try h.write(offset: 10, bytes: Array("tail".utf8))
+        #expect(h.currentSize == 14)
+        let expected = Array("head".utf8) + [0, 0, 0, 0, 0, 0] + Array("tail".utf8)
+        #expect(try h.read(offset: 0, count: 100) == expected)
+        #expect(try f.vault.node(doc.id).size == 14, "stat sees the open size")
+        // A gap spanning several chunks.
+        let far: UInt64 = 3 * 256 * 1024 + 5
+        try h.write(offset: far, bytes: [7, 7])
+        #expect(try h.read(offset: 14, count: 256 * 1024).allSatisfy { $0 == 0 })
+        #expect(try h.read(offset: far - 2, count: 10) == [0, 0, 7, 7])
+        try f.vault.release(h)
+        let all = try f.vault.readAll(doc.id)
+        #expect(all.count == Int(far) + 2)
+        #expect(Array(all.prefix(14)) == expected)
+        #expect(all[14..<Int(far)].allSatisfy { $0 == 0 })
+        #expect(Array(all.suffix(2)) == [7, 7])
+        #expect(try f.vault.check().isClean)
+    }
+
+    @Test func readsAtAndPastTheEnd() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("d", contents: [1, 2, 3])
+        let h = try f.vault.openDocument(doc.id)
+        defer { try? f.vault.release(h) }
+        #expect(try h.read(offset: 3, count: 10) == [])
+        #expect(try h.read(offset: 100, count: 10) == [])
+        #expect(try h.read(offset: 1, count: 0) == [])
+        #expect(try h.read(offset: 1, count: 1) == [2])
+    }
+
+    @Test func truncateDownAndUp() throws {
+        let f = try VaultFixture()
+        let size = 600_000
+        let data = noise(size, seed: 11)
+        let doc = try f.document("t", contents: data)
+        let h = try f.vault.openDocument(doc.id)
+        // Down inside the first chunk, then up past where the data was: the tail reads as zeros.
+        try h.truncate(to: 10)
+        #expect(h.currentSize == 10)
+        #expect(try h.read(offset: 0, count: 100) == Array(data.prefix(10)))
+        try h.truncate(to: 300_000)
+        let grown = try h.read(offset: 0, count: 300_000)
+        #expect(grown.count == 300_000)
+        #expect(Array(grown.prefix(10)) == Array(data.prefix(10)))
+        #expect(grown[10...].allSatisfy { $0 == 0 }, "no old bytes resurface after truncate down + up")
+        try h.flush()
+        #expect(try f.vault.readAll(doc.id) == grown)
+        // Down to a chunk boundary, then up again, after a flush.
+        try h.write(offset: 0, bytes: data)
+        try h.flush()
+        try h.truncate(to: 256 * 1024)
+        try h.flush()
+        try h.truncate(to: 256 * 1024 + 100)
+        try h.flush()
+        let back = try f.vault.readAll(doc.id)
+        #expect(back.count == 256 * 1024 + 100)
+        #expect(Array(back.prefix(256 * 1024)) == Array(data.prefix(256 * 1024)))
+        #expect(back[(256 * 1024)...].allSatisfy { $0 == 0 })
+        // To zero.
+        try h.truncate(to: 0)
+        try f.vault.release(h)
+        #expect(try f.vault.readAll(doc.id) == [])
+        #expect(try f.vault.node(doc.id).size == 0)
+        #expect(try f.vault.check().isClean)
+    }
+
+    @Test func truncateUpOfAFlushedShortFileReadsZeros() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("t", contents: Array(repeating: 0xAB, count: 100))
+        let h = try f.vault.openDocument(doc.id)
+        _ = try h.read(offset: 0, count: 1) // warm the chunk cache
+        try h.truncate(to: 50)
+        try h.truncate(to: 200)
+        #expect(try h.read(offset: 0, count: 200) == Array(repeating: 0xAB, count: 50) + Array(repeating: 0, count: 150))
+        try f.vault.release(h)
+        #expect(try f.vault.readAll(doc.id) == Array(repeating: 0xAB, count: 50) + Array(repeating: 0, count: 150))
+    }
+
+    @Test func twoHandlesShareState() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("shared", contents: Array("0123456789".utf8))
+        let h1 = try f.vault.openDocument(doc.id)
+        let h2 = try f.vault.openDocument(doc.id)
+        #expect(h1 === h2)
+        try h1.write(offset: 2, bytes: Array("AB".utf8))
+        #expect(try h2.read(offset: 0, count: 10) == Array("01AB456789".utf8), "unflushed writes are visible to the other handle")
+        try h2.truncate(to: 4)
+        #expect(h1.currentSize == 4)
+        // Releasing one keeps the other usable; the last release flushes.
+        try f.vault.release(h1)
+        try h2.write(offset: 4, bytes: Array("!".utf8))
+        #expect(try h2.read(offset: 0, count: 10) == Array("01AB!".utf8))
+        try f.vault.release(h2)
+        #expect(try f.vault.readAll(doc.id) == Array("01AB!".utf8))
+        // A fresh open after the last release is a new object reading committed content.
+        let h3 = try f.vault.openDocument(doc.id)
+        #expect(h3 !== h1)
+        #expect(try h3.read(offset: 0, count: 10) == Array("01AB!".utf8))
+        try f.vault.release(h3)
+    }
+
+    @Test func flushCommitsWithoutClosing() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("d")
+        let h = try f.vault.openDocument(doc.id)
+        try h.write(offset: 0, bytes: Array("v1".utf8))
+        try h.flush(durable: true)
+        // Another vault on the same store sees the flushed content while the handle is still open.
+        let other = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try other.readAll(doc.id) == Array("v1".utf8))
+        try f.vault.release(h)
+    }
+
+    @Test func unlinkedOpenDocumentStaysUsableUntilRelease() throws {
+        let f = try VaultFixture()
+        let data = noise(600_000, seed: 5) // three chunks
+        let doc = try f.document("victim", contents: data)
+        let h = try f.vault.openDocument(doc.id)
+        try f.vault.remove(doc.id)
+        expectErrno(2) { _ = try f.vault.resolve("victim") }
+        #expect(try h.read(offset: 0, count: data.count) == data, "readable after unlink")
+        try h.write(offset: 0, bytes: Array("still writable".utf8))
+        #expect(try h.read(offset: 0, count: 14) == Array("still writable".utf8))
+        try h.flush() // must not resurrect the file
+        #expect(try f.vault.lookup(f.root, "victim") == nil)
+        #expect(try h.read(offset: 300_000, count: 10) == Array(data[300_000..<300_010]))
+        try f.vault.release(h)
+        #expect(try f.vault.lookup(f.root, "victim") == nil)
+        #expect(try f.names() == [])
+        // A new file may take the name.
+        let again = try f.document("victim", contents: [1])
+        #expect(try f.vault.readAll(again.id) == [1])
+        #expect(try f.vault.check().isClean)
+    }
+
+    @Test func unlinkedOpenDocumentSurvivesGarbageCollection() throws {
+        let f = try VaultFixture()
+        let data = noise(800_000, seed: 6) // four chunks
+        let doc = try f.document("victim", contents: data)
+        let h = try f.vault.openDocument(doc.id)
+        try f.vault.remove(doc.id)
+        _ = try f.vault.collectGarbage()
+        // The handle holds the content until it is released (POSIX unlink semantics).
+        #expect(try h.read(offset: 0, count: data.count) == data)
+        try f.vault.release(h)
+    }
+
+    /// A large write spills sealed chunks to the store before the manifest naming them is
+    /// committed; a collection in between must not take them.
+    @Test func garbageCollectionDoesNotTakeSpilledChunksOfAnOpenDocument() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("big")
+        let data = randomBytes(Vault.writeBufferLimit + 4 * 256 * 1024)
+        let h = try f.vault.openDocument(doc.id)
+        try h.write(offset: 0, bytes: data) // past the buffer limit: chunks are spilled
+        #expect(try f.chunkCount() > 0, "chunks were spilled before any commit")
+        _ = try f.vault.collectGarbage()
+        try f.vault.release(h) // commits the manifest
+        #expect(try f.vault.readAll(doc.id) == data)
+        #expect(try f.vault.check().isClean)
+    }
+
+    @Test func replacedOpenDocumentStaysReadable() throws {
+        let f = try VaultFixture()
+        let old = try f.document("target", contents: Array("old content".utf8))
+        let new = try f.document("new", contents: Array("new content".utf8))
+        let h = try f.vault.openDocument(old.id)
+        try f.vault.rename(new.id, to: f.root, name: "target")
+        #expect(try h.read(offset: 0, count: 100) == Array("old content".utf8))
+        try f.vault.release(h)
+        #expect(try f.vault.readAll(try f.vault.resolve("target").id) == Array("new content".utf8))
+    }
+
+    /// Changing one byte of a large file re-seals only the chunk under it.
+    @Test func oneByteChangeOfA64MiBFileWritesAtMostTwoChunks() throws {
+        let f = try VaultFixture()
+        let size = 64 << 20
+        let data = randomBytes(size) // non-repeating, so no two chunks dedup
+        let doc = try f.document("big")
+        try f.vault.writeAll(doc.id, data)
+        let before = try f.chunkCount()
+        #expect(before == size / (256 * 1024), "one chunk per 256 KiB")
+        #expect(try f.vault.node(doc.id).size == UInt64(size))
+
+        let offset = 40_000_123
+        let h = try f.vault.openDocument(doc.id)
+        try h.write(offset: UInt64(offset), bytes: [data[offset] ^ 0xFF])
+        try h.flush()
+        let after = try f.chunkCount()
+        #expect(after > before, "the changed chunk was stored")
+        #expect(after - before <= 2, "wrote \(after - before) chunks")
+        // The change is there and nothing else moved.
+        #expect(try h.read(offset: UInt64(offset - 1), count: 3) == [data[offset - 1], data[offset] ^ 0xFF, data[offset + 1]])
+        #expect(try h.read(offset: 0, count: 1000) == Array(data.prefix(1000)))
+        #expect(try h.read(offset: UInt64(size - 1000), count: 1000) == Array(data.suffix(1000)))
+        try f.vault.release(h)
+        #expect(try f.chunkCount() == after, "closing re-seals nothing")
+        #expect(try f.vault.node(doc.id).size == UInt64(size))
+    }
+
+    @Test func garbageCollectionReclaimsOldVersions() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("d", contents: noise(300_000, seed: 1))
+        #expect(try f.chunkCount() == 2)
+        try f.vault.writeAll(doc.id, noise(300_000, seed: 2))
+        #expect(try f.chunkCount() == 4)
+        let r = try f.vault.collectGarbage()
+        #expect(r?.chunks == 2)
+        #expect(try f.chunkCount() == 2)
+        #expect(try f.vault.readAll(doc.id) == noise(300_000, seed: 2))
+        // While another vault has the store open, collection is refused (it could race a writer).
+        let other = try Vault.open(dataDirectory: f.dataDir)
+        let refused = try f.vault.collectGarbage() == nil
+        #expect(refused)
+        _ = other
+    }
+
+    @Test func identicalChunksAreStoredOnce() throws {
+        let f = try VaultFixture()
+        let chunk = noise(256 * 1024, seed: 9)
+        try f.document("d", contents: chunk + chunk + chunk)
+        #expect(try f.chunkCount() == 1)
+        try f.document("zeros", contents: [UInt8](repeating: 0, count: 4 * 256 * 1024))
+        #expect(try f.chunkCount() == 2)
+    }
+}
