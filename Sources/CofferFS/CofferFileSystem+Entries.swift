@@ -14,7 +14,13 @@ extension CofferFileSystem {
     }
 
     public func forget(inode: InodeNumber, lookups: UInt64) {
-        inodes.forget(inode, lookups)
+        guard inodes.forget(inode, lookups) else { return }
+        let zombie = handles.withLock { t -> OpenDocument? in
+            guard let doc = t.zombies.removeValue(forKey: inode) else { return nil }
+            if !t.files.values.contains(where: { $0.document.id == doc.id }) { t.unlinkedNodes[doc.id] = nil }
+            return doc
+        }
+        if let zombie { try? vault.release(zombie) }
     }
 
     public func getattr(inode: InodeNumber, handle: UInt64?) throws -> Attributes {
@@ -104,11 +110,22 @@ extension CofferFileSystem {
         }
     }
 
-    /// An open document that loses its name stays readable and writable through its handles.
+    /// A document that loses its name stays readable and writable through its open handles, and
+    /// stays openable through an inode the kernel still holds (until `forget`).
     func keepIfOpen(_ node: Node) {
-        handles.withLock { t in
-            if t.files.values.contains(where: { $0.document.id == node.id }) { t.unlinkedNodes[node.id] = node }
+        guard node.type == .document else { return }
+        let ino = inodes.knownInode(for: node.id)
+        let referenced = ino.map { inodes.isReferenced($0) } ?? false
+        let zombie = referenced ? try? vault.openDocument(node.id) : nil
+        let unused = handles.withLock { t -> OpenDocument? in
+            let open = t.files.values.contains(where: { $0.document.id == node.id })
+            if open || zombie != nil { t.unlinkedNodes[node.id] = node }
+            guard let zombie, let ino else { return nil }
+            if t.zombies[ino] != nil { return zombie }
+            t.zombies[ino] = zombie
+            return nil
         }
+        if let unused { try? vault.release(unused) }
     }
 
     public func rmdir(parent: InodeNumber, name: String) throws {

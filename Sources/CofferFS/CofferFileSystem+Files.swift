@@ -17,10 +17,14 @@ extension CofferFileSystem {
             let found: (Node, unlinked: Bool)
             do { found = try node(inode) } catch let e as FSError where e.errno == ENOENT { throw FSError(ESTALE) }
             let (n, unlinked) = found
-            if unlinked { throw FSError.notFound }
+            if unlinked && handles.withLock({ $0.zombies[inode] == nil && !$0.files.values.contains(where: { $0.document.id == n.id }) }) {
+                throw FSError(ESTALE)
+            }
             if n.type == .folder { throw FSError.isDirectory }
             guard n.type == .document else { throw FSError.invalid }
             let doc: OpenDocument
+            // A replaced document is still in the vault's table of open documents while a zombie
+            // or handle holds it, so this finds it even though its records are gone.
             do { doc = try vault.openDocument(n.id) } catch {
                 // Replaced between the check above and here (its records may be pruned already).
                 if !vault.isLive(n.id) { throw FSError(ESTALE) }
@@ -103,7 +107,8 @@ extension CofferFileSystem {
         try op {
             guard let h = handles.withLock({ t -> OpenFileHandle? in
                 let h = t.files.removeValue(forKey: fh)
-                if let h, !t.files.values.contains(where: { $0.document.id == h.document.id }) {
+                if let h, !t.files.values.contains(where: { $0.document.id == h.document.id }),
+                   !t.zombies.values.contains(where: { $0.id == h.document.id }) {
                     t.unlinkedNodes[h.document.id] = nil
                 }
                 return h

@@ -123,8 +123,13 @@ struct HandleTable {
     var next: UInt64 = 1
     var files: [UInt64: OpenFileHandle] = [:]
     var directories: [UInt64: [DirectorySnapshotEntry]] = [:]
-    /// Nodes of documents unlinked while open, so fstat keeps working until the last close.
+    /// Nodes of documents unlinked (or replaced by a rename) while open or still known to the
+    /// kernel, so fstat keeps working until the last close.
     var unlinkedNodes: [FileID: Node] = [:]
+    /// Replaced or unlinked documents the kernel still holds an inode for: kept open (as
+    /// passthrough_ll keeps its fds) so an open that raced the rename still gets the old content.
+    /// Released when the kernel forgets the inode.
+    var zombies: [InodeNumber: OpenDocument] = [:]
 
     mutating func allocate() -> UInt64 {
         defer { next += 1 }
@@ -186,12 +191,17 @@ final class InodeTable: Sendable {
 
     func addLookup(_ ino: InodeNumber) { state.withLock { $0.lookups[ino, default: 0] += 1 } }
 
-    func forget(_ ino: InodeNumber, _ n: UInt64) {
+    /// Drops `n` kernel references; true when none are left.
+    @discardableResult
+    func forget(_ ino: InodeNumber, _ n: UInt64) -> Bool {
         state.withLock { s in
             let left = (s.lookups[ino] ?? 0) > n ? (s.lookups[ino] ?? 0) - n : 0
             if left == 0 { s.lookups[ino] = nil; s.names[ino] = nil } else { s.lookups[ino] = left }
+            return left == 0
         }
     }
+
+    func isReferenced(_ ino: InodeNumber) -> Bool { state.withLock { ($0.lookups[ino] ?? 0) > 0 } }
 
     func remember(_ ino: InodeNumber, parent: FileID, name: String) {
         state.withLock { $0.names[ino] = (parent, name) }
