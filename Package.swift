@@ -6,11 +6,16 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "coffer", targets: ["coffer"]),
+        .executable(name: "coffer-server", targets: ["coffer-server"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-nio.git", from: "2.81.0"),
+        .package(url: "https://github.com/apple/swift-http-types.git", from: "1.3.0"),
     ],
     targets: [
         // C shims: one system library each.
@@ -39,6 +44,25 @@ let package = Package(
             "CofferVault", "CofferProtocol", "CofferModel", "CofferStore",
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
         ]),
+        // The server's logic and its two storage interfaces (SQLite metadata, directory content).
+        .target(name: "CofferServerCore", dependencies: [
+            "CofferProtocol", "CofferModel", "CofferCrypto",
+            .product(name: "GRDB", package: "GRDB.swift"),
+        ]),
+        // The server's HTTP layer (Hummingbird): routes, request authentication, limits, logs.
+        .target(name: "CofferServerHTTP", dependencies: [
+            "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "Logging", package: "swift-log"),
+            .product(name: "NIOCore", package: "swift-nio"),
+            .product(name: "HTTPTypes", package: "swift-http-types"),
+        ]),
+        .executableTarget(name: "coffer-server", dependencies: [
+            "CofferServerHTTP", "CofferServerCore",
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            .product(name: "Logging", package: "swift-log"),
+        ]),
         // The command-line client.
         .executableTarget(name: "coffer", dependencies: [
             "CofferVault", "CofferFS", "CofferModel", "CofferCrypto", "CofferSync",
@@ -54,6 +78,15 @@ let package = Package(
         .testTarget(name: "CofferVaultTests", dependencies: ["CofferVault", "CofferTestSupport"]),
         .testTarget(name: "CofferCLITests", dependencies: ["CofferTestSupport"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferTestSupport"]),
+        .testTarget(name: "CofferServerTests", dependencies: [
+            "CofferServerHTTP", "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
+            .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "HummingbirdTesting", package: "hummingbird"),
+            .product(name: "HTTPTypes", package: "swift-http-types"),
+        ]),
+        .testTarget(name: "CofferSyncTests", dependencies: [
+            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferTestSupport",
+        ]),
         .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS"]),
     ]
 )

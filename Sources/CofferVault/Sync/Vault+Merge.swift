@@ -74,8 +74,7 @@ struct PullMerge {
             let id = r.signed.metadata.id
             let oldBase = try w.reader.file(id, .base)
             let stored = r.stored
-            newBase[id] = stored
-            try w.put(stored, .base)
+            newBase[id] = stored  // written at the end: the old base content is still needed for merges
             touched.insert(id)
             let rEff = stored.effectiveMetadata
             if let l = try w.reader.file(id, .local)?.metadata {
@@ -104,10 +103,15 @@ struct PullMerge {
         }
         // 2. Cycles: local moves that close a loop with pulled moves are undone.
         try resolveCycles()
+        // Local records that a pulled deletion made unreachable: the server will not take a live
+        // record under a deleted folder, so they become deletions (or vanish, if the server never
+        // knew them). Their content edits were saved above.
+        try settleImplicitDeletions()
         // 3. Path conflicts: the locally changed file is renamed name-1.ext, name-2.ext, …
         try resolvePathConflicts(&s, remoteMeta)
 
-        // Check, then write the local side.
+        // Check, then write: base first (the pulled records), then the local side.
+        for stored in newBase.values { try w.put(stored, .base) }
         let ids = Array(touched)
         try Validator.validate(changed: ids, before: { before.file($0) }, in: view)
         for id in ids {
@@ -121,9 +125,38 @@ struct PullMerge {
                 if base == nil { _ = try w.inode(for: id) }
             } else {
                 try w.remove(id, .local)
+                if newBase[id] == nil, try w.reader.file(id, .base) == nil { try w.forgetInode(of: id) }
             }
         }
         return touched
+    }
+
+    mutating func settleImplicitDeletions() throws {
+        var ids: [FileID] = []
+        for (id, entry) in local where entry != nil { ids.append(id) }
+        for l in try w.reader.files(.local) where local[l.metadata.id] == nil { ids.append(l.metadata.id) }
+        for id in ids.sorted() {
+            guard let m = view.file(id), !m.isRoot, !m.isDeleted, !view.isLive(id) else { continue }
+            let base = try newBase[id] ?? w.reader.file(id, .base)
+            if base == nil {
+                // Never on the server: drop it (children first are handled by the same rule, as
+                // they are unreachable too; none is left without a parent since the whole
+                // subtree is unreachable).
+                local[id] = .some(nil)
+                view.remove(id)
+            } else if let base {
+                // Deleted where the server last had it: its local placement may be a folder that
+                // is being dropped here.
+                var deleted = m
+                deleted.isDeleted = true
+                deleted.parent = base.metadata.parent
+                deleted.name = base.metadata.name
+                deleted.wrappedKey = base.metadata.wrappedKey
+                local[id] = deleted
+                view.insert(deleted)
+            }
+            touched.insert(id)
+        }
     }
 
     static func sameContent(_ a: FileMetadata, _ b: FileMetadata) -> Bool {

@@ -1,0 +1,48 @@
+import CofferCrypto
+import CofferModel
+import CofferProtocol
+import Foundation
+
+extension CofferServer {
+    /// The server's own check of one account, read afresh from storage (not the cache): every
+    /// record decodes, is owned and signed by the account, the effective tree satisfies every
+    /// invariant (`Validator.validateAll`), every file under a deleted folder is marked deleted,
+    /// every live document's content has its manifest, and every chunk a manifest lists is in the
+    /// content store. Returns the problems found (empty when clean).
+    public func audit(account: Data) throws(ServerError) -> [String] {
+        try guarded {
+            var problems: [String] = []
+            guard let accountID = try? AccountID(bytes: Array(account)), let key = try? PublicSigningKey(bytes: Array(account)) else {
+                return ["malformed account key"]
+            }
+            let files = try metadata.read { try $0.files(account: account, since: 0, limit: Int(Int32.max)) }
+            var tree = FileTree()
+            var byID: [FileID: StoredFile] = [:]
+            for f in files {
+                guard let s = try? SignedMetadata(decoding: Array(f.record)) else { problems.append("undecodable record"); continue }
+                var m = s.metadata
+                if m.owner != accountID { problems.append("file \(m.id) not owned by the account") }
+                if !key.verify(signature: s.signature, message: m.encoded()) { problems.append("bad signature on file \(m.id)") }
+                if f.deleted != (m.isDeleted || f.serverDeleted) { problems.append("file \(m.id): deleted flag inconsistent") }
+                if f.deleted { m.isDeleted = true }
+                tree.insert(m)
+                byID[m.id] = f
+            }
+            do { try Validator.validateAll(tree) } catch { problems.append("invariant: \(error)") }
+            for (id, m) in tree.files {
+                if !m.isDeleted, tree.deletionState(of: id) == .implicitlyDeleted {
+                    problems.append("file \(id) is under a deleted folder but not marked deleted")
+                }
+                if m.type == .document, !m.isDeleted, let d = m.contentDigest {
+                    let k = ManifestKey(account: account, fileID: Data(id.bytes), digest: Data(d))
+                    if try !metadata.read({ try $0.hasManifest(k) }) { problems.append("document \(id) has no manifest for its content") }
+                }
+            }
+            let known = try metadata.read { try $0.allChunkKeys() }
+            for k in known where k.account == account {
+                if try !content.has(k) { problems.append("chunk \(RequestSigning.hex(Array(k.id))) recorded but not stored") }
+            }
+            return problems
+        }
+    }
+}

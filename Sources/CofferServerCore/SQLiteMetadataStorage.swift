@@ -1,0 +1,262 @@
+import Foundation
+import GRDB
+
+/// The embedded metadata store: one SQLite database (GRDB `DatabasePool`, WAL), shareable by
+/// several server processes on one machine (write transactions are IMMEDIATE and wait up to
+/// `busyTimeout` for each other).
+public final class SQLiteMetadataStorage: MetadataStorage {
+    let pool: DatabasePool
+
+    public init(path: String, busyTimeout: TimeInterval = 10) throws {
+        var config = Configuration()
+        config.busyMode = .timeout(busyTimeout)
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
+        pool = try DatabasePool(path: path, configuration: config)
+        try Self.migrator.migrate(pool)
+    }
+
+    static var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE account (
+                    key BLOB PRIMARY KEY NOT NULL,
+                    username TEXT NOT NULL UNIQUE,
+                    box_key BLOB NOT NULL,
+                    version INTEGER NOT NULL DEFAULT 0,
+                    bytes_used INTEGER NOT NULL DEFAULT 0
+                ) WITHOUT ROWID;
+                CREATE TABLE counter (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+                INSERT INTO counter (name, value) VALUES ('version', 0);
+                CREATE TABLE file (
+                    id BLOB PRIMARY KEY NOT NULL,
+                    account BLOB NOT NULL,
+                    record BLOB NOT NULL,
+                    version INTEGER NOT NULL,
+                    content_version INTEGER NOT NULL,
+                    server_deleted INTEGER NOT NULL,
+                    deleted INTEGER NOT NULL,
+                    digest BLOB
+                ) WITHOUT ROWID;
+                CREATE INDEX file_by_version ON file (account, version, id);
+                CREATE TABLE nonce (
+                    account BLOB NOT NULL,
+                    nonce TEXT NOT NULL,
+                    expires_at INTEGER NOT NULL,
+                    PRIMARY KEY (account, nonce)
+                ) WITHOUT ROWID;
+                CREATE INDEX nonce_by_expiry ON nonce (expires_at);
+                CREATE TABLE manifest (
+                    account BLOB NOT NULL,
+                    file_id BLOB NOT NULL,
+                    digest BLOB NOT NULL,
+                    sealed BLOB NOT NULL,
+                    created_at INTEGER NOT NULL,
+                    PRIMARY KEY (account, file_id, digest)
+                ) WITHOUT ROWID;
+                CREATE TABLE manifest_chunk (
+                    account BLOB NOT NULL,
+                    file_id BLOB NOT NULL,
+                    digest BLOB NOT NULL,
+                    chunk_id BLOB NOT NULL,
+                    PRIMARY KEY (account, file_id, digest, chunk_id)
+                ) WITHOUT ROWID;
+                CREATE INDEX manifest_chunk_by_chunk ON manifest_chunk (account, chunk_id);
+                CREATE TABLE chunk (
+                    account BLOB NOT NULL,
+                    id BLOB NOT NULL,
+                    size INTEGER NOT NULL,
+                    created_at INTEGER NOT NULL,
+                    PRIMARY KEY (account, id)
+                ) WITHOUT ROWID;
+                """)
+        }
+        return m
+    }
+
+    public func read<T>(_ body: (any MetadataReader) throws -> T) throws -> T {
+        try pool.read { db in try body(SQLiteTransaction(db: db)) }
+    }
+
+    public func write<T>(_ body: (any MetadataWriter) throws -> T) throws -> T {
+        try pool.writeWithoutTransaction { db in
+            var result: T?
+            try db.inTransaction(.immediate) {
+                result = try body(SQLiteTransaction(db: db))
+                return .commit
+            }
+            guard let result else { throw StorageError("transaction produced no result") }
+            return result
+        }
+    }
+}
+
+struct SQLiteTransaction: MetadataWriter {
+    let db: Database
+
+    private func accountRow(_ row: Row?) -> AccountRecord? {
+        guard let row else { return nil }
+        return AccountRecord(key: row["key"], username: row["username"], boxKey: row["box_key"],
+                             version: row["version"], bytesUsed: row["bytes_used"])
+    }
+
+    private func fileRow(_ row: Row) -> StoredFile {
+        StoredFile(id: row["id"], account: row["account"], record: row["record"], version: row["version"],
+                   contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
+                   deleted: row["deleted"], digest: row["digest"])
+    }
+
+    func account(key: Data) throws -> AccountRecord? {
+        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE key = ?", arguments: [key]))
+    }
+
+    func account(username: String) throws -> AccountRecord? {
+        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE username = ?", arguments: [username]))
+    }
+
+    func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile] {
+        try Row.fetchAll(db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id LIMIT ?",
+                         arguments: [account, since, limit]).map(fileRow)
+    }
+
+    func file(id: Data) throws -> StoredFile? {
+        try Row.fetchOne(db, sql: "SELECT * FROM file WHERE id = ?", arguments: [id]).map(fileRow)
+    }
+
+    func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
+        let sql = liveOnly ? "SELECT COUNT(*) FROM file WHERE account = ? AND deleted = 0" : "SELECT COUNT(*) FROM file WHERE account = ?"
+        return try Int64.fetchOne(db, sql: sql, arguments: [account]) ?? 0
+    }
+
+    func manifest(_ key: ManifestKey) throws -> Data? {
+        try Data.fetchOne(db, sql: "SELECT sealed FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+                          arguments: [key.account, key.fileID, key.digest])
+    }
+
+    func hasManifest(_ key: ManifestKey) throws -> Bool {
+        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM manifest WHERE account = ? AND file_id = ? AND digest = ?)",
+                          arguments: [key.account, key.fileID, key.digest]) ?? false
+    }
+
+    func presentChunks(account: Data, ids: [Data]) throws -> Set<Data> {
+        var out: Set<Data> = []
+        let statement = try db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM chunk WHERE account = ? AND id = ?)")
+        for id in ids where try Bool.fetchOne(statement, arguments: [account, id]) == true { out.insert(id) }
+        return out
+    }
+
+    func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey] {
+        try Row.fetchAll(db, sql: """
+            SELECT m.account, m.file_id, m.digest FROM manifest m
+            WHERE m.created_at < ? AND NOT EXISTS (
+                SELECT 1 FROM file f WHERE f.id = m.file_id AND f.account = m.account AND f.deleted = 0 AND f.digest = m.digest)
+            """, arguments: [before]).map { ManifestKey(account: $0["account"], fileID: $0["file_id"], digest: $0["digest"]) }
+    }
+
+    func unreferencedChunks(createdBefore before: Int64) throws -> [ChunkKey] {
+        try Row.fetchAll(db, sql: """
+            SELECT c.account, c.id FROM chunk c
+            WHERE c.created_at < ? AND NOT EXISTS (
+                SELECT 1 FROM manifest_chunk mc WHERE mc.account = c.account AND mc.chunk_id = c.id)
+            """, arguments: [before]).map { ChunkKey(account: $0["account"], id: $0["id"]) }
+    }
+
+    func allChunkKeys() throws -> Set<ChunkKey> {
+        var out: Set<ChunkKey> = []
+        let rows = try Row.fetchCursor(db, sql: "SELECT account, id FROM chunk")
+        while let row = try rows.next() { out.insert(ChunkKey(account: row["account"], id: row["id"])) }
+        return out
+    }
+
+    func insertAccount(_ a: AccountRecord) throws -> Bool {
+        let exists = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM account WHERE key = ? OR username = ?)",
+                                       arguments: [a.key, a.username]) ?? false
+        if exists { return false }
+        try db.execute(sql: "INSERT INTO account (key, username, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?)",
+                       arguments: [a.key, a.username, a.boxKey, a.version, a.bytesUsed])
+        return true
+    }
+
+    func lockAccount(key: Data) throws -> AccountRecord? { try account(key: key) }
+
+    func setAccountVersion(key: Data, version: Int64) throws {
+        try db.execute(sql: "UPDATE account SET version = ? WHERE key = ?", arguments: [version, key])
+    }
+
+    func nextVersion() throws -> Int64 {
+        try db.execute(sql: "UPDATE counter SET value = value + 1 WHERE name = 'version'")
+        guard let v = try Int64.fetchOne(db, sql: "SELECT value FROM counter WHERE name = 'version'") else {
+            throw StorageError("version counter missing")
+        }
+        return v
+    }
+
+    func putFile(_ f: StoredFile) throws {
+        try db.execute(sql: """
+            INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
+                version = excluded.version, content_version = excluded.content_version,
+                server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest
+            """, arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
+    }
+
+    func insertNonce(account: Data, nonce: String, expiresAt: Int64) throws -> Bool {
+        try db.execute(sql: "INSERT OR IGNORE INTO nonce (account, nonce, expires_at) VALUES (?, ?, ?)",
+                       arguments: [account, nonce, expiresAt])
+        return db.changesCount == 1
+    }
+
+    func purgeNonces(expiredBefore: Int64) throws {
+        try db.execute(sql: "DELETE FROM nonce WHERE expires_at < ?", arguments: [expiredBefore])
+    }
+
+    func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool {
+        try db.execute(sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)",
+                       arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
+        guard db.changesCount == 1 else { return false }
+        try addUsage(account: key.account, bytes: Int64(sealed.count))
+        let statement = try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunk (account, file_id, digest, chunk_id) VALUES (?, ?, ?, ?)")
+        for c in chunkIDs { try statement.execute(arguments: [key.account, key.fileID, key.digest, c]) }
+        return true
+    }
+
+    func deleteManifest(_ key: ManifestKey) throws -> [Data] {
+        guard let size = try Int64.fetchOne(db, sql: "SELECT length(sealed) FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+                                            arguments: [key.account, key.fileID, key.digest]) else { return [] }
+        try db.execute(sql: "DELETE FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+                       arguments: [key.account, key.fileID, key.digest])
+        try addUsage(account: key.account, bytes: -size)
+        let chunks = try Data.fetchAll(db, sql: "SELECT chunk_id FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
+                                       arguments: [key.account, key.fileID, key.digest])
+        try db.execute(sql: "DELETE FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
+                       arguments: [key.account, key.fileID, key.digest])
+        return chunks
+    }
+
+    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool {
+        try db.execute(sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at) VALUES (?, ?, ?, ?)",
+                       arguments: [key.account, key.id, size, createdAt])
+        guard db.changesCount == 1 else { return false }
+        try addUsage(account: key.account, bytes: size)
+        return true
+    }
+
+    func deleteChunkIfUnreferenced(_ key: ChunkKey) throws -> Bool {
+        let referenced = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM manifest_chunk WHERE account = ? AND chunk_id = ?)",
+                                           arguments: [key.account, key.id]) ?? true
+        if referenced { return false }
+        guard let size = try Int64.fetchOne(db, sql: "SELECT size FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id]) else {
+            return false
+        }
+        try db.execute(sql: "DELETE FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id])
+        try addUsage(account: key.account, bytes: -size)
+        return true
+    }
+
+    func addUsage(account: Data, bytes: Int64) throws {
+        try db.execute(sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?", arguments: [bytes, account])
+    }
+}

@@ -1,0 +1,173 @@
+import CofferProtocol
+import CofferServerCore
+import Foundation
+import HTTPTypes
+import Hummingbird
+import Logging
+import NIOCore
+
+/// The HTTP face of `CofferServer`: the routes of docs/PROTOCOL.md, request authentication, body
+/// limits, the account-creation rate limit, error mapping and request logs.
+public enum CofferHTTP {
+    public static let maxBodyBytes = API.maxBodyBytes
+    static let accountField = HTTPField.Name(RequestSigning.accountHeader)!
+    static let timestampField = HTTPField.Name(RequestSigning.timestampHeader)!
+    static let nonceField = HTTPField.Name(RequestSigning.nonceHeader)!
+    static let signatureField = HTTPField.Name(RequestSigning.signatureHeader)!
+
+    public struct Options: Sendable {
+        /// Account creations allowed per client address per minute (a token bucket); 0 = no limit.
+        public var accountCreationsPerMinute: Int
+        public init(accountCreationsPerMinute: Int = 10) { self.accountCreationsPerMinute = accountCreationsPerMinute }
+    }
+
+    /// The router with every route and middleware.
+    public static func router(server: CofferServer, options: Options = Options(), logger: Logger) -> Router<CofferRequestContext> {
+        let router = Router(context: CofferRequestContext.self)
+        router.add(middleware: ErrorAndLogMiddleware(logger: logger))
+        router.add(middleware: AuthenticationMiddleware(server: server))
+        let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute)
+
+        router.get("/health") { _, _ in
+            Response(status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok")))
+        }
+
+        router.post("/v1/accounts") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let address = context.remoteAddress?.ipAddress ?? "unknown"
+            guard limiter.allow(address) else { throw ServerError.rateLimited("too many accounts created from this address; try again later") }
+            let req = try decode(CreateAccountRequest.self, context.body)
+            return try json(try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
+        }
+
+        router.get("/v1/accounts/:username") { _, context -> Response in
+            let caller = try context.requireCaller()
+            _ = try await offload { () throws(ServerError) in try server.requireAccount(caller) }
+            let raw = context.parameters.get("username") ?? ""
+            let username = raw.removingPercentEncoding ?? raw
+            return try json(try await offload { () throws(ServerError) in try server.lookup(username: username) })
+        }
+
+        router.post("/v1/files/upsert") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(UpsertRequest.self, context.body)
+            return try json(try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                return try server.upsert(caller: caller, req)
+            })
+        }
+
+        router.post("/v1/updates") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(UpdatesRequest.self, context.body)
+            return try json(try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                return try server.updates(caller: caller, since: req.since)
+            })
+        }
+
+        router.post("/v1/chunks/missing") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(ChunkIDsRequest.self, context.body)
+            return try json(try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                return try server.missingChunks(caller: caller, ids: req.ids)
+            })
+        }
+
+        router.post("/v1/chunks/get") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(ChunkIDsRequest.self, context.body)
+            let bytes = try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                return try server.getChunks(caller: caller, ids: req.ids)
+            }
+            return octets(bytes)
+        }
+
+        router.put("/v1/chunks/:id") { _, context -> Response in
+            let caller = try context.requireCaller()
+            guard let hex = context.parameters.get("id"), let id = RequestSigning.unhex(hex), id.count == 32 else {
+                throw ServerError.badRequest("the path names a chunk by its 32-byte id in hex")
+            }
+            let body = context.body
+            try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                try server.putChunk(caller: caller, id: Data(id), bytes: body)
+            }
+            return Response(status: .noContent)
+        }
+
+        router.post("/v1/manifests") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(PutManifestRequest.self, context.body)
+            try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                try server.putManifest(caller: caller, req)
+            }
+            return Response(status: .noContent)
+        }
+
+        router.post("/v1/manifests/get") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(GetManifestRequest.self, context.body)
+            let sealed = try await offload { () throws(ServerError) in
+                _ = try server.requireAccount(caller)
+                return try server.getManifest(caller: caller, req)
+            }
+            return octets(Array(sealed))
+        }
+
+        router.get("/v1/usage") { _, context -> Response in
+            let caller = try context.requireCaller()
+            return try json(try await offload { () throws(ServerError) in try server.usage(caller: caller) })
+        }
+        return router
+    }
+
+    /// An application serving `server` on host:port. `onRunning` gets the bound port (useful with
+    /// port 0).
+    public static func application(server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
+                                   onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
+        Application(router: router(server: server, options: options, logger: logger),
+                    configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
+                    onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
+                    logger: logger)
+    }
+
+    // MARK: - Helpers
+
+    static func decode<T: Decodable>(_ type: T.Type, _ body: [UInt8]) throws(ServerError) -> T {
+        do { return try JSONDecoder().decode(T.self, from: Data(body)) } catch {
+            throw .badRequest("malformed \(T.self) body")
+        }
+    }
+
+    static func json<T: Encodable>(_ value: T) throws(ServerError) -> Response {
+        let data: Data
+        do { data = try JSONEncoder().encode(value) } catch { throw .internal("cannot encode response") }
+        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    static func octets(_ bytes: [UInt8]) -> Response {
+        Response(status: .ok, headers: [.contentType: "application/octet-stream"], body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+    }
+
+    static func errorResponse(_ e: ServerError) -> Response {
+        let data = (try? JSONEncoder().encode(e.response)) ?? Data()
+        return Response(status: HTTPResponse.Status(code: e.status), headers: [.contentType: "application/json"],
+                        body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    /// Runs blocking storage work off the async executors.
+    static func offload<T: Sendable>(_ work: @escaping @Sendable () throws(ServerError) -> T) async throws(ServerError) -> T {
+        let result: Result<T, ServerError> = await withCheckedContinuation { continuation in
+            DispatchQueue.global().async {
+                do throws(ServerError) { continuation.resume(returning: .success(try work())) } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        return try result.get()
+    }
+}
