@@ -4,6 +4,17 @@ import CofferProtocol
 import Foundation
 
 extension CofferServer {
+    /// Audits every account; returns problems prefixed with the account's key.
+    public func auditAll() throws(ServerError) -> [String] {
+        let keys = try guarded { try metadata.read { try $0.accountKeys() } }
+        var problems: [String] = []
+        for k in keys {
+            let prefix = RequestSigning.hex(Array(k.prefix(8)))
+            problems += try audit(account: k).map { "account \(prefix): \($0)" }
+        }
+        return problems
+    }
+
     /// The server's own check of one account, read afresh from storage (not the cache): every
     /// record decodes, is owned and signed by the account, the effective tree satisfies every
     /// invariant (`Validator.validateAll`), every file under a deleted folder is marked deleted,

@@ -108,6 +108,10 @@ struct SQLiteTransaction: MetadataWriter {
                    deleted: row["deleted"], digest: row["digest"])
     }
 
+    func accountKeys() throws -> [Data] {
+        try Data.fetchAll(db, sql: "SELECT key FROM account ORDER BY key")
+    }
+
     func account(key: Data) throws -> AccountRecord? {
         accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE key = ?", arguments: [key]))
     }

@@ -81,6 +81,8 @@ public protocol MetadataStorage: Sendable {
 }
 
 public protocol MetadataReader {
+    /// Every account's key (for the audit).
+    func accountKeys() throws -> [Data]
     func account(key: Data) throws -> AccountRecord?
     func account(username: String) throws -> AccountRecord?
     /// Files of `account` with version > `since`, ordered by (version, id), at most `limit`.

@@ -93,6 +93,12 @@ public final class Store: Sendable {
             try db.execute(sql: "CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
             try db.execute(sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
         }
+        m.registerMigration("v1-root-inode") { db in
+            // Inode 1 is the root's (FUSE_ROOT_ID) on every device, including one whose root
+            // arrives by sync after other files: numbering for everything else starts at 2.
+            try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (1, x'00')")
+            try db.execute(sql: "DELETE FROM inodes WHERE ino = 1 AND file_id = x'00'")
+        }
         m.registerMigration("v2-sync") { db in
             try db.execute(sql: "ALTER TABLE base_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
             try db.execute(sql: "ALTER TABLE local_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")

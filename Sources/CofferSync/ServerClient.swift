@@ -6,6 +6,8 @@ import Foundation
 /// Moves one request to the server and back. Production uses `HTTPTransport`.
 public protocol ServerTransport: Sendable {
     func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8])
+    /// A quick check that the server can be reached at all.
+    func reachable(timeout: Double) -> Bool
 }
 
 /// Why a sync step failed.

@@ -25,9 +25,11 @@ public struct SyncReport: Sendable {
 public final class SyncEngine: Sendable {
     public let vault: Vault
     public let client: ServerClient
+    let transport: any ServerTransport
 
     public init(vault: Vault, transport: any ServerTransport) {
         self.vault = vault
+        self.transport = transport
         self.client = ServerClient(transport: transport, keys: vault.signing)
     }
 
@@ -41,6 +43,7 @@ public final class SyncEngine: Sendable {
 
     /// Registers this account with the server.
     public func register() async throws {
+        guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
         _ = try await client.createAccount(CreateAccountRequest(username: vault.username,
                                                                 signingKey: Data(keys.signingKeys.publicKey.bytes),
@@ -51,6 +54,7 @@ public final class SyncEngine: Sendable {
     public func sync() async throws -> SyncReport {
         var report = SyncReport()
         do {
+            guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
             try await pull(&report)
             var attempts = 0
             while true {

@@ -29,6 +29,9 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Option(help: "With --cleanup: keep unreferenced content younger than this many seconds.")
     var graceSeconds: Int64 = 0
 
+    @Flag(help: "Check every account's tree, signatures and content references, print problems, then exit (1 if any).")
+    var audit = false
+
     @Flag(help: "Remove content no current record references (left by interrupted uploads), then exit.")
     var cleanup = false
 
@@ -44,6 +47,13 @@ struct CofferServerCommand: AsyncParsableCommand {
         } catch {
             FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
             throw ExitCode(1)
+        }
+        if audit {
+            let problems = try server.auditAll()
+            for p in problems { FileHandle.standardOutput.write(Data("problem: \(p)\n".utf8)) }
+            FileHandle.standardOutput.write(Data("audit: \(problems.isEmpty ? "clean" : "\(problems.count) problems")\n".utf8))
+            if !problems.isEmpty { throw ExitCode(1) }
+            return
         }
         if cleanup {
             let report = try server.cleanup(graceMillis: graceSeconds * 1000)

@@ -32,10 +32,13 @@ import Testing
         return rng.pick(candidates)
     }
 
+    static let verbose = ProcessInfo.processInfo.environment["COFFER_TRIAL_VERBOSE"] != nil
+
     func randomOperation(_ d: Device, _ rng: inout RNG) {
         let op = rng.int(10)
         let folder = randomPath(d, &rng, folders: true) ?? ""
         let target = folder + "/" + rng.pick(Self.names)
+        if Self.verbose { print("\(d.name): op \(op) target \(target) tree \((try? d.snapshot().keys.sorted()) ?? [])") }
         switch op {
         case 0, 1:
             try? d.write(target, (0..<rng.int(6)).map { "line \($0) \(rng.int(4))\n" }.joined())
@@ -66,6 +69,7 @@ import Testing
         for _ in 0..<(20 + rng.int(20)) {
             let d = w.devices[rng.int(3)]
             if rng.int(4) == 0 {
+                if Self.verbose { print("\(d.name): sync") }
                 do { try await d.sync() } catch {
                     Issue.record("seed \(seed): sync of \(d.name) failed: \(error)")
                     return
@@ -84,6 +88,18 @@ import Testing
         for d in w.devices {
             let snap = try d.snapshot()
             #expect(snap == first, "seed \(seed): device \(d.name) differs: \(SyncWorld.diff(first, snap))")
+            if snap != first && Self.verbose {
+                for k in Set(snap.keys).symmetricDifference(first.keys) {
+                    for dev in w.devices {
+                        if let n = try? dev.vault.resolve(k) {
+                            let local = try dev.vault.store.read { try $0.file(n.id, .local) }
+                            let base = try dev.vault.store.read { try $0.file(n.id, .base) }
+                            _ = sh("cp '\(server.dataDirectory)/metadata.sqlite'* /tmp/ 2>/dev/null")
+                            print("\(dev.name) has \(k) id \(n.id) local=\(local != nil) base=\(base.map { "v\($0.version) del=\($0.metadata.isDeleted) sdel=\($0.serverDeleted) parent=\($0.metadata.parent)" } ?? "nil")")
+                        }
+                    }
+                }
+            }
             let report = try d.vault.check()
             #expect(report.isClean, "seed \(seed): device \(d.name) fsck: \(report.problems)")
             #expect(d.pending == 0, "seed \(seed): device \(d.name) has pending changes")
@@ -99,6 +115,13 @@ import Testing
             let count = env["COFFER_TRIALS"].flatMap(Int.init) ?? 150
             seeds = (1...UInt64(count)).map { $0 &* 7919 }
         }
-        for seed in seeds { try await trial(seed: seed, server: server) }
+        for (i, seed) in seeds.enumerated() {
+            try await trial(seed: seed, server: server)
+            // The server's own validation, every 25 trials (it audits every account so far).
+            if i % 25 == 24 || i == seeds.count - 1 {
+                let audit = server.audit()
+                #expect(audit.status == 0, "server audit after seed \(seed): \(audit.out)")
+            }
+        }
     }
 }

@@ -142,6 +142,8 @@ final class SyncWorld: @unchecked Sendable {
             #expect(report.isClean, "device \(d.name): \(report.problems)", sourceLocation: sourceLocation)
             #expect(d.pending == 0, "device \(d.name) has pending changes", sourceLocation: sourceLocation)
         }
+        let audit = server.audit()
+        #expect(audit.status == 0 && audit.out.contains("audit: clean"), "server audit: \(audit.out) \(audit.err)", sourceLocation: sourceLocation)
     }
 
     static func diff(_ a: [String: String], _ b: [String: String]) -> String {

@@ -16,17 +16,22 @@ public final class MountFixture: @unchecked Sendable {
     public let dataDir: String
     public let mountPoint: String
     public let mountOptions: [String]
+    public let mountArguments: [String]
 
-    /// Inits a store and mounts it. `options` are passed as `-o` options.
-    public init(_ label: String = "coffer-fs", options: [String] = [], mount: Bool = true) throws {
+    /// Inits a store and mounts it. `options` are passed as `-o` options. `initArguments` and
+    /// `initInput` replace the default `coffer init tester` (e.g. to join an account from a
+    /// server); `mountArguments` are added to `coffer mount`.
+    public init(_ label: String = "coffer-fs", options: [String] = [], mount: Bool = true,
+                initArguments: [String] = ["init", "tester"], initInput: [UInt8]? = nil, mountArguments: [String] = []) throws {
         tmp = TemporaryDirectory(label)
         // Other users (the permission tests) must be able to reach the mount point.
         chmod(tmp.path, 0o755)
         dataDir = tmp.path + "/data"
         mountPoint = tmp.sub("mnt")
         mountOptions = options
-        let r = coffer(dataDir, ["init", "tester"])
-        guard r.status == 0 else { throw FixtureError("coffer init failed: \(r.err)") }
+        self.mountArguments = mountArguments
+        let r = coffer(dataDir, initArguments, stdin: initInput)
+        guard r.status == 0 else { throw FixtureError("coffer \(initArguments.first ?? "") failed: \(r.err)") }
         if mount { try self.mount() }
     }
 
@@ -44,7 +49,7 @@ public final class MountFixture: @unchecked Sendable {
 
     /// `coffer mount` of this store at `point` (default: the fixture's mount point), as a result.
     public func mountResult(at point: String? = nil) -> ProcessResult {
-        var args = ["mount"]
+        var args = ["mount"] + mountArguments
         for o in mountOptions { args += ["-o", o] }
         args.append(point ?? mountPoint)
         return coffer(dataDir, args)

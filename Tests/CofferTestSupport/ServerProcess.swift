@@ -92,6 +92,16 @@ public final class ServerProcess: @unchecked Sendable {
         pid = -1
     }
 
+    /// The server's own audit of every account (`coffer-server --audit`), run beside it.
+    public func audit() -> ProcessResult {
+        run(binary, ["--audit", "--data", dataDirectory])
+    }
+
+    /// `coffer-server --cleanup` with no grace period.
+    public func cleanup() -> ProcessResult {
+        run(binary, ["--cleanup", "--grace-seconds", "0", "--data", dataDirectory])
+    }
+
     public func restart() throws {
         stop()
         try start()

@@ -59,7 +59,22 @@ struct PullMerge {
             known[id] = k
             return k
         }
-        let applicable = remote.values.filter { isKnown($0.signed.metadata.id) }.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
+        var applicable: [RemoteFile] = []
+        for r in remote.values {
+            let id = r.signed.metadata.id
+            if isKnown(id) { applicable.append(r); continue }
+            // A deletion that moved a file into a folder this device already pruned still
+            // deletes the file here: kept at its last known place, marked deleted by the server.
+            if r.signed.metadata.isDeleted || r.serverDeleted, let old = try w.reader.file(id, .base) {
+                applicable.append(RemoteFile(signed: old.signed, version: r.version, contentVersion: r.contentVersion, serverDeleted: true))
+            }
+        }
+        applicable.sort { $0.signed.metadata.id < $1.signed.metadata.id }
+        if ProcessInfo.processInfo.environment["COFFER_DEBUG_MERGE"] != nil {
+            for r in remote.values {
+                print("pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)")
+            }
+        }
 
         var conflicts: [FileID: (base: FileMetadata, local: FileMetadata, remote: FileMetadata)] = [:]
         // Local documents with unsynced content edits that are live before this pull.
@@ -111,7 +126,10 @@ struct PullMerge {
         try resolvePathConflicts(&s, remoteMeta)
 
         // Check, then write: base first (the pulled records), then the local side.
-        for stored in newBase.values { try w.put(stored, .base) }
+        for stored in newBase.values {
+            try w.put(stored, .base)
+            if stored.metadata.isRoot { _ = try w.inode(for: stored.metadata.id, fixed: 1) }
+        }
         let ids = Array(touched)
         try Validator.validate(changed: ids, before: { before.file($0) }, in: view)
         for id in ids {
