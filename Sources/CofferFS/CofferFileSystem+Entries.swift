@@ -47,16 +47,24 @@ extension CofferFileSystem {
             }
             if unlinked { return attributes(try node(inode).0, linkCount: 0) }
             var vc = CofferVault.AttributeChanges()
-            vc.mode = changes.mode.map { $0 & 0o7777 }
-            vc.uid = changes.uid
-            vc.gid = changes.gid
+            // Changes that change nothing (tar and cp re-set the owner and mode they just created
+            // with) cost no commit and no new clock stamp that could win a later merge.
+            let current = n.attributes
+            vc.mode = changes.mode.map { $0 & 0o7777 }.flatMap { $0 == current.mode.value ? nil : $0 }
+            vc.uid = changes.uid.flatMap { $0 == current.uid.value ? nil : $0 }
+            vc.gid = changes.gid.flatMap { $0 == current.gid.value ? nil : $0 }
             if let mt = changes.modificationTime {
                 let t = mt.resolved(now: FileTime.now())
-                vc.mtime = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+                let ts = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+                // utimens on a document with unflushed writes: the time rides along with the
+                // content commit at close (later writes move it again, as POSIX wants).
+                if let doc = openDocumentHandle(for: n.id), doc.setPendingModificationTime(ts) {
+                    vc.mtime = nil
+                } else {
+                    vc.mtime = ts
+                }
             }
             if vc.mode != nil || vc.uid != nil || vc.gid != nil || vc.mtime != nil {
-                // A pending write's mtime must not overwrite an explicit utimens later.
-                if vc.mtime != nil, let h = openDocumentHandle(for: n.id) { try h.flush() }
                 try vault.setAttributes(n.id, vc)
             }
             return attributes(try vault.node(n.id))

@@ -2,6 +2,7 @@ import CofferCrypto
 import CofferModel
 import CofferProtocol
 import Foundation
+import Synchronization
 
 /// Moves one request to the server and back. Production uses `HTTPTransport`.
 public protocol ServerTransport: Sendable {
@@ -38,6 +39,18 @@ public struct ServerClient: Sendable {
     let transport: any ServerTransport
     let keys: SigningKeyPair
     let now: @Sendable () -> Int64
+    /// Bytes of request and response bodies moved so far (for `coffer sync --stats` and the
+    /// sync benchmark).
+    public let traffic = Traffic()
+
+    public final class Traffic: Sendable {
+        let sent = Atomic<Int>(0)
+        let received = Atomic<Int>(0)
+        let requests = Atomic<Int>(0)
+        public var bytesSent: Int { sent.load(ordering: .relaxed) }
+        public var bytesReceived: Int { received.load(ordering: .relaxed) }
+        public var requestCount: Int { requests.load(ordering: .relaxed) }
+    }
 
     public init(transport: any ServerTransport, keys: SigningKeyPair,
                 now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
@@ -56,6 +69,9 @@ public struct ServerClient: Sendable {
         } catch {
             throw SyncError.offline("\(error)")
         }
+        traffic.sent.add(body.count, ordering: .relaxed)
+        traffic.received.add(response.count, ordering: .relaxed)
+        traffic.requests.add(1, ordering: .relaxed)
         guard (200..<300).contains(status) else {
             if let e = try? JSONDecoder().decode(ErrorResponse.self, from: Data(response)) {
                 throw SyncError.server(status: status, code: e.code, message: e.message)

@@ -124,6 +124,11 @@ public final class SyncEngine: Sendable {
         report.changed.formUnion(changed)
     }
 
+    /// Body bytes sent and received by this engine so far.
+    public var traffic: (sent: Int, received: Int, requests: Int) {
+        (client.traffic.bytesSent, client.traffic.bytesReceived, client.traffic.requestCount)
+    }
+
     // MARK: Push
 
     func pushContent(_ report: inout SyncReport) async throws {
@@ -150,17 +155,39 @@ public final class SyncEngine: Sendable {
         }
     }
 
+    /// Records per upsert request. One batch is validated as a whole on the server; a larger
+    /// push (a first sync of a big tree) goes parents first in batches, each valid on its own.
+    static let batchSize = 4000
+
     func pushMetadata(_ report: inout SyncReport) async throws {
-        let records = try vault.pendingRecords()
-        guard !records.isEmpty else { return }
-        let request = UpsertRequest(updates: records.map {
-            FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                       expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
-        })
-        let response = try await client.upsert(request)
-        let changed = try vault.markPushed(records, version: response.version)
-        report.pushedRecords += records.count
-        report.changed.formUnion(changed)
+        let all = try vault.pendingRecords()
+        guard !all.isEmpty else { return }
+        let batches: [[PendingRecord]]
+        if all.count <= Self.batchSize {
+            batches = [all]
+        } else {
+            let byID = Dictionary(all.map { ($0.stored.metadata.id, $0) }, uniquingKeysWith: { a, _ in a })
+            var depth: [FileID: Int] = [:]
+            func depthOf(_ id: FileID, _ guardCount: Int = 0) -> Int {
+                if let d = depth[id] { return d }
+                guard guardCount < 10_000, let r = byID[id], !r.stored.metadata.isRoot else { return 0 }
+                let d = depthOf(r.stored.metadata.parent, guardCount + 1) + 1
+                depth[id] = d
+                return d
+            }
+            let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
+            batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map { Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)]) }
+        }
+        for records in batches {
+            let request = UpsertRequest(updates: records.map {
+                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
+            })
+            let response = try await client.upsert(request)
+            let changed = try vault.markPushed(records, version: response.version)
+            report.pushedRecords += records.count
+            report.changed.formUnion(changed)
+        }
     }
 }
 

@@ -271,4 +271,14 @@ public final class OpenDocument: Sendable {
     }
 
     var isModified: Bool { state.withLock { $0.modified } }
+
+    /// Sets the modification time the next commit records, if there are unflushed writes to
+    /// carry it; returns false (and changes nothing) otherwise.
+    public func setPendingModificationTime(_ t: Timespec) -> Bool {
+        state.withLock { s in
+            guard s.modified else { return false }
+            mtimeAtomic.store(t.seconds * 1_000_000_000 + t.nanoseconds, ordering: .relaxed)
+            return true
+        }
+    }
 }

@@ -70,8 +70,8 @@ extension Vault {
                 a.ctime = max(mtime, now())
                 let k = try key(id, &s)
                 let sealedAttrs = AEAD.seal(a.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
-                let snapshot = s
-                try batch.update(id, describe: { i in var c = snapshot; return self.path(i, &c) }) {
+                let snapshot = s.tree
+                try batch.update(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }) {
                     $0.contentDigest = digest
                     $0.sealedAttributes = sealedAttrs
                 }

@@ -125,9 +125,9 @@ extension Vault {
                                  owner: accountID, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes),
                                  sealedAttributes: AEAD.seal(attrs.encoded(), key: fileKey, purpose: .attributes, fileID: id.bytes),
                                  contentDigest: contentDigest, lastModifiedBy: accountID)
-            let snapshot = s
+            let snapshot = s.tree
             try batch.create(m, describe: { _ in
-                var c = snapshot
+                var c = VaultState(tree: snapshot)
                 let p = self.path(parent, &c)
                 return (p == "/" ? "" : p) + "/" + name
             })
@@ -152,8 +152,8 @@ extension Vault {
     func setSealedAttributes(_ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
         let k = try key(id, &s)
         let sealed = AEAD.seal(attrs.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
-        let snapshot = s
-        try batch.update(id, describe: { i in var c = snapshot; return self.path(i, &c) }) { $0.sealedAttributes = sealed }
+        let snapshot = s.tree
+        try batch.update(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }) { $0.sealedAttributes = sealed }
         s.attrs[id] = attrs
     }
 
@@ -183,8 +183,8 @@ extension Vault {
         return try commit { batch, s, _ -> FileID? in
             guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
-            let snapshot = s
-            let describe: Validator.Describe = { i in var c = snapshot; return self.path(i, &c) }
+            let snapshot = s.tree
+            let describe: Validator.Describe = { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }
             var replaced: FileID? = nil
             if let existing = try lookup(newParent, newName, &s), existing.id != id {
                 if mode == .noReplace { throw TreeError.pathConflict(path(existing.id, &s)) }
@@ -236,8 +236,8 @@ extension Vault {
                 throw TreeError.cycle(path(a, &s))
             }
             let na = try name(a, &s), nb = try name(b, &s)
-            let snapshot = s
-            let describe: Validator.Describe = { i in var c = snapshot; return self.path(i, &c) }
+            let snapshot = s.tree
+            let describe: Validator.Describe = { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }
             // Park `a` under a temporary name first: each step must be checkable on its own.
             let pa = ma.parent, pb = mb.parent
             batch.upsertUnchecked({ var t = ma; t.name = SealedName(ciphertext: [], mac: Array("exchange".utf8) + a.bytes); return t }())
@@ -261,11 +261,13 @@ extension Vault {
             if m.type == .folder && !recursive && !s.tree.liveChildren(of: id).isEmpty {
                 throw TreeError.folderNotEmpty(path(id, &s))
             }
-            let snapshot = s
-            try batch.delete(id, describe: { i in var c = snapshot; return self.path(i, &c) })
+            let snapshot = s.tree
+            try batch.delete(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) })
             try touchParent(m.parent, &batch, &s)
+            // A leaf the server never saw goes in this same commit; a subtree is pruned after.
+            if m.type != .folder || s.tree.childIDs(of: id).isEmpty { s.pruneCandidates = [id] }
         }
-        try? pruneDeleted(id)
+        if !state.withLock({ $0.tree.file(id) == nil }) { try? pruneDeleted(id) }
     }
 
     /// Prunes what a deletion made unreachable and the server never saw: records that exist only

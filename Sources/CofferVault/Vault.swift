@@ -328,7 +328,7 @@ public final class Vault: Sendable {
         do {
             return try state.withLock { s in
               do {
-                let (result, changed, lastSeq) = try store.write { w -> (R, [FileMetadata], Int64) in
+                let (result, changed, lastSeq, pruned) = try store.write { w -> (R, [FileMetadata], Int64, [FileID]) in
                     // Catch up with other writers inside this transaction: nobody can commit in between.
                     let (ids, last) = try w.reader.changes(after: s.lastSeq)
                     if !ids.isEmpty {
@@ -340,23 +340,39 @@ public final class Vault: Sendable {
                     s.lastSeq = last
                     var batch = Batch(base: s.tree)
                     let result = try body(&batch, &s, w)
-                    let snapshot = s
-                    let changed = try batch.validate(describe: { id in var c = snapshot; return self.path(id, &c) })
+                    let snapshot = s.tree
+                    let changed = try batch.validate(describe: { id in var c = VaultState(tree: snapshot); return self.path(id, &c) })
+                    var pruned: [FileID] = []
                     for m in changed {
+                        // A deletion the server never saw is pruned right here, in the same
+                        // transaction: nothing will ever need to push it.
+                        if s.pruneCandidates.contains(m.id), m.isDeleted, try w.reader.file(m.id, .base) == nil,
+                           batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) }) {
+                            if try w.reader.file(m.id, .local) != nil { try w.remove(m.id, .local) }
+                            try w.forgetInode(of: m.id)
+                            pruned.append(m.id)
+                            continue
+                        }
                         let v = s.versions[m.id] ?? (0, 0)
                         try w.put(StoredFile(signed: sign(m), version: v.0, contentVersion: v.1), .local)
                     }
-                    return (result, changed, try w.reader.lastChange())
+                    return (result, changed.filter { !pruned.contains($0.id) } , try w.reader.lastChange(), pruned)
                 }
+                s.pruneCandidates = []
                 for m in changed {
                     let old = s.tree.file(m.id)
                     s.tree.insert(m)
                     if old?.name != m.name { s.names[m.id] = nil }
                     if old?.sealedAttributes != m.sealedAttributes { s.attrs[m.id] = nil }
                 }
+                for id in pruned {
+                    s.tree.remove(id)
+                    s.names[id] = nil; s.attrs[id] = nil; s.versions[id] = nil
+                }
                 s.lastSeq = lastSeq
                 return result
               } catch {
+                s.pruneCandidates = []
                 // Operations fill the name and attribute caches as they go; a refused batch may
                 // have left entries for changes that never happened, so start those caches over.
                 s.names.removeAll(keepingCapacity: true)
@@ -374,6 +390,10 @@ public final class Vault: Sendable {
 
 /// Everything a vault caches about the tree, guarded by one lock.
 package struct VaultState: Sendable {
+    /// Error messages describe files by path; they are built from a copy of the tree alone (the
+    /// caches are rebuilt on demand), so operations never copy the caches just in case.
+    init(tree: FileTree = FileTree()) { self.tree = tree }
+
     var tree = FileTree()
     var keys: [FileID: SymmetricKey] = [:]
     var names: [FileID: String] = [:]
@@ -383,4 +403,6 @@ package struct VaultState: Sendable {
     var lastSeq: Int64 = 0
     /// Ids other processes changed, noticed while committing; `refresh` hands them out.
     var externalChanges: Set<FileID> = []
+    /// Files a `remove` may prune within its own commit (itself and its subtree).
+    var pruneCandidates: Set<FileID> = []
 }

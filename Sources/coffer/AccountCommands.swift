@@ -119,6 +119,7 @@ func removeNewStore(_ dir: String) {
 struct Sync: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Sync with the server: pull, push, merge.")
     @OptionGroup var store: StoreOptions
+    @Flag(help: "Also print the bytes and requests exchanged with the server.") var stats = false
 
     func run() throws {
         try guarded {
@@ -126,6 +127,10 @@ struct Sync: ParsableCommand {
             let engine = try SyncEngine.forStore(vault)
             let report = try runBlocking { try await engine.sync() }
             print("synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed \(report.pushedRecords) records (\(report.pushedChunks) chunks)")
+            if stats {
+                let t = engine.traffic
+                print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")
+            }
         }
     }
 }
