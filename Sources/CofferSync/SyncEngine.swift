@@ -100,8 +100,9 @@ public final class SyncEngine: Sendable {
         guard !byID.isEmpty || since != cursor else { return }
         let files = Array(byID.values)
         try vault.verifyRemote(files)
-        // Content before the metadata that names it.
-        for need in try vault.contentNeeds(files) {
+        // Content before the metadata that names it; several documents in flight at once.
+        let needs = try vault.contentNeeds(files)
+        let fetched = try await forEachConcurrently(needs) { [vault, client] need -> Int in
             let sealed = try await client.getManifest(fileID: need.fileID, digest: need.digest)
             let manifest = try vault.openRemoteManifest(need, sealed: sealed)
             let missing = try vault.missingChunks(manifest.chunks.map(\.id))
@@ -117,8 +118,9 @@ public final class SyncEngine: Sendable {
                 start += batch.count
             }
             try vault.storeRemoteContent(need, manifest: manifest, sealedManifest: sealed, chunks: chunks)
-            report.fetchedChunks += chunks.count
+            return chunks.count
         }
+        report.fetchedChunks += fetched.reduce(0, +)
         let changed = try vault.applyPull(files, cursor: since)
         report.pulled += files.count
         report.changed.formUnion(changed)
@@ -144,14 +146,16 @@ public final class SyncEngine: Sendable {
             missing += try await client.missingChunks(batch)
             start += batch.count
         }
-        for id in missing {
+        _ = try await forEachConcurrently(missing) { [vault, client] id -> Int in
             guard let sealed = try vault.sealedChunk(id) else { throw SyncError.protocolError("a local chunk vanished during sync") }
             try await client.putChunk(id: id, sealed: sealed)
-            report.pushedChunks += 1
+            return 1
         }
-        for u in uploads {
+        report.pushedChunks += missing.count
+        _ = try await forEachConcurrently(uploads) { [client] u -> Int in
             try await client.putManifest(PutManifestRequest(fileID: Data(u.fileID.bytes), digest: Data(u.digest),
                                                             sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) }))
+            return 1
         }
     }
 
@@ -188,6 +192,30 @@ public final class SyncEngine: Sendable {
             report.pushedRecords += records.count
             report.changed.formUnion(changed)
         }
+    }
+}
+
+/// Runs `body` over `items` with at most `width` calls in flight; results in no particular order.
+/// Requests to the server are mostly waiting, so a few at once hide the round trips.
+func forEachConcurrently<T: Sendable, R: Sendable>(_ items: [T], width: Int = 8,
+                                                   _ body: @escaping @Sendable (T) async throws -> R) async throws -> [R] {
+    try await withThrowingTaskGroup(of: R.self) { group in
+        var results: [R] = []
+        var next = 0
+        while next < items.count && next < width {
+            let item = items[next]
+            group.addTask { try await body(item) }
+            next += 1
+        }
+        while let r = try await group.next() {
+            results.append(r)
+            if next < items.count {
+                let item = items[next]
+                group.addTask { try await body(item) }
+                next += 1
+            }
+        }
+        return results
     }
 }
 
