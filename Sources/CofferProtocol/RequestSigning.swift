@@ -1,4 +1,5 @@
 import CofferCrypto
+import CofferModel
 import Foundation
 
 /// Request authentication: every request carries the account's public key, a timestamp, a random
@@ -30,27 +31,7 @@ public enum RequestSigning {
         account.verify(signature: signature, message: canonical(method: method, path: path, body: body, timestamp: timestamp, nonce: nonce))
     }
 
-    public static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 0xf)]) }
-        return String(decoding: out, as: UTF8.self)
-    }
+    public static func hex(_ bytes: [UInt8]) -> String { hexString(bytes) }
 
-    public static func unhex(_ s: String) -> [UInt8]? {
-        var out: [UInt8] = []
-        var hi: UInt8?
-        for c in s.utf8 {
-            let v: UInt8
-            switch c {
-            case 48...57: v = c - 48
-            case 97...102: v = c - 87
-            case 65...70: v = c - 55
-            default: return nil
-            }
-            if let h = hi { out.append(h << 4 | v); hi = nil } else { hi = v }
-        }
-        return hi == nil ? out : nil
-    }
+    public static func unhex(_ s: String) -> [UInt8]? { bytesFromHex(s) }
 }

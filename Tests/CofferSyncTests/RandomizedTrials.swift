@@ -9,18 +9,7 @@ import Testing
 /// store's fsck is clean and nothing is pending. COFFER_TRIALS sets the number of seeds,
 /// COFFER_TRIAL_SEED runs one.
 @Suite(.serialized) struct RandomizedTrials {
-    struct RNG {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-        mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
-        mutating func pick<T>(_ xs: [T]) -> T { xs[int(xs.count)] }
-    }
+    typealias RNG = SplitMix
 
     static let names = ["a", "b", "c.txt", "d.txt", "e.bin"]
 
@@ -64,7 +53,7 @@ import Testing
     }
 
     func trial(seed: UInt64, server: ServerProcess) async throws {
-        var rng = RNG(state: seed)
+        var rng = RNG(seed: seed)
         let w = try await SyncWorld(devices: 3, server: server)
         for _ in 0..<(20 + rng.int(20)) {
             let d = w.devices[rng.int(3)]

@@ -201,3 +201,18 @@ public func eventually(timeout: Double = 5, interval: Double = 0.05, _ condition
     }
     return condition()
 }
+
+/// SplitMix64: a small, fast, seedable generator, so every randomized test is reproducible.
+public struct SplitMix: Sendable {
+    public var state: UInt64
+    public init(seed: UInt64) { state = seed }
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+    public mutating func int(_ n: Int) -> Int { Int(next() % UInt64(n)) }
+    public mutating func pick<T>(_ xs: [T]) -> T { xs[int(xs.count)] }
+}
