@@ -101,7 +101,7 @@ import Testing
         let server = try ServerProcess(dataDirectory: tmp.sub("server"))
         let seeds: [UInt64]
         if let one = env["COFFER_TRIAL_SEED"].flatMap(UInt64.init) { seeds = [one] } else {
-            let count = env["COFFER_TRIALS"].flatMap(Int.init) ?? 150
+            let count = env["COFFER_TRIALS"].flatMap(Int.init) ?? 200
             seeds = (1...UInt64(count)).map { $0 &* 7919 }
         }
         for (i, seed) in seeds.enumerated() {
