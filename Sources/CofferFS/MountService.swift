@@ -32,8 +32,15 @@ public struct MountError: Error, CustomStringConvertible {
 public enum MountService {
     /// The mount point must be an existing, empty folder. A mount left behind by a killed daemon
     /// ("Transport endpoint is not connected") is lazily unmounted first.
-    public static func prepareMountPoint(_ path: String, log: (String) -> Void) throws {
+    /// `leftByThisStore`: the store's own record says its last daemon served `path` (and that
+    /// daemon is gone, since the caller holds the mount lock), so a mount there is stale even if
+    /// the kernel still answers stat from its cache.
+    public static func prepareMountPoint(_ path: String, leftByThisStore: Bool = false, log: (String) -> Void) throws {
         var st = stat()
+        if leftByThisStore && isMounted(path) {
+            log("cleaning up a stale mount at \(path) (left by this store's previous daemon)")
+            _ = runQuietly("/bin/fusermount3", ["-u", "-z", path])
+        }
         if stat(path, &st) != 0 {
             if errno == ENOTCONN || isMounted(path) {
                 log("cleaning up a stale mount at \(path)")

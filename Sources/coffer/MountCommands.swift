@@ -39,7 +39,8 @@ struct Mount: ParsableCommand {
         pthread_sigmask(SIG_UNBLOCK, &termination, nil)
         let logger = FileLogger(path: dataDir + "/coffer.log")
         let lock = try MountLock(directory: dataDir)
-        try MountService.prepareMountPoint(mountPoint) { logger.log($0) }
+        let previous = MountLock.recorded(in: dataDir)
+        try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) { logger.log($0) }
         let vault = try Vault.open(dataDirectory: dataDir)
         // Reclaim what interrupted writes left, while no other process has the store open.
         if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests") }
