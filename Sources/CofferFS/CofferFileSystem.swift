@@ -175,7 +175,7 @@ final class InodeTable: Sendable {
 
     func fileID(_ ino: InodeNumber) -> FileID? {
         if let id = state.withLock({ $0.byInode[ino] }) { return id }
-        guard let id = try? vault.store.read({ r in try r.allInodes().first(where: { $0.0 == ino })?.1 }) else { return nil }
+        guard let id = try? vault.store.read({ try $0.fileID(ofInode: ino) }) else { return nil }
         state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
         return id
     }

@@ -22,6 +22,11 @@ public struct FileID: Hashable, Comparable, Sendable, CustomStringConvertible {
         self.bytes = b
     }
 
+    /// All zeros: never a real file (real ids are random v4 UUIDs).
+    public static let none = FileID(uncheckedBytes: [UInt8](repeating: 0, count: 16))
+
+    init(uncheckedBytes: [UInt8]) { self.bytes = uncheckedBytes }
+
     public static func < (a: FileID, b: FileID) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
 
     public var description: String {

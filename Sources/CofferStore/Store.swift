@@ -208,6 +208,11 @@ public struct StoreReader {
         try Int64.fetchOne(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]).map { UInt64($0) }
     }
 
+    public func fileID(ofInode ino: UInt64) throws -> FileID? {
+        try Data.fetchOne(db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)])
+            .flatMap { try? FileID(bytes: [UInt8]($0)) }
+    }
+
     public func allInodes() throws -> [(UInt64, FileID)] {
         try Row.fetchAll(db.cachedStatement(sql: "SELECT ino, file_id FROM inodes")).compactMap { row in
             let ino: Int64 = row["ino"]

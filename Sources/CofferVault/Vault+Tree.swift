@@ -25,7 +25,7 @@ public struct AttributeChanges: Sendable {
 
 extension Vault {
     public var rootID: FileID {
-        state.withLock { $0.tree.rootID } ?? (try! FileID(bytes: [UInt8](repeating: 0, count: 16)))
+        state.withLock { $0.tree.rootID } ?? .none
     }
 
     public func node(_ id: FileID) throws -> Node {

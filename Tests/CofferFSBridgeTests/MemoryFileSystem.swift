@@ -391,6 +391,11 @@ final class MemoryFileSystem: FileSystemOperations {
         state.withLock { _ = $0.directorySnapshots.removeValue(forKey: handle) }
     }
 
+    /// This toy filesystem does not preallocate.
+    func fallocate(inode: InodeNumber, handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+        throw FSError.notSupported
+    }
+
     func statfs(inode: InodeNumber) throws -> FileSystemStatistics {
         let files = state.withLock { UInt64($0.nodes.count) }
         return FileSystemStatistics(

@@ -201,82 +201,18 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func removexattr(inode: InodeNumber, name: String) throws
 }
 
-/// Defaults: `ENOSYS` for what changes the tree or data, success for the
-/// bookkeeping calls whose absence the kernel would otherwise treat the same
-/// way, so a read-only or minimal filesystem only implements what it needs.
+/// Defaults only for bookkeeping calls whose absence the kernel treats the same way (no
+/// state to set up, nothing buffered to flush, no per-handle directory state). Every operation
+/// that reads or changes the tree or data is a requirement: a filesystem decides its own answer
+/// (including "not offered") instead of inheriting ENOSYS by accident.
 extension FileSystemOperations {
     public func initialize(connection: ConnectionInfo) {}
     public func destroy() {}
     public func forget(inode: InodeNumber, lookups: UInt64) {}
-
-    public func setattr(
-        inode: InodeNumber, changes: AttributeChanges, handle: UInt64?, context: RequestContext
-    ) throws -> Attributes { throw FSError.notImplemented }
-
-    public func readlink(inode: InodeNumber) throws -> String { throw FSError.notImplemented }
-
-    public func mknod(
-        parent: InodeNumber, name: String, mode: UInt32, device: UInt64, context: RequestContext
-    ) throws -> Entry { throw FSError.notImplemented }
-
-    public func mkdir(
-        parent: InodeNumber, name: String, mode: UInt32, context: RequestContext
-    ) throws -> Entry { throw FSError.notImplemented }
-
-    public func unlink(parent: InodeNumber, name: String) throws { throw FSError.notImplemented }
-    public func rmdir(parent: InodeNumber, name: String) throws { throw FSError.notImplemented }
-
-    public func symlink(
-        target: String, parent: InodeNumber, name: String, context: RequestContext
-    ) throws -> Entry { throw FSError.notImplemented }
-
-    public func rename(
-        parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, flags: RenameFlags
-    ) throws { throw FSError.notImplemented }
-
-    public func link(inode: InodeNumber, newParent: InodeNumber, newName: String) throws -> Entry {
-        throw FSError.notImplemented
-    }
-
-    public func open(inode: InodeNumber, flags: Int32, context: RequestContext) throws -> OpenReply {
-        OpenReply()
-    }
-
-    public func read(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) throws -> [UInt8] {
-        throw FSError.notImplemented
-    }
-
-    public func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
-        throw FSError.notImplemented
-    }
-
     public func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {}
     public func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws {}
     public func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
-
-    public func create(
-        parent: InodeNumber, name: String, mode: UInt32, flags: Int32, context: RequestContext
-    ) throws -> (Entry, OpenReply) { throw FSError.notImplemented }
-
-    public func fallocate(
-        inode: InodeNumber, handle: UInt64, mode: Int32, offset: Int64, length: Int64
-    ) throws { throw FSError.notSupported }
-
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}
     public func fsyncdir(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
-
-    public func statfs(inode: InodeNumber) throws -> FileSystemStatistics { FileSystemStatistics() }
-
-    public func setxattr(inode: InodeNumber, name: String, value: [UInt8], flags: XattrFlags) throws {
-        throw FSError.notImplemented
-    }
-
-    public func getxattr(inode: InodeNumber, name: String) throws -> [UInt8] {
-        throw FSError.notImplemented
-    }
-
-    public func listxattr(inode: InodeNumber) throws -> [String] { throw FSError.notImplemented }
-
-    public func removexattr(inode: InodeNumber, name: String) throws { throw FSError.notImplemented }
 }

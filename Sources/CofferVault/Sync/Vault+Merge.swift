@@ -306,9 +306,7 @@ struct PullMerge {
         view.insert(m)
         let name = try nameOf(m, &s, remote)
         let parent = view.isLive(m.parent) ? m.parent : (view.rootID ?? m.parent)
-        var copy = l
-        copy.contentDigest = l.contentDigest
-        try recreate(from: copy, name: name, in: parent, &s, remote)
+        try recreate(from: l, name: name, in: parent, &s, remote)
     }
 
     /// The plaintext name of a record as it stands in the merged view.
