@@ -25,7 +25,8 @@ public final class ServerProcess: @unchecked Sendable {
     public func start(extraArguments: [String] = []) throws {
         signal(SIGPIPE, SIG_IGN)
         var outPipe: [Int32] = [0, 0]
-        pipe(&outPipe)
+        spawnLock.lock() // until the child exists: see spawn(), no leaks into other tests' children
+        makeCloseOnExecPipe(&outPipe)
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
@@ -43,6 +44,7 @@ public final class ServerProcess: @unchecked Sendable {
         for p in argv { free(p) }
         for p in envp { free(p) }
         close(outPipe[1])
+        spawnLock.unlock()
         guard rc == 0 else { close(outPipe[0]); throw TestFailure("cannot start \(binary): \(rc)") }
         pid = child
         outFD = outPipe[0]

@@ -124,7 +124,11 @@ public func spawn(_ executable: String, _ arguments: [String], environment: [Str
         return spawn("/bin/sh", ["-c", "cd \"$0\" && exec \"$@\"", cwd, executable] + arguments, environment: environment)
     }
     var inPipe: [Int32] = [0, 0], outPipe: [Int32] = [0, 0], errPipe: [Int32] = [0, 0]
-    pipe(&inPipe); pipe(&outPipe); pipe(&errPipe)
+    // Close-on-exec: tests spawn in parallel, and a pipe end leaked into another test's child
+    // (a mount daemon lives on) would keep this child's output open forever.
+    spawnLock.lock()
+    defer { spawnLock.unlock() }
+    makeCloseOnExecPipe(&inPipe); makeCloseOnExecPipe(&outPipe); makeCloseOnExecPipe(&errPipe)
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     posix_spawn_file_actions_adddup2(&actions, inPipe[0], 0)
@@ -143,6 +147,15 @@ public func spawn(_ executable: String, _ arguments: [String], environment: [Str
     close(inPipe[0]); close(outPipe[1]); close(errPipe[1])
     if rc != 0 { pid = -1 }
     return Child(pid: pid, stdinFD: inPipe[1], outFD: outPipe[0], errFD: errPipe[0])
+}
+
+/// Held from creating a child's pipes until it is spawned, so no other test's spawn in between
+/// can inherit them (pipe2 with O_CLOEXEC is not importable from Swift here).
+public let spawnLock = NSLock()
+
+public func makeCloseOnExecPipe(_ fds: inout [Int32]) {
+    pipe(&fds)
+    for fd in fds { _ = fcntl(fd, F_SETFD, FD_CLOEXEC) }
 }
 
 /// Runs `coffer` against a data directory.
