@@ -1,4 +1,5 @@
 import CZstd
+import Synchronization
 
 /// zstd before sealing. A chunk whose compressed form is not smaller is stored raw, so random or
 /// already-compressed data costs one flag byte instead of a failed compression's overhead.
@@ -12,7 +13,7 @@ enum Compression {
         var out = [UInt8](repeating: 0, count: bound + 1)
         let written = out.withUnsafeMutableBytes { o -> Int in
             guard let dst = o.baseAddress?.advanced(by: 1) else { return 0 }
-            let n = ZSTD_compress(dst, bound, plaintext.baseAddress, plaintext.count, level)
+            let n = ContextPool.compression.with { ZSTD_compressCCtx($0, dst, bound, plaintext.baseAddress, plaintext.count, level) }
             return ZSTD_isError(n) != 0 ? 0 : n
         }
         if written > 0 && written < plaintext.count {
@@ -33,7 +34,9 @@ enum Compression {
             var out = [UInt8](repeating: 0, count: expectedLength)
             let n = packed.withUnsafeBytes { p in
                 out.withUnsafeMutableBytes { o in
-                    ZSTD_decompress(o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
+                    ContextPool.decompression.with {
+                        ZSTD_decompressDCtx($0, o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
+                    }
                 }
             }
             guard ZSTD_isError(n) == 0, n == expectedLength else { throw ContentError.corrupt("chunk does not decompress") }
@@ -41,6 +44,37 @@ enum Compression {
         default:
             throw ContentError.corrupt("unknown chunk encoding \(flag)")
         }
+    }
+}
+
+/// Reusable zstd contexts. `ZSTD_compress` and `ZSTD_decompress` build and free a context on
+/// every call, which costs more than compressing a small file; a few kept contexts (one per
+/// thread working at once) avoid that.
+final class ContextPool: Sendable {
+    private let free = Mutex<[UInt]>([])
+    private let make: @Sendable () -> OpaquePointer?
+    private let release: @Sendable (OpaquePointer) -> Void
+
+    init(make: @escaping @Sendable () -> OpaquePointer?, release: @escaping @Sendable (OpaquePointer) -> Void) {
+        self.make = make
+        self.release = release
+    }
+
+    static let compression = ContextPool(make: { ZSTD_createCCtx() }, release: { ZSTD_freeCCtx($0) })
+    static let decompression = ContextPool(make: { ZSTD_createDCtx() }, release: { ZSTD_freeDCtx($0) })
+
+    /// Runs `body` with a context of its own; a failed allocation reports a zstd error value.
+    func with(_ body: (OpaquePointer) -> Int) -> Int {
+        let taken = free.withLock { $0.popLast() }.flatMap { OpaquePointer(bitPattern: $0) } ?? make()
+        guard let context = taken else { return -1 }
+        let result = body(context)
+        let kept = free.withLock { f -> Bool in
+            guard f.count < 16 else { return false }
+            f.append(UInt(bitPattern: context))
+            return true
+        }
+        if !kept { release(context) }
+        return result
     }
 }
 

@@ -52,8 +52,21 @@ public final class CofferFileSystem: FileSystemOperations {
         }
     }
 
+    /// Per-operation CPU accounting, on when `COFFER_FS_STATS` is set (written to the log at
+    /// unmount): where the daemon's time goes, without a profiler.
+    let stats: OperationStats? = getenv("COFFER_FS_STATS") != nil ? OperationStats() : nil
+
     /// Runs an operation body, translating errors.
-    func op<T>(_ body: () throws -> T) throws -> T {
+    func op<T>(_ name: StaticString = #function, _ body: () throws -> T) throws -> T {
+        if let stats {
+            let start = OperationStats.threadCPU()
+            defer { stats.add(name, OperationStats.threadCPU() - start) }
+            return try translatingErrors(body)
+        }
+        return try translatingErrors(body)
+    }
+
+    private func translatingErrors<T>(_ body: () throws -> T) throws -> T {
         do { return try body() } catch {
             let e = Self.fsError(error)
             if e.errno == EIO { log("EIO: \(error)") }
@@ -108,6 +121,7 @@ public final class CofferFileSystem: FileSystemOperations {
     public func destroy() {
         beforeDestroy?()
         flushEverything()
+        if let stats { log(stats.report()) }
         log("unmounted")
     }
 
@@ -210,4 +224,34 @@ final class InodeTable: Sendable {
     func knownName(_ ino: InodeNumber) -> (FileID, String)? { state.withLock { $0.names[ino] } }
 
     var referencedInodes: Int { state.withLock { $0.lookups.count } }
+}
+
+/// CPU time spent per filesystem operation (thread CPU time, so waiting is not counted).
+final class OperationStats: Sendable {
+    private let table = Mutex<[String: (count: Int, nanoseconds: Int64)]>([:])
+
+    func add(_ name: StaticString, _ nanoseconds: Int64) {
+        let key = name.description
+        table.withLock { t in
+            let old = t[key] ?? (0, 0)
+            t[key] = (old.count + 1, old.nanoseconds + nanoseconds)
+        }
+    }
+
+    func report() -> String {
+        let rows = table.withLock { $0 }.sorted { $0.value.nanoseconds > $1.value.nanoseconds }
+        let total = rows.reduce(Int64(0)) { $0 + $1.value.nanoseconds }
+        var out = "operation CPU (total \(total / 1_000_000) ms):"
+        for (name, v) in rows {
+            let op = name.split(separator: "(").first.map(String.init) ?? name
+            out += "\n  \(op): \(v.count) calls, \(v.nanoseconds / 1_000_000) ms, \(v.nanoseconds / Int64(max(1, v.count)) / 1000) µs each"
+        }
+        return out
+    }
+
+    static func threadCPU() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+        return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
+    }
 }

@@ -109,6 +109,10 @@ public enum MountService {
             watcher.stop()
         }
         watcher.start()
+        // Many small operations (untar, git) share SQLite commits; fsync and unmount still make
+        // everything durable first (see Store.enableGroupCommit).
+        vault.store.enableGroupCommit()
+        defer { try? vault.store.disableGroupCommit() }
         log("serving \(vault.dataDirectory) at \(mountPoint) with options \(mountOptions.joined(separator: ","))")
         defer { watcher.stop() }
         do {

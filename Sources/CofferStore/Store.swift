@@ -1,6 +1,7 @@
 import CofferModel
 import Foundation
 import GRDB
+import Synchronization
 
 /// Which copy of the tree a record belongs to: `base` is what the device and server last agreed
 /// on; `local` holds only records changed on this device since (copy-on-write over base).
@@ -47,6 +48,7 @@ public final class Store: Sendable {
     public let directory: String
     public let databasePath: String
     let pool: DatabasePool
+    let group = GroupCommit()
 
     public init(directory: String) throws {
         self.directory = directory
@@ -55,6 +57,8 @@ public final class Store: Sendable {
         databasePath = directory + "/coffer.sqlite"
         var config = Configuration()
         config.busyMode = .timeout(30)
+        // Group commit (see `GroupCommit`) leaves the writer's transaction open between calls.
+        config.allowsUnsafeTransactions = true
         config.prepareDatabase { db in
             // Commits are atomic either way; NORMAL skips the fsync per commit, and `makeDurable`
             // syncs explicitly when a caller (fsync, the CLI) needs durability.
@@ -106,19 +110,111 @@ public final class Store: Sendable {
         return m
     }
 
-    /// Runs `body` in one read transaction (a consistent snapshot).
+    /// Runs `body` in one read transaction (a consistent snapshot). While a group transaction
+    /// of this process is open, the read runs on the writer's connection, so it sees everything
+    /// this process has written.
     public func read<T>(_ body: (StoreReader) throws -> T) throws -> T {
-        try pool.read { db in try body(StoreReader(db: db)) }
+        if group.isOpen {
+            return try pool.writeWithoutTransaction { db in try body(StoreReader(db: db)) }
+        }
+        return try pool.read { db in try body(StoreReader(db: db)) }
     }
 
-    /// Runs `body` in one immediate write transaction: all of it lands, or none of it.
+    /// Runs `body` atomically: all of it lands, or none of it. Without group commit that is one
+    /// immediate transaction. With group commit, it is a savepoint inside the open group
+    /// transaction, committed together with its neighbours at most `window` later.
     public func write<T>(_ body: (StoreWriter) throws -> T) throws -> T {
-        try pool.write { db in try body(StoreWriter(db: db)) }
+        try pool.writeWithoutTransaction { db in
+            guard let window = group.window else {
+                var result: T?
+                try db.inTransaction(.immediate) {
+                    result = try body(StoreWriter(db: db))
+                    return .commit
+                }
+                guard let result else { throw StoreError("a write transaction produced no result") }
+                return result
+            }
+            if !db.isInsideTransaction {
+                try db.beginTransaction(.immediate)
+                group.opened()
+            }
+            // A savepoint makes this call atomic within the group. Its statements are prepared
+            // once (GRDB's inSavepoint parses them on every call, a quarter of a small write).
+            try db.cachedStatement(sql: "SAVEPOINT coffer_write").execute()
+            let result: T
+            do {
+                result = try body(StoreWriter(db: db))
+            } catch {
+                try? db.cachedStatement(sql: "ROLLBACK TO SAVEPOINT coffer_write").execute()
+                try? db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
+                throw error
+            }
+            try db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
+            if group.age >= window { try commitGroup(db) }
+            return result
+        }
     }
 
-    /// Makes every committed transaction durable on the device (what fsync promises).
+    /// Commits the open group transaction, if any. On failure everything since the group began
+    /// is rolled back, and `takeLostGroup` tells the owner to reload what it holds in memory.
+    private func commitGroup(_ db: Database) throws {
+        guard db.isInsideTransaction else { group.closed(); return }
+        do {
+            try db.commit()
+            group.closed()
+        } catch {
+            try? db.rollback()
+            group.closed(lost: true)
+            throw error
+        }
+    }
+
+    /// Turns group commit on: write transactions stay open for up to `window` seconds and every
+    /// write in that time shares one commit. For a long-running writer with many small
+    /// operations (the mount daemon); others keep one commit per `write`. Durability is
+    /// unchanged: `makeDurable` commits the group first. A crash loses at most the last
+    /// `window` of writes nobody asked to be durable, and never part of one `write`.
+    /// While a group is open, other processes wait (SQLite's busy timeout) to write.
+    public func enableGroupCommit(window: Double = 0.05) {
+        guard group.window == nil else { return }
+        group.enable(window: window)
+        let thread = Thread { [self] in
+            // Closes a group nobody added to for `window`: the last writes of a burst must not
+            // wait for the next burst to become visible to other processes.
+            while let w = group.window {
+                Thread.sleep(forTimeInterval: w / 2)
+                guard group.isOpen, group.age >= w else { continue }
+                try? pool.writeWithoutTransaction { db in if group.age >= w { try commitGroup(db) } }
+            }
+        }
+        thread.name = "coffer-group-commit"
+        thread.start()
+    }
+
+    /// Commits the open group and returns to one commit per `write`.
+    public func disableGroupCommit() throws {
+        guard group.window != nil else { return }
+        try pool.writeWithoutTransaction { db in
+            group.disable()
+            try commitGroup(db)
+        }
+    }
+
+    /// Commits the open group transaction now (so other processes see it).
+    public func commitPendingWrites() throws {
+        guard group.isOpen else { return }
+        try pool.writeWithoutTransaction { db in try commitGroup(db) }
+    }
+
+    /// True once after a group transaction failed to commit (its writes are gone); the owner
+    /// must then reload its in-memory view from the store.
+    public func takeLostGroup() -> Bool { group.takeLost() }
+
+    /// Makes every committed transaction durable on the device (what fsync promises), after
+    /// committing the open group.
     public func makeDurable() throws {
         try pool.writeWithoutTransaction { db in
+            try commitGroup(db)
             try db.execute(sql: "PRAGMA synchronous = FULL")
             defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
             try db.inTransaction {
@@ -133,22 +229,73 @@ public final class Store: Sendable {
     /// callers guarantee with the store's exclusive lock.
     @discardableResult
     public func collectGarbage() throws -> (manifests: Int, chunks: Int) {
-        try pool.write { db in
-            try db.execute(sql: """
-                DELETE FROM manifests WHERE digest NOT IN (
-                    SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
-                    UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
-                """)
-            let m = db.changesCount
-            try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
-            try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
-            let c = db.changesCount
-            return (m, c)
+        try pool.writeWithoutTransaction { db in
+            try commitGroup(db)
+            var result = (manifests: 0, chunks: 0)
+            try db.inTransaction(.immediate) {
+                try db.execute(sql: """
+                    DELETE FROM manifests WHERE digest NOT IN (
+                        SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
+                        UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
+                    """)
+                result.manifests = db.changesCount
+                try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
+                try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
+                result.chunks = db.changesCount
+                return .commit
+            }
+            return result
         }
     }
 
     public func vacuum() throws {
-        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)") }
+        try pool.writeWithoutTransaction { db in
+            try commitGroup(db)
+            try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+        }
+    }
+}
+
+/// The state of group commit: whether it is on, and since when the writer's transaction is open.
+/// Shared by the writer queue and the thread that closes idle groups.
+final class GroupCommit: Sendable {
+    private struct State {
+        var window: Double?
+        var openedAt: Double?
+        var lost = false
+    }
+    private let state = Mutex(State())
+    private let open = Atomic<Bool>(false)
+
+    var window: Double? { state.withLock { $0.window } }
+    var isOpen: Bool { open.load(ordering: .acquiring) }
+    /// Seconds since the open group began (0 if none).
+    var age: Double { state.withLock { s in s.openedAt.map { Self.now() - $0 } ?? 0 } }
+
+    func enable(window: Double) { state.withLock { $0.window = window } }
+    func disable() { state.withLock { $0.window = nil } }
+    func opened() {
+        state.withLock { $0.openedAt = Self.now() }
+        open.store(true, ordering: .releasing)
+    }
+    func closed(lost: Bool = false) {
+        state.withLock { s in
+            s.openedAt = nil
+            if lost { s.lost = true }
+        }
+        open.store(false, ordering: .releasing)
+    }
+    func takeLost() -> Bool {
+        state.withLock { s in
+            defer { s.lost = false }
+            return s.lost
+        }
+    }
+
+    static func now() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 }
 

@@ -38,7 +38,12 @@ public final class OpenDocument: Sendable {
         var modified = false
         var cache: (index: Int, plaintext: [UInt8])?
         var digest: [UInt8]?
+        /// Set when a failed group commit took chunks this handle's buffers refer to: every
+        /// later read, write or flush fails (EIO) instead of committing a manifest with holes.
+        var poisoned = false
     }
+
+    func poison() { state.withLock { $0.poisoned = true } }
 
     init(id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?) {
         self.id = id
@@ -62,6 +67,7 @@ public final class OpenDocument: Sendable {
     /// Reads up to `count` bytes at `offset`; fewer at the end of the file.
     public func read(offset: UInt64, count: Int) throws -> [UInt8] {
         try state.withLock { s in
+            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             guard offset < s.size, count > 0 else { return [] }
             let end = min(s.size, offset + UInt64(count))
             var out: [UInt8] = []
@@ -96,7 +102,7 @@ public final class OpenDocument: Sendable {
         guard let sealed = try vault.store.read({ try $0.chunk(ref.id) }) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }
-        let plain = try cipher.openChunk(sealed, ref: ref)
+        let plain = try cipher.openChunk(sealed, ref: ref, verifyingID: false)
         s.cache = (index, plain)
         return fitted(plain, expected)
     }
@@ -113,6 +119,7 @@ public final class OpenDocument: Sendable {
     public func write(offset: UInt64, bytes: UnsafeRawBufferPointer) throws {
         guard bytes.count > 0 else { return }
         try state.withLock { s in
+            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             let end = offset + UInt64(bytes.count)
             if end > s.size { s.size = end }
             var pos = offset
@@ -153,6 +160,7 @@ public final class OpenDocument: Sendable {
     /// Sets the size (truncate up or down).
     public func truncate(to newSize: UInt64) throws {
         try state.withLock { s in
+            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             guard newSize != s.size else { return }
             if newSize < s.size {
                 let keep = Int((newSize + UInt64(s.chunkSize) - 1) / UInt64(s.chunkSize))
@@ -207,6 +215,7 @@ public final class OpenDocument: Sendable {
     /// it is on the device's disk (fsync).
     public func flush(durable: Bool = false) throws {
         try state.withLock { s in
+            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             if s.modified {
                 try commit(&s)
             }
@@ -238,17 +247,17 @@ public final class OpenDocument: Sendable {
             let plain = try plaintext(index, &s)
             let id = plain.withUnsafeBytes { cipher.chunkID($0) }
             if let known = sealedByID[id] { refs.append(known); continue } // e.g. zero-filled gaps
-            let (ref, sealed) = cipher.sealChunk(plain)
+            let (ref, sealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: id) }
             sealedByID[id] = ref
             pending[ref.id] = sealed
             pendingBytes += sealed.count
             refs.append(ref)
             if pendingBytes > 16 << 20 { try store() }
         }
-        try store()
+        // What is left (all of a small file) goes in the same commit as the manifest.
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let mtime = pendingMtime ?? vault.now()
-        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime)
+        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, chunks: pending)
         s.refs = refs.map { Optional($0) }
         s.dirty = [:]
         s.dirtyBytes = 0

@@ -56,13 +56,16 @@ extension Vault {
     /// it, with new size and mtime, in one transaction. A document that was deleted meanwhile
     /// (unlinked while open) is not resurrected: its content is simply dropped. Returns the new
     /// digest, or nil if nothing was committed.
-    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec) throws -> [UInt8]? {
+    /// `chunks` (id → sealed) are stored in the same transaction, before the manifest.
+    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec,
+                       chunks: [[UInt8]: [UInt8]] = [:]) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
         let digest = ContentCipher.digest(ofSealedManifest: sealed)
         do {
             try commit { batch, s, w in
                 guard s.tree.isLive(id) else { return }
+                for (chunkID, sealedChunk) in chunks { try w.putChunk(id: chunkID, sealed: sealedChunk) }
                 try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)
                 a.size = manifest.size

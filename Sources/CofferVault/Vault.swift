@@ -166,6 +166,14 @@ public final class Vault: Sendable {
         SignedMetadata(metadata: m, signature: signing.sign(m.encoded()))
     }
 
+    /// A local edit as stored until it is pushed. Signatures are for what leaves the device:
+    /// `pendingRecords` signs each record on its way to the server. Signing every local commit
+    /// instead (a sixth of a small commit's cost) would protect nothing: anyone who can rewrite
+    /// the store can also read the account key beside it.
+    func unsigned(_ m: FileMetadata) -> SignedMetadata {
+        SignedMetadata(metadata: m, signature: [])
+    }
+
     func nextStamp(_ s: inout VaultState) -> HybridTimestamp {
         let t = now()
         let millis = UInt64(max(0, t.seconds)) * 1000 + UInt64(max(0, t.nanoseconds)) / 1_000_000
@@ -328,9 +336,17 @@ public final class Vault: Sendable {
         do {
             return try state.withLock { s in
               do {
+                if store.takeLostGroup() {
+                    // A group commit failed and took this vault's recent writes with it: what is
+                    // in memory is ahead of the store. Start over from the store.
+                    try reloadAll(&s)
+                    for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
+                }
                 let (result, changed, lastSeq, pruned) = try store.write { w -> (R, [FileMetadata], Int64, [FileID]) in
                     // Catch up with other writers inside this transaction: nobody can commit in between.
-                    let (ids, last) = try w.reader.changes(after: s.lastSeq)
+                    // Usually nobody did, and the cheap check spares reading the log.
+                    let latest = try w.reader.lastChange()
+                    let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
                     if !ids.isEmpty {
                         var recs: [FileID: StoredFile?] = [:]
                         for id in ids { recs[id] = try w.reader.current(id) }
@@ -354,7 +370,7 @@ public final class Vault: Sendable {
                             continue
                         }
                         let v = s.versions[m.id] ?? (0, 0)
-                        try w.put(StoredFile(signed: sign(m), version: v.0, contentVersion: v.1), .local)
+                        try w.put(StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local)
                     }
                     return (result, changed.filter { !pruned.contains($0.id) } , try w.reader.lastChange(), pruned)
                 }

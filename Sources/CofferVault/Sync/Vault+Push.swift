@@ -41,12 +41,15 @@ extension Vault {
         try store.read { try $0.chunk(id) }
     }
 
-    /// Every local record, with its base version's parent and name MAC as the precondition.
+    /// Every local record, signed (local edits are stored unsigned, see `unsigned`), with its
+    /// base version's parent and name MAC as the precondition.
     public func pendingRecords() throws -> [PendingRecord] {
         try store.read { r in
             try r.files(.local).map { local in
                 let base = try r.file(local.metadata.id, .base)
-                return PendingRecord(stored: local, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac)
+                var signed = local
+                if signed.signed.signature.isEmpty { signed.signed = sign(local.metadata) }
+                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac)
             }
         }
     }
@@ -64,7 +67,7 @@ extension Vault {
                     let digestChanged = base?.metadata.contentDigest != p.stored.metadata.contentDigest
                     let contentVersion = digestChanged ? version : (base?.contentVersion ?? version)
                     try w.put(StoredFile(signed: p.stored.signed, version: version, contentVersion: contentVersion), .base)
-                    if let current = try w.reader.file(id, .local), current.signed == p.stored.signed {
+                    if let current = try w.reader.file(id, .local), current.metadata == p.stored.metadata {
                         try w.remove(id, .local)
                     } else if var current = try w.reader.file(id, .local) {
                         current.version = version
