@@ -36,11 +36,29 @@ public final class OpenDocument: Sendable {
         var dirtyBytes = 0
         var size: UInt64
         var modified = false
-        var cache: (index: Int, plaintext: [UInt8])?
+        /// Recently opened chunks by chunk id. Ids name content, so an entry never goes stale;
+        /// a few entries let the kernel's parallel read-ahead requests share their chunks.
+        var cache = ChunkCache()
         var digest: [UInt8]?
         /// Set when a failed group commit took chunks this handle's buffers refer to: every
         /// later read, write or flush fails (EIO) instead of committing a manifest with holes.
         var poisoned = false
+    }
+
+    /// A small most-recently-used set of opened chunks.
+    struct ChunkCache {
+        static let capacity = 4 // 1 MiB of 256 KiB chunks per open document
+        private var entries: [(id: [UInt8], plaintext: [UInt8])] = []
+
+        subscript(id: [UInt8]) -> [UInt8]? {
+            entries.first(where: { $0.id == id })?.plaintext
+        }
+
+        mutating func insert(_ id: [UInt8], _ plaintext: [UInt8]) {
+            entries.removeAll { $0.id == id }
+            entries.append((id, plaintext))
+            if entries.count > Self.capacity { entries.removeFirst(entries.count - Self.capacity) }
+        }
     }
 
     func poison() { state.withLock { $0.poisoned = true } }
@@ -65,24 +83,67 @@ public final class OpenDocument: Sendable {
     // MARK: Reading
 
     /// Reads up to `count` bytes at `offset`; fewer at the end of the file.
+    ///
+    /// The lock is held only to plan the read: chunks still to be loaded are fetched, opened
+    /// and decompressed outside it, so parallel reads (the kernel's read-ahead) proceed side by
+    /// side instead of queueing behind one another's decryption.
     public func read(offset: UInt64, count: Int) throws -> [UInt8] {
+        var out: [UInt8] = []
+        var loads: [(ref: ChunkRef, at: Int, within: Int, take: Int)] = []
         try state.withLock { s in
             if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
-            guard offset < s.size, count > 0 else { return [] }
+            guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
-            var out: [UInt8] = []
-            out.reserveCapacity(Int(end - offset))
+            out = [UInt8](repeating: 0, count: Int(end - offset))
             var pos = offset
             while pos < end {
                 let index = Int(pos / UInt64(s.chunkSize))
-                let chunk = try plaintext(index, &s)
                 let within = Int(pos - UInt64(index) * UInt64(s.chunkSize))
-                let take = min(chunk.count - within, Int(end - pos))
-                guard take > 0 else { break }
-                out.append(contentsOf: chunk[within..<(within + take)])
+                let take = min(s.chunkSize - within, Int(end - pos))
+                let at = Int(pos - offset)
+                if let d = s.dirty[index] {
+                    copy(d, within, take, into: &out, at: at)
+                } else if index < s.refs.count, let ref = s.refs[index] {
+                    if let plain = s.cache[ref.id] {
+                        copy(plain, within, take, into: &out, at: at)
+                    } else {
+                        loads.append((ref, at, within, take))
+                    }
+                } // else a gap: zeros, already there
                 pos += UInt64(take)
             }
-            return out
+        }
+        guard !loads.isEmpty else { return out }
+        var opened: [[UInt8]: [UInt8]] = [:]
+        for load in loads where opened[load.ref.id] == nil {
+            guard let sealed = try vault.store.read({ try $0.chunk(load.ref.id) }) else {
+                throw ContentError.missingChunk(hexString(Array(load.ref.id.prefix(8))))
+            }
+            opened[load.ref.id] = try cipher.openChunk(sealed, ref: load.ref, verifyingID: false)
+        }
+        state.withLock { s in for (id, plain) in opened { s.cache.insert(id, plain) } }
+        for load in loads {
+            if let plain = opened[load.ref.id] { copy(plain, load.within, load.take, into: &out, at: load.at) }
+        }
+        return out
+    }
+
+    /// Copies `take` bytes of a chunk's plaintext from `within`; past the plaintext's end (a
+    /// chunk stored before a truncate up) the bytes stay zero.
+    private func copy(_ plain: [UInt8], _ within: Int, _ take: Int, into out: inout [UInt8], at: Int) {
+        let available = min(take, max(0, plain.count - within))
+        guard available > 0 else { return }
+        out.withUnsafeMutableBytes { dst in
+            plain.withUnsafeBytes { src in
+                guard let d = dst.baseAddress, let s = src.baseAddress else { return }
+                (d + at).copyMemory(from: s + within, byteCount: available)
+            }
+        }
+    }
+
+    static func checkSize(_ offset: UInt64, plus count: UInt64) throws {
+        guard offset <= Vault.maxDocumentSize, count <= Vault.maxDocumentSize - offset else {
+            throw VaultError.tooLarge("a document can hold at most \(Vault.maxDocumentSize >> 30) GiB")
         }
     }
 
@@ -97,13 +158,13 @@ public final class OpenDocument: Sendable {
     func plaintext(_ index: Int, _ s: inout DocumentState) throws -> [UInt8] {
         let expected = expectedLength(index, s)
         if let d = s.dirty[index] { return fitted(d, expected) }
-        if let c = s.cache, c.index == index { return fitted(c.plaintext, expected) }
+        if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(c, expected) }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
         guard let sealed = try vault.store.read({ try $0.chunk(ref.id) }) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }
         let plain = try cipher.openChunk(sealed, ref: ref, verifyingID: false)
-        s.cache = (index, plain)
+        s.cache.insert(ref.id, plain)
         return fitted(plain, expected)
     }
 
@@ -118,6 +179,7 @@ public final class OpenDocument: Sendable {
     /// Writes `bytes` at `offset`, extending the file (a gap reads as zeros).
     public func write(offset: UInt64, bytes: UnsafeRawBufferPointer) throws {
         guard bytes.count > 0 else { return }
+        try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
             if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             let end = offset + UInt64(bytes.count)
@@ -141,7 +203,6 @@ public final class OpenDocument: Sendable {
                 if let old = s.dirty[index] { s.dirtyBytes -= old.count }
                 s.dirty[index] = chunk
                 s.dirtyBytes += chunk.count
-                if s.cache?.index == index { s.cache = nil }
                 pos += UInt64(take)
                 consumed += take
             }
@@ -159,6 +220,7 @@ public final class OpenDocument: Sendable {
 
     /// Sets the size (truncate up or down).
     public func truncate(to newSize: UInt64) throws {
+        try Self.checkSize(newSize, plus: 0)
         try state.withLock { s in
             if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             guard newSize != s.size else { return }
@@ -174,7 +236,6 @@ public final class OpenDocument: Sendable {
                     s.dirtyBytes -= s.dirty[k]?.count ?? 0
                     s.dirty[k] = nil
                 }
-                s.cache = nil
                 s.size = newSize
                 if let lastPlain {
                     let cut = fitted(lastPlain, expectedLength(lastIndex, s))
@@ -194,12 +255,10 @@ public final class OpenDocument: Sendable {
     /// Seals and stores buffered chunks (all but a partly filled last one), keeping only ids.
     func spill(_ s: inout DocumentState) throws {
         let last = s.size == 0 ? -1 : Int((s.size - 1) / UInt64(s.chunkSize))
-        var batch: [(Int, ChunkRef, [UInt8])] = []
-        for (index, plain) in s.dirty where !(index == last && plain.count < s.chunkSize) {
-            let (ref, sealed) = cipher.sealChunk(fitted(plain, expectedLength(index, s)))
-            batch.append((index, ref, sealed))
-        }
-        guard !batch.isEmpty else { return }
+        let full = s.dirty.filter { !($0.key == last && $0.value.count < s.chunkSize) }.sorted { $0.key < $1.key }
+        guard !full.isEmpty else { return }
+        let sealed = ParallelSealing.seal(full.map { fitted($0.value, expectedLength($0.key, s)) }, with: cipher)
+        let batch = zip(full, sealed).map { (pair, seal) in (pair.key, seal.1, seal.2) }
         try vault.store.write { w in
             for (_, ref, sealed) in batch { try w.putChunk(id: ref.id, sealed: sealed) }
         }
@@ -218,6 +277,10 @@ public final class OpenDocument: Sendable {
             if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             if s.modified {
                 try commit(&s)
+                // Content is committed at close even in a group (see Store.enableGroupCommit):
+                // a file that was closed survives a crash of the daemon, and other processes
+                // see it at once.
+                if !durable { try vault.store.commitPendingWrites() }
             }
         }
         if durable { try vault.store.makeDurable() }
@@ -231,6 +294,7 @@ public final class OpenDocument: Sendable {
         var pending: [[UInt8]: [UInt8]] = [:]
         var pendingBytes = 0
         var sealedByID: [[UInt8]: ChunkRef] = [:]
+        var zeroRefs: [Int: ChunkRef] = [:] // by length: holes share one sealed zero chunk
         func store() throws {
             guard !pending.isEmpty else { return }
             let items = pending
@@ -238,17 +302,40 @@ public final class OpenDocument: Sendable {
             pending = [:]
             pendingBytes = 0
         }
+        // Changed chunks are sealed up front, on every core; the loop below only assembles.
+        var presealed: [Int: ([UInt8], ChunkRef, [UInt8])] = [:]
+        let changed = s.dirty.keys.filter { $0 < count }.sorted()
+        if changed.count > 1 {
+            let sealed = ParallelSealing.seal(changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }, with: cipher)
+            for (index, seal) in zip(changed, sealed) { presealed[index] = seal }
+        }
         for index in 0..<count {
             let expected = expectedLength(index, s)
+            if let (id, ref, sealed) = presealed[index] {
+                if let known = sealedByID[id] { refs.append(known); continue }
+                sealedByID[id] = ref
+                pending[ref.id] = sealed
+                pendingBytes += sealed.count
+                refs.append(ref)
+                if pendingBytes > 16 << 20 { try store() }
+                continue
+            }
             if s.dirty[index] == nil, index < s.refs.count, let r = s.refs[index], Int(r.length) == expected {
                 refs.append(r)
                 continue
             }
+            let isHole = s.dirty[index] == nil && (index >= s.refs.count || s.refs[index] == nil)
+            if isHole, let zero = zeroRefs[expected] { refs.append(zero); continue } // a sparse file's gap
             let plain = try plaintext(index, &s)
             let id = plain.withUnsafeBytes { cipher.chunkID($0) }
-            if let known = sealedByID[id] { refs.append(known); continue } // e.g. zero-filled gaps
+            if let known = sealedByID[id] {
+                if isHole { zeroRefs[expected] = known }
+                refs.append(known)
+                continue
+            }
             let (ref, sealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: id) }
             sealedByID[id] = ref
+            if isHole { zeroRefs[expected] = ref }
             pending[ref.id] = sealed
             pendingBytes += sealed.count
             refs.append(ref)
@@ -258,6 +345,9 @@ public final class OpenDocument: Sendable {
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let mtime = pendingMtime ?? vault.now()
         let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, chunks: pending)
+        // Not committed (the file was unlinked while open): the chunks must still be stored,
+        // since this handle's chunk list now names them.
+        if digest == nil { try store() }
         s.refs = refs.map { Optional($0) }
         s.dirty = [:]
         s.dirtyBytes = 0
@@ -273,7 +363,6 @@ public final class OpenDocument: Sendable {
             guard !s.modified, s.digest != digest else { return }
             s.refs = manifest.chunks.map { Optional($0) }
             s.size = manifest.size
-            s.cache = nil
             s.digest = digest
             sizeAtomic.store(s.size, ordering: .relaxed)
         }

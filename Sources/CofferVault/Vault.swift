@@ -40,6 +40,11 @@ public final class Vault: Sendable {
     /// How many plaintext bytes an open document may buffer before it seals them into chunks.
     public static let writeBufferLimit = 16 * 1024 * 1024
 
+    /// The largest document: 64 GiB. A manifest lists every chunk (256 Ki of them at this size,
+    /// about 9 MB sealed), and a sync moves the whole manifest with every version, so the limit
+    /// keeps one file's bookkeeping bounded. Larger writes and truncates fail with EFBIG.
+    public static let maxDocumentSize: UInt64 = 64 << 30
+
     static let secretFile = "account.secret"
 
     init(dataDirectory: String, store: Store, secret: AccountSecret, username: String, deviceID: UInt32,

@@ -14,6 +14,8 @@ public enum VaultError: Error, CustomStringConvertible {
     case invalidArgument(String)
     case busy(String)
     case io(String)
+    /// Past `Vault.maxDocumentSize` (EFBIG).
+    case tooLarge(String)
 
     public var description: String {
         switch self {
@@ -25,6 +27,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .invalidArgument(let w): return w
         case .busy(let w): return w
         case .io(let w): return w
+        case .tooLarge(let w): return w
         }
     }
 
@@ -47,6 +50,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .notSupported: return 1 // EPERM
         case .invalidArgument: return 22
         case .busy: return 16
+        case .tooLarge: return 27 // EFBIG
         case .noAccount, .accountExists, .corrupt, .io: return 5
         }
     }

@@ -75,8 +75,8 @@ import Testing
         #expect(renameat2(r + "/dir", r + "/c/in", flags: RENAME_EXCHANGE_FLAG) == 0)
         #expect(text(readFile(r + "/dir")) == "inside" && text(readFile(r + "/c/in")) == "BB")
         #expect(errnoOf { renameat2(r + "/b", r + "/dir", flags: RENAME_EXCHANGE_FLAG | RENAME_NOREPLACE_FLAG) } == EINVAL)
-        // The store agrees (through the CLI, while mounted).
-        #expect(coffer(m.dataDir, ["cat", "/c/in"]).out == "BB")
+        // The store agrees (through the CLI, while mounted, once the daemon's group commits).
+        #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/c/in"]).out == "BB" })
         #expect(coffer(m.dataDir, ["cat", "/b"]).out == "AAA")
     }
 
@@ -165,6 +165,27 @@ import Testing
         try m.mount()
         #expect(readFile(h) == back)
         #expect(readFile(p) == Array(big[0..<1_500_001]) + [UInt8](repeating: 0, count: 499_999))
+    }
+
+    /// pjdfstest truncate/12: a size past what Coffer holds is EFBIG, and the daemon lives on.
+    /// (It once aborted trying to allocate a chunk table for 999999999999999 bytes.)
+    @Test func hugeSizesAreEFBIGNotACrash() throws {
+        let m = try MountFixture("coffer-fs-efbig")
+        let p = m.path("f")
+        #expect(writeFile(p, "small") == 0)
+        #expect(errnoOf { truncate(p, 999_999_999_999_999) } == EFBIG)
+        let fd = open(p, O_RDWR | O_CLOEXEC)
+        #expect(fd >= 0)
+        #expect(errnoOf { ftruncate(fd, 1 << 50) } == EFBIG)
+        #expect(errnoOf { Int32(pwrite(fd, "x", 1, 1 << 50)) } == EFBIG)
+        #expect(posix_fallocate(fd, 1 << 50, 4096) == EFBIG)
+        close(fd)
+        // Still mounted and answering, content untouched; a large sparse size is fine.
+        #expect(text(readFile(p)) == "small")
+        #expect(truncate(p, 3 << 30) == 0)
+        #expect(statOf(p)?.st_size == 3 << 30)
+        #expect(writeFile(m.path("after"), "alive") == 0)
+        #expect(text(readFile(m.path("after"))) == "alive")
     }
 
     @Test func symlinks() throws {

@@ -148,15 +148,22 @@ struct VaultStoreTests {
     @Test func checkReportsATamperedRecord() throws {
         let f = try VaultFixture()
         try f.document("a", contents: [1])
+        // Local edits are stored unsigned and signed on their way out; push them (as a sync
+        // would) so they become signed base records.
+        #expect(try f.sqlite("SELECT COUNT(*) FROM local_files WHERE length(record) > 0;").hasPrefix("2"))
+        let pending = try f.vault.pendingRecords()
+        #expect(pending.count == 2 && pending.allSatisfy { $0.stored.signed.signature.count == 64 })
+        try f.vault.markPushed(pending, version: 1)
+        #expect(try f.vault.check().isClean, "signed on push, verified by fsck")
         // Change one byte of a signed record (its sealed name), keeping the encoding valid.
-        let hex = try f.sqlite("SELECT hex(id) FROM local_files WHERE id != parent LIMIT 1;").trimmingCharacters(in: .whitespacesAndNewlines)
+        let hex = try f.sqlite("SELECT hex(id) FROM base_files WHERE id != parent LIMIT 1;").trimmingCharacters(in: .whitespacesAndNewlines)
         _ = try f.sqlite("""
-            UPDATE local_files SET record = CAST(substr(record, 1, 60) || (CASE WHEN substr(record, 61, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(record, 62) AS BLOB) WHERE id = x'\(hex)';
+            UPDATE base_files SET record = CAST(substr(record, 1, 60) || (CASE WHEN substr(record, 61, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(record, 62) AS BLOB) WHERE id = x'\(hex)';
             """)
         let r = try f.vault.check()
         #expect(!r.isClean, "a modified record must not pass its signature check")
         #expect(r.problems.contains { $0.contains("signature") }, "\(r.problems)")
-        #expect(try f.sqlite("SELECT typeof(record) FROM local_files WHERE id = x'\(hex)';").hasPrefix("blob"))
+        #expect(try f.sqlite("SELECT typeof(record) FROM base_files WHERE id = x'\(hex)';").hasPrefix("blob"))
     }
 
     /// fsck on a store with an undecodable record reports it rather than giving up.
