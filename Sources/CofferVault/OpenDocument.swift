@@ -277,10 +277,6 @@ public final class OpenDocument: Sendable {
             if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
             if s.modified {
                 try commit(&s)
-                // Content is committed at close even in a group (see Store.enableGroupCommit):
-                // a file that was closed survives a crash of the daemon, and other processes
-                // see it at once.
-                if !durable { try vault.store.commitPendingWrites() }
             }
         }
         if durable { try vault.store.makeDurable() }

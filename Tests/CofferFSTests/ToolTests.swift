@@ -108,7 +108,7 @@ import Testing
         let oldSum = sha256(Array(old.utf8)), newSum = sha256(Array(new.utf8))
         #expect(sums == [oldSum, oldSum, newSum, "0"], "\(out.out)\(out.err)")
         #expect(text(readFile(doc)) == new)
-        #expect(coffer(m.dataDir, ["cat", "/doc.txt"]).out == new)
+        #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/doc.txt"]).out == new })
     }
 
     @Test func rsyncInAndAgainTransfersNothing() throws {
@@ -196,7 +196,7 @@ import Testing
                                      "-c", "normal ggdd", "-c", "wq", f], environment: ["HOME": home, "TERM": "dumb"])
         #expect(r2.status == 0, "\(r2.out)\(r2.err)")
         #expect(text(readFile(f)) == "second\nhello\n")
-        #expect(coffer(m.dataDir, ["cat", "/notes.txt"]).out == "second\nhello\n")
+        #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/notes.txt"]).out == "second\nhello\n" })
     }
 }
 
