@@ -49,6 +49,7 @@ public final class Store: Sendable {
     public let databasePath: String
     let pool: DatabasePool
     let group = GroupCommit()
+    let files: ChunkFiles
 
     public init(directory: String) throws {
         self.directory = directory
@@ -71,6 +72,7 @@ public final class Store: Sendable {
         }
         try Self.migrator.migrate(pool)
         chmod(databasePath, 0o600)
+        files = try ChunkFiles(directory: directory + "/chunks")
     }
 
     static var migrator: DatabaseMigrator {
@@ -107,6 +109,10 @@ public final class Store: Sendable {
             try db.execute(sql: "ALTER TABLE base_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
             try db.execute(sql: "ALTER TABLE local_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
         }
+        m.registerMigration("v3-chunk-files") { db in
+            // Large chunks live in files (see ChunkFiles); their rows keep an empty blob.
+            try db.execute(sql: "ALTER TABLE chunks ADD COLUMN in_file INTEGER NOT NULL DEFAULT 0")
+        }
         return m
     }
 
@@ -115,9 +121,9 @@ public final class Store: Sendable {
     /// this process has written.
     public func read<T>(_ body: (StoreReader) throws -> T) throws -> T {
         if group.isOpen {
-            return try pool.writeWithoutTransaction { db in try body(StoreReader(db: db)) }
+            return try pool.writeWithoutTransaction { db in try body(StoreReader(db: db, files: files)) }
         }
-        return try pool.read { db in try body(StoreReader(db: db)) }
+        return try pool.read { db in try body(StoreReader(db: db, files: files)) }
     }
 
     /// Runs `body` atomically: all of it lands, or none of it. Without group commit that is one
@@ -128,7 +134,8 @@ public final class Store: Sendable {
             guard let window = group.window else {
                 var result: T?
                 try db.inTransaction(.immediate) {
-                    result = try body(StoreWriter(db: db))
+                    result = try body(StoreWriter(db: db, files: files))
+                    try files.syncPending() // chunk files before the rows naming them
                     return .commit
                 }
                 guard let result else { throw StoreError("a write transaction produced no result") }
@@ -143,7 +150,7 @@ public final class Store: Sendable {
             try db.cachedStatement(sql: "SAVEPOINT coffer_write").execute()
             let result: T
             do {
-                result = try body(StoreWriter(db: db))
+                result = try body(StoreWriter(db: db, files: files))
             } catch {
                 try? db.cachedStatement(sql: "ROLLBACK TO SAVEPOINT coffer_write").execute()
                 try? db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
@@ -160,6 +167,7 @@ public final class Store: Sendable {
     private func commitGroup(_ db: Database) throws {
         guard db.isInsideTransaction else { group.closed(); return }
         do {
+            try files.syncPending() // chunk files before the rows naming them
             try db.commit()
             group.closed()
         } catch {
@@ -232,6 +240,7 @@ public final class Store: Sendable {
         try pool.writeWithoutTransaction { db in
             try commitGroup(db)
             var result = (manifests: 0, chunks: 0)
+            var doomedFiles: [[UInt8]] = []
             try db.inTransaction(.immediate) {
                 try db.execute(sql: """
                     DELETE FROM manifests WHERE digest NOT IN (
@@ -240,10 +249,16 @@ public final class Store: Sendable {
                     """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
+                doomedFiles = try Data.fetchAll(db, sql: "SELECT id FROM chunks WHERE in_file = 1 AND id NOT IN (SELECT chunk_id FROM manifest_chunks)").map { [UInt8]($0) }
                 try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
                 result.chunks = db.changesCount
                 return .commit
             }
+            // Files go after the commit (a crash before leaves files no row names, swept next
+            // time), together with files whose transaction never committed.
+            for id in doomedFiles { files.remove(id) }
+            let listed = Set(try Data.fetchAll(db, sql: "SELECT id FROM chunks WHERE in_file = 1").map { [UInt8]($0) })
+            for id in files.allIDs() where !listed.contains(id) { files.remove(id) }
             return result
         }
     }
@@ -302,6 +317,7 @@ final class GroupCommit: Sendable {
 /// Read access inside a transaction.
 public struct StoreReader {
     let db: Database
+    let files: ChunkFiles
 
     public func files(_ side: TreeSide) throws -> [StoredFile] {
         try Row.fetchAll(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")).map(Self.decode)
@@ -340,7 +356,12 @@ public struct StoreReader {
     }
 
     public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
-        try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM chunks WHERE id = ?"), arguments: [Data(id)]).map { [UInt8]($0) }
+        guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)]) else {
+            return nil
+        }
+        if row["in_file"] as Int64 != 0 { return try files.read(id) }
+        let sealed: Data = row["sealed"]
+        return [UInt8](sealed)
     }
 
     public func hasChunk(_ id: [UInt8]) throws -> Bool {
@@ -405,7 +426,8 @@ public struct StoreReader {
 /// Write access inside a transaction.
 public struct StoreWriter {
     let db: Database
-    public var reader: StoreReader { StoreReader(db: db) }
+    let files: ChunkFiles
+    public var reader: StoreReader { StoreReader(db: db, files: files) }
 
     public func put(_ f: StoredFile, _ side: TreeSide) throws {
         let m = f.metadata
@@ -452,8 +474,16 @@ public struct StoreWriter {
         }
     }
 
+    /// Stores a sealed chunk once (a chunk already there is kept). Large ones go to a file,
+    /// written before its row (see `ChunkFiles`).
     public func putChunk(id: [UInt8], sealed: [UInt8]) throws {
-        try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [Data(id), Data(sealed)])
+        guard sealed.count >= ChunkFiles.threshold else {
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [Data(id), Data(sealed)])
+            return
+        }
+        if try reader.hasChunk(id) { return }
+        try files.write(id, sealed)
+        try db.cachedStatement(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, x'', 1)").execute(arguments: [Data(id)])
     }
 
     public func setSetting(_ key: String, _ value: [UInt8]) throws {

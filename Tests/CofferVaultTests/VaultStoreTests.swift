@@ -111,8 +111,12 @@ struct VaultStoreTests {
         let f = try VaultFixture()
         let doc = try f.document("a", contents: noise(600_000, seed: 2))
         #expect(try f.vault.check().isClean)
-        // Damage one stored chunk behind the vault's back.
-        _ = try f.sqlite("UPDATE chunks SET sealed = zeroblob(length(sealed)) WHERE rowid = (SELECT MIN(rowid) FROM chunks);")
+        // Damage one stored chunk behind the vault's back (full chunks live in files).
+        let files = chunkFiles(f.dataDir)
+        #expect(files.count == 3, "\(files)")
+        let victim = try #require(files.first)
+        let size = (try FileManager.default.attributesOfItem(atPath: victim)[.size] as? Int) ?? 0
+        try Data(count: size).write(to: URL(fileURLWithPath: victim))
         let r = try f.vault.check()
         #expect(!r.isClean)
         #expect(r.problems.count == 1, "\(r.problems)")
@@ -120,6 +124,37 @@ struct VaultStoreTests {
         // Reading the damaged file fails loudly instead of returning garbage.
         let fresh = try Vault.open(dataDirectory: f.dataDir)
         #expect(throws: (any Error).self) { _ = try fresh.readAll(doc.id) }
+    }
+
+    @Test func checkReportsAMissingChunkFile() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a", contents: noise(300_000, seed: 4))
+        // The full first chunk is a file; the 37 KB tail is small enough for SQLite.
+        let files = chunkFiles(f.dataDir)
+        #expect(files.count == 1)
+        for p in files { unlink(p) }
+        let r = try f.vault.check()
+        #expect(r.problems.count == 1 && r.problems.allSatisfy { $0.contains("missing") }, "\(r.problems)")
+        let fresh = try Vault.open(dataDirectory: f.dataDir)
+        #expect(throws: (any Error).self) { _ = try fresh.readAll(doc.id) }
+    }
+
+    @Test func garbageCollectionRemovesChunkFilesNothingNames() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a", contents: noise(600_000, seed: 5))
+        #expect(chunkFiles(f.dataDir).count == 3)
+        try f.vault.writeAll(doc.id, noise(600_000, seed: 6)) // three new chunks, three unreferenced
+        #expect(chunkFiles(f.dataDir).count == 6)
+        // A file whose row never committed (a rolled-back transaction) is swept too.
+        let stray = f.dataDir + "/chunks/ab/" + String(repeating: "ab", count: 32)
+        try FileManager.default.createDirectory(atPath: f.dataDir + "/chunks/ab", withIntermediateDirectories: true)
+        try Data([1, 2, 3]).write(to: URL(fileURLWithPath: stray))
+        let gc = try #require(try f.vault.collectGarbage())
+        #expect(gc.chunks == 3)
+        #expect(chunkFiles(f.dataDir).count == 3)
+        #expect(!FileManager.default.fileExists(atPath: stray))
+        #expect(try f.vault.readAll(doc.id) == noise(600_000, seed: 6))
+        #expect(try f.vault.check().isClean)
     }
 
     @Test func checkReportsAFlippedByteInAChunk() throws {
@@ -212,4 +247,16 @@ struct VaultStoreTests {
         #expect(scanned > 10_000)
         #expect(try f.vault.readAll(doc.id).count == text.count, "and the content is really there")
     }
+}
+
+/// Chunk files under a store's data directory, sorted.
+func chunkFiles(_ dataDir: String) -> [String] {
+    let root = dataDir + "/chunks"
+    var out: [String] = []
+    for folder in (try? FileManager.default.contentsOfDirectory(atPath: root)) ?? [] {
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? [] {
+            out.append(root + "/" + folder + "/" + name)
+        }
+    }
+    return out.sorted()
 }
