@@ -26,7 +26,7 @@ extension CofferFileSystem {
     public func getattr(inode: InodeNumber, handle: UInt64?) throws -> Attributes {
         try op {
             let (n, unlinked) = try node(inode)
-            return attributes(n, linkCount: unlinked ? 0 : 1)
+            return attributes(n, unlinked: unlinked)
         }
     }
 
@@ -45,7 +45,7 @@ extension CofferFileSystem {
                     try doc.flush()
                 }
             }
-            if unlinked { return attributes(try node(inode).0, linkCount: 0) }
+            if unlinked { return attributes(try node(inode).0, unlinked: true) }
             var vc = CofferVault.AttributeChanges()
             // Changes that change nothing (tar and cp re-set the owner and mode they just created
             // with) cost no commit and no new clock stamp that could win a later merge.
@@ -53,18 +53,26 @@ extension CofferFileSystem {
             vc.mode = changes.mode.map { $0 & 0o7777 }.flatMap { $0 == current.mode.value ? nil : $0 }
             vc.uid = changes.uid.flatMap { $0 == current.uid.value ? nil : $0 }
             vc.gid = changes.gid.flatMap { $0 == current.gid.value ? nil : $0 }
+            // One reading for both, so `touch` (UTIME_NOW twice) gives equal atime and mtime.
+            let now = FileTime.now()
+            if let at = changes.accessTime {
+                let t = at.resolved(now: now)
+                let ts = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+                vc.atime = ts == current.atime.value ? nil : ts
+            }
             if let mt = changes.modificationTime {
-                let t = mt.resolved(now: FileTime.now())
+                let t = mt.resolved(now: now)
                 let ts = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
                 // utimens on a document with unflushed writes: the time rides along with the
-                // content commit at close (later writes move it again, as POSIX wants).
+                // content commit at close (later writes move it again, as POSIX wants). An atime
+                // set with it is still committed now; the content commit keeps it.
                 if let doc = openDocumentHandle(for: n.id), doc.setPendingModificationTime(ts) {
                     vc.mtime = nil
                 } else {
                     vc.mtime = ts
                 }
             }
-            if vc.mode != nil || vc.uid != nil || vc.gid != nil || vc.mtime != nil {
+            if !vc.isEmpty {
                 try vault.setAttributes(n.id, vc)
             }
             return attributes(try vault.node(n.id))

@@ -76,15 +76,18 @@ public final class CofferFileSystem: FileSystemOperations {
 
     // MARK: Attributes
 
-    func attributes(_ node: Node, linkCount: UInt32 = 1) -> Attributes {
+    /// Every reply that carries attributes (getattr, setattr, lookup, create, readdirplus) is
+    /// built here, so the link count and times agree whichever way the kernel asked.
+    func attributes(_ node: Node, unlinked: Bool = false) -> Attributes {
         let a = node.attributes
         // An unlinked open document keeps changing through its handles; its snapshot does not.
-        let size = linkCount == 0 && node.type == .document ? (openDocumentHandle(for: node.id)?.currentSize ?? node.size) : node.size
+        let size = unlinked && node.type == .document ? (openDocumentHandle(for: node.id)?.currentSize ?? node.size) : node.size
         let mtime = FileTime(seconds: a.mtime.value.seconds, nanoseconds: a.mtime.value.nanoseconds)
+        let atime = FileTime(seconds: a.atime.value.seconds, nanoseconds: a.atime.value.nanoseconds)
         let ctime = FileTime(seconds: a.ctime.seconds, nanoseconds: a.ctime.nanoseconds)
-        return Attributes(mode: node.mode, linkCount: linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
+        return Attributes(mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
                           blocks: (size + 511) / 512, blockSize: 128 * 1024,
-                          accessTime: mtime, modificationTime: mtime, changeTime: max(ctime, mtime))
+                          accessTime: atime, modificationTime: mtime, changeTime: max(ctime, mtime))
     }
 
     func entry(_ node: Node) throws -> Entry {

@@ -79,6 +79,10 @@ public struct FileTree: TreeView, Sendable {
     public private(set) var files: [FileID: FileMetadata] = [:]
     private var children: [FileID: Set<FileID>] = [:]
     private var byName: [FileID: [[UInt8]: Set<FileID>]] = [:]
+    /// Folders whose record is not deleted, by parent: a folder's link count (2 + this) is asked
+    /// on every stat, so it is kept up to date here rather than counted over the children.
+    /// Flags, not deletion states: a live folder's children can only be deleted explicitly.
+    private var subfolders: [FileID: Int] = [:]
     public private(set) var rootID: FileID?
 
     public init() {}
@@ -102,16 +106,30 @@ public struct FileTree: TreeView, Sendable {
         return Array(c)
     }
 
+    /// Folders among the children of `id` that are not deleted. For a live folder these are
+    /// exactly its live subfolders. O(1).
+    public func subfolderCount(of id: FileID) -> Int { subfolders[id] ?? 0 }
+
     public mutating func insert(_ m: FileMetadata) {
-        if let old = files[m.id], !old.isRoot {
-            if old.parent != m.parent { children[old.parent]?.remove(m.id) }
-            if old.parent != m.parent || old.name.mac != m.name.mac { unindex(old) }
+        if let old = files[m.id] {
+            countSubfolder(old, -1)
+            if !old.isRoot {
+                if old.parent != m.parent { children[old.parent]?.remove(m.id) }
+                if old.parent != m.parent || old.name.mac != m.name.mac { unindex(old) }
+            }
         }
         files[m.id] = m
+        countSubfolder(m, +1)
         if m.isRoot { rootID = m.id } else {
             children[m.parent, default: []].insert(m.id)
             byName[m.parent, default: [:]][m.name.mac, default: []].insert(m.id)
         }
+    }
+
+    private mutating func countSubfolder(_ m: FileMetadata, _ delta: Int) {
+        guard m.type == .folder, !m.isDeleted, !m.isRoot else { return }
+        let n = (subfolders[m.parent] ?? 0) + delta
+        subfolders[m.parent] = n == 0 ? nil : n
     }
 
     private mutating func unindex(_ old: FileMetadata) {
@@ -122,6 +140,7 @@ public struct FileTree: TreeView, Sendable {
     /// Removes a record entirely (pruning).
     public mutating func remove(_ id: FileID) {
         guard let old = files.removeValue(forKey: id) else { return }
+        countSubfolder(old, -1)
         if old.isRoot { rootID = nil } else { children[old.parent]?.remove(id); unindex(old) }
     }
 

@@ -16,6 +16,9 @@ public struct PosixAttributes: Hashable, Sendable {
     public var uid: Stamped<UInt32>
     public var gid: Stamped<UInt32>
     public var mtime: Stamped<Timespec>
+    /// Set at creation and by explicit utimensat only; reads never move it (as with `noatime`),
+    /// since a stamped, synced write per read would cost far more than the value is worth.
+    public var atime: Stamped<Timespec>
     /// The last change of any attribute or content; after a merge, the later of the two.
     public var ctime: Timespec
     /// Plaintext size of a document's content, kept beside the manifest so stat needs no unsealing.
@@ -31,6 +34,7 @@ public struct PosixAttributes: Hashable, Sendable {
         self.uid = Stamped(uid, at: stamp)
         self.gid = Stamped(gid, at: stamp)
         self.mtime = Stamped(mtime, at: stamp)
+        self.atime = Stamped(mtime, at: stamp)
         self.ctime = mtime
         self.size = size
         self.symlinkTarget = symlinkTarget
@@ -51,6 +55,7 @@ public struct PosixAttributes: Hashable, Sendable {
         out.uid = .lastWriterWins(a.uid, b.uid)
         out.gid = .lastWriterWins(a.gid, b.gid)
         out.mtime = .lastWriterWins(a.mtime, b.mtime)
+        out.atime = .lastWriterWins(a.atime, b.atime)
         out.ctime = max(a.ctime, b.ctime)
         // The size is written together with mtime by a content write: it follows the mtime winner
         // (was: always `a.size`, which made the merge depend on argument order).
@@ -63,14 +68,19 @@ public struct PosixAttributes: Hashable, Sendable {
     }
 
     static let tag: [UInt8] = Array("CFPA".utf8)
+    /// Version 1 had no atime (it read as mtime); version 2 adds it after mtime. Records are
+    /// always written as the current version and both are read, so stores and peers holding
+    /// version 1 records keep working.
+    static let formatVersion: UInt8 = 2
 
     public func encoded() -> [UInt8] {
-        var w = ByteWriter(capacity: 128)
-        w.raw(Self.tag); w.u8(1)
+        var w = ByteWriter(capacity: 160)
+        w.raw(Self.tag); w.u8(Self.formatVersion)
         w.u32(mode.value); mode.stamp.encode(into: &w)
         w.u32(uid.value); uid.stamp.encode(into: &w)
         w.u32(gid.value); gid.stamp.encode(into: &w)
-        w.i64(mtime.value.seconds); w.i64(mtime.value.nanoseconds); mtime.stamp.encode(into: &w)
+        Self.encode(mtime, into: &w)
+        Self.encode(atime, into: &w)
         w.i64(ctime.seconds); w.i64(ctime.nanoseconds)
         w.u64(size)
         w.optionalData(symlinkTarget.map { Array($0.utf8) })
@@ -83,16 +93,27 @@ public struct PosixAttributes: Hashable, Sendable {
         return w.bytes
     }
 
+    private static func encode(_ t: Stamped<Timespec>, into w: inout ByteWriter) {
+        w.i64(t.value.seconds); w.i64(t.value.nanoseconds); t.stamp.encode(into: &w)
+    }
+
+    private static func decodeStampedTime(from r: inout ByteReader) throws -> Stamped<Timespec> {
+        let t = Timespec(seconds: try r.i64(), nanoseconds: try r.i64())
+        return Stamped(t, at: try .decode(from: &r))
+    }
+
     public init(decoding bytes: [UInt8]) throws {
         var r = ByteReader(bytes)
         guard try r.raw(4) == Self.tag else { throw DecodingError("not an attribute record") }
         let v = try r.u8()
-        guard v == 1 else { throw DecodingError("unsupported attribute version \(v)") }
+        guard v == 1 || v == Self.formatVersion else { throw DecodingError("unsupported attribute version \(v)") }
         mode = Stamped(try r.u32(), at: try .decode(from: &r))
         uid = Stamped(try r.u32(), at: try .decode(from: &r))
         gid = Stamped(try r.u32(), at: try .decode(from: &r))
-        let mt = Timespec(seconds: try r.i64(), nanoseconds: try r.i64())
-        mtime = Stamped(mt, at: try .decode(from: &r))
+        mtime = try Self.decodeStampedTime(from: &r)
+        // Version 1 reported atime as mtime; keeping its stamp means a real atime written
+        // anywhere since wins the merge.
+        atime = v == 1 ? mtime : try Self.decodeStampedTime(from: &r)
         ctime = Timespec(seconds: try r.i64(), nanoseconds: try r.i64())
         size = try r.u64()
         if let t = try r.optionalData(max: 4096) {

@@ -7,8 +7,21 @@ public struct Node: Sendable, Equatable {
     public let parent: FileID
     public let name: String
     public let attributes: PosixAttributes
+    /// Live folders directly inside this one (0 for anything else).
+    public let subfolders: Int
+
+    public init(id: FileID, type: FileType, parent: FileID, name: String, attributes: PosixAttributes, subfolders: Int = 0) {
+        self.id = id; self.type = type; self.parent = parent; self.name = name
+        self.attributes = attributes; self.subfolders = subfolders
+    }
 
     public var isRoot: Bool { id == parent }
+
+    /// st_nlink while the file has a name: a folder is linked from its parent, from its own
+    /// "." and from each subfolder's "..", as on ext4; tools such as find rely on it.
+    public var linkCount: UInt32 {
+        type == .folder ? UInt32(clamping: 2 + subfolders) : 1
+    }
 
     /// Bytes st_size reports: content length for documents, target length for symlinks.
     public var size: UInt64 {

@@ -18,9 +18,12 @@ public struct AttributeChanges: Sendable {
     public var uid: UInt32?
     public var gid: UInt32?
     public var mtime: Timespec?
-    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil) {
-        self.mode = mode; self.uid = uid; self.gid = gid; self.mtime = mtime
+    public var atime: Timespec?
+    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil, atime: Timespec? = nil) {
+        self.mode = mode; self.uid = uid; self.gid = gid; self.mtime = mtime; self.atime = atime
     }
+
+    public var isEmpty: Bool { mode == nil && uid == nil && gid == nil && mtime == nil && atime == nil }
 }
 
 extension Vault {
@@ -93,10 +96,11 @@ extension Vault {
 
     // MARK: Create
 
-    /// Creates a folder, document or symlink.
+    /// Creates a folder, document or symlink. `atime` defaults to the mtime.
     @discardableResult
     public func create(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
-                       gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil) throws -> Node {
+                       gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
+                       atime: Timespec? = nil) throws -> Node {
         do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
         if type == .symlink {
             guard let t = symlinkTarget, !t.isEmpty, t.utf8.count <= 4095 else {
@@ -111,6 +115,7 @@ extension Vault {
             let stamp = nextStamp(&s)
             let t = mtime ?? now()
             var attrs = PosixAttributes(mode: mode, uid: uid, gid: gid, mtime: t, stamp: stamp, symlinkTarget: symlinkTarget)
+            if let atime { attrs.atime.value = atime }
             attrs.ctime = now()
             var contentDigest: [UInt8]? = nil
             if type == .document {
@@ -308,6 +313,7 @@ extension Vault {
             if let uid = changes.uid { a.uid = Stamped(uid, at: stamp) }
             if let gid = changes.gid { a.gid = Stamped(gid, at: stamp) }
             if let mt = changes.mtime { a.mtime = Stamped(mt, at: stamp) }
+            if let at = changes.atime { a.atime = Stamped(at, at: stamp) }
             a.ctime = now()
             try setSealedAttributes(id, a, &batch, &s)
             return try node(id, &s)

@@ -249,7 +249,8 @@ public final class Vault: Sendable {
             attrs.size = open.currentSize
             if let mt = open.pendingMtime { attrs.mtime.value = mt; attrs.ctime = max(attrs.ctime, mt) }
         }
-        return Node(id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs)
+        return Node(id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs,
+                    subfolders: m.type == .folder ? s.tree.subfolderCount(of: id) : 0)
     }
 
     /// A path for messages; best effort.
@@ -283,7 +284,7 @@ public final class Vault: Sendable {
         s.tree = FileTree(merged.values.map(\.effectiveMetadata))
         s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
         s.lastSeq = last
-        for m in s.tree.files.values { if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.mode.stamp) } }
+        for m in s.tree.files.values { if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.atime.stamp, a.mode.stamp) } }
     }
 
     /// Applies other writers' commits since the last one this vault saw. Returns the changed ids.

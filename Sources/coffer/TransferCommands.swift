@@ -35,7 +35,7 @@ final class Progress {
 }
 
 struct Import: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Copy a local file or folder into Coffer (recursive, keeps mode and mtime).")
+    static let configuration = CommandConfiguration(abstract: "Copy a local file or folder into Coffer (recursive, keeps mode, atime and mtime).")
     @OptionGroup var store: StoreOptions
     @Argument(help: "Local file or folder.") var local: String
     @Argument(help: "Destination in Coffer: an existing folder to copy into, or a new name.") var destination: String
@@ -77,9 +77,11 @@ struct Import: ParsableCommand {
         guard lstat(path, &st) == 0 else { throw CLIError("cannot read \(path): \(String(cString: strerror(errno)))") }
         let mode = UInt32(st.st_mode) & 0o7777
         let mtime = Timespec(seconds: Int64(st.st_mtim.tv_sec), nanoseconds: Int64(st.st_mtim.tv_nsec))
+        // Taken before the content is read, which may move the source's atime.
+        let atime = Timespec(seconds: Int64(st.st_atim.tv_sec), nanoseconds: Int64(st.st_atim.tv_nsec))
         switch st.st_mode & S_IFMT {
         case S_IFDIR:
-            let folder = try vault.create(in: parent, name: name, type: .folder, mode: mode, uid: st.st_uid, gid: st.st_gid)
+            let folder = try vault.create(in: parent, name: name, type: .folder, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
             progress.step()
             let entries = try FileManager.default.contentsOfDirectory(atPath: path).sorted()
             for e in entries { try importEntry(vault, path + "/" + e, into: folder.id, name: e, progress) }
@@ -89,7 +91,7 @@ struct Import: ParsableCommand {
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { throw CLIError("cannot open \(path): \(String(cString: strerror(errno)))") }
             defer { close(fd) }
-            let doc = try vault.create(in: parent, name: name, type: .document, mode: mode, uid: st.st_uid, gid: st.st_gid)
+            let doc = try vault.create(in: parent, name: name, type: .document, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
             try vault.writeContents(doc.id, mtime: mtime, durable: false, from: reader(fd))
             progress.step(bytes: UInt64(st.st_size))
         case S_IFLNK:
@@ -97,7 +99,7 @@ struct Import: ParsableCommand {
             let n = readlink(path, &buf, 4096)
             guard n > 0 else { throw CLIError("cannot read link \(path)") }
             let target = String(decoding: buf[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            try vault.create(in: parent, name: name, type: .symlink, mode: 0o777, uid: st.st_uid, gid: st.st_gid, symlinkTarget: target, mtime: mtime)
+            try vault.create(in: parent, name: name, type: .symlink, mode: 0o777, uid: st.st_uid, gid: st.st_gid, symlinkTarget: target, mtime: mtime, atime: atime)
             progress.step()
         default:
             printErr("coffer: skipping \(path): not a regular file, folder or symlink")
@@ -107,7 +109,7 @@ struct Import: ParsableCommand {
 }
 
 struct Export: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode and mtime).")
+    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode, atime and mtime).")
     @OptionGroup var store: StoreOptions
     @Argument(help: "File or folder in Coffer.") var source: String
     @Argument(help: "Existing local folder to copy into.") var localFolder: String
@@ -135,9 +137,14 @@ struct Export: ParsableCommand {
         return 1 + kids.reduce(0) { $0 + countNodes(vault, $1) }
     }
 
-    func setTimes(_ path: String, _ t: Timespec) {
-        var times = [timespec(tv_sec: Int(t.seconds), tv_nsec: Int(t.nanoseconds)), timespec(tv_sec: Int(t.seconds), tv_nsec: Int(t.nanoseconds))]
-        utimensat(AT_FDCWD, path, &times, AT_SYMLINK_NOFOLLOW)
+    /// utimensat's pair: atime, then mtime.
+    func times(_ a: PosixAttributes) -> [timespec] {
+        [a.atime.value, a.mtime.value].map { timespec(tv_sec: Int($0.seconds), tv_nsec: Int($0.nanoseconds)) }
+    }
+
+    func setTimes(_ path: String, _ a: PosixAttributes) {
+        var t = times(a)
+        utimensat(AT_FDCWD, path, &t, AT_SYMLINK_NOFOLLOW)
     }
 
     func exportNode(_ vault: Vault, _ node: Node, to path: String, _ progress: Progress) throws {
@@ -148,20 +155,19 @@ struct Export: ParsableCommand {
             progress.step()
             for child in try vault.children(of: node.id) { try exportNode(vault, child, to: path + "/" + child.name, progress) }
             chmod(path, mode_t(mode))
-            setTimes(path, node.attributes.mtime.value)
+            setTimes(path, node.attributes)
         case .document:
             let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
             guard fd >= 0 else { throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))") }
             defer { close(fd) }
             try vault.readContents(node.id) { try writeAllBytes(fd, $0) }
             fchmod(fd, mode_t(mode))
-            var times = [timespec(tv_sec: Int(node.attributes.mtime.value.seconds), tv_nsec: Int(node.attributes.mtime.value.nanoseconds))]
-            times.append(times[0])
-            futimens(fd, &times)
+            var t = times(node.attributes)
+            futimens(fd, &t)
             progress.step(bytes: node.size)
         case .symlink:
             guard symlink(node.attributes.symlinkTarget ?? "", path) == 0 else { throw CLIError("cannot create link \(path): \(String(cString: strerror(errno)))") }
-            setTimes(path, node.attributes.mtime.value)
+            setTimes(path, node.attributes)
             progress.step()
         case .link:
             progress.step()

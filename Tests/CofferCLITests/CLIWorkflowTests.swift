@@ -44,6 +44,7 @@ import Testing
         chmod(src + "/docs/notes.txt", 0o600)
         symlink("docs/notes.txt", src + "/link")
         #expect(sh("touch -h -d '2001-02-03 04:05:06.123456789' '\(src)/docs/notes.txt' '\(src)/run.sh' '\(src)/docs/deep/er/blob.bin' '\(src)/docs/deep' '\(src)/docs' '\(src)/link'").status == 0)
+        #expect(sh("touch -a -d @1000000000.5 '\(src)/run.sh' && touch -h -a -d @1000000001.25 '\(src)/link'").status == 0)
 
         #expect(coffer(data, ["init", "bob"]).status == 0)
         let imp = coffer(data, ["import", src, "copy"])
@@ -51,6 +52,10 @@ import Testing
         let out = tmp.sub("out")
         let exp = coffer(data, ["export", "copy", out])
         #expect(exp.status == 0, "\(exp.err)")
+        // atime too, checked before anything below reads the exported files.
+        let runAtime = lstatOf(out + "/copy/run.sh")?.st_atim, linkAtime = lstatOf(out + "/copy/link")?.st_atim
+        #expect(runAtime?.tv_sec == 1_000_000_000 && runAtime?.tv_nsec == 500_000_000)
+        #expect(linkAtime?.tv_sec == 1_000_000_001 && linkAtime?.tv_nsec == 250_000_000)
         // Byte-for-byte, and mode, mtime (to the nanosecond) and symlink targets.
         let diff = sh("diff -r --no-dereference '\(src)' '\(out)/copy'")
         #expect(diff.status == 0, "\(diff.out)")

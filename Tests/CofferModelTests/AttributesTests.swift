@@ -95,32 +95,66 @@ struct PosixAttributesTests {
         return a
     }
 
+    /// `sample()` after a `touch -a` past 2^31 seconds, with nanoseconds.
+    static func touchedSample() -> PosixAttributes {
+        var a = sample()
+        a.atime = Stamped(Timespec(seconds: 2_147_483_648, nanoseconds: 100_000_000), at: ts(0x0103, 0, 4))
+        return a
+    }
+
     @Test func initMasksTypeBitsAndStampsEverything() {
         let a = Self.sample()
         #expect(a.mode.value == 0o644)
         #expect(a.mode.stamp == ts(0x0102, 3, 4) && a.uid.stamp == a.mode.stamp && a.gid.stamp == a.mode.stamp && a.mtime.stamp == a.mode.stamp)
         #expect(a.ctime == a.mtime.value)
+        #expect(a.atime == a.mtime, "a new file's atime is its creation time, with the same stamp")
         #expect(PosixAttributes(mode: 0o177777, uid: 0, gid: 0, mtime: .zero, stamp: .zero).mode.value == 0o7777)
     }
 
+    static let stampHex = "0000000000000102" + "00000003" + "00000004"
+
+    /// Everything after mtime, in both versions.
+    static let tailHex = "000000006553f100" + "0000000000000005"       // ctime
+        + "000000000000000a"                                         // size 10
+        + "01" + "00000001" + "74"                                   // symlink target "t"
+        + "00000001"                                                 // one xattr
+        + "00000006" + "757365722e61" + "01" + "00000001" + "42"     // "user.a" = [0x42]
+        + "0000000000000009" + "00000000" + "00000001"               // its stamp
+
+    static let headHex = "000001a4" + stampHex                      // mode 0644
+        + "000003e8" + stampHex                                      // uid 1000
+        + "00000064" + stampHex                                      // gid 100
+        + "000000006553f100" + "0000000000000005" + stampHex         // mtime
+
     /// The sealed attribute format, field by field.
     @Test func fixedByteVector() throws {
-        let stamp = "0000000000000102" + "00000003" + "00000004"
-        let expected = "43465041" + "01"                                       // "CFPA", version 1
-           
-            + "000001a4" + stamp                                     // mode 0644
-            + "000003e8" + stamp                                     // uid 1000
-            + "00000064" + stamp                                     // gid 100
-            + "000000006553f100" + "0000000000000005" + stamp        // mtime
-            + "000000006553f100" + "0000000000000005"                // ctime
-            + "000000000000000a"                                     // size 10
-            + "01" + "00000001" + "74"                               // symlink target "t"
-            + "00000001"                                             // one xattr
-            + "00000006" + "757365722e61" + "01" + "00000001" + "42" // "user.a" = [0x42]
-            + "0000000000000009" + "00000000" + "00000001"           // its stamp
-        let a = Self.sample()
+        let expected = "43465041" + "02" + Self.headHex              // "CFPA", version 2
+            + "0000000080000000" + "0000000005f5e100"                // atime 2^31 s, 100000000 ns
+            + "0000000000000103" + "00000000" + "00000004"           // its stamp
+            + Self.tailHex
+        let a = Self.touchedSample()
         #expect(hex(a.encoded()) == expected)
         #expect(try PosixAttributes(decoding: unhex(expected)) == a)
+    }
+
+    /// Records sealed before atime was stored (version 1, no atime field) still open: atime
+    /// reads as mtime, with mtime's stamp, and the record is rewritten as version 2.
+    @Test func decodesVersion1RecordsWithAtimeAsMtime() throws {
+        let version1 = "43465041" + "01" + Self.headHex + Self.tailHex
+        let old = try PosixAttributes(decoding: unhex(version1))
+        #expect(old == Self.sample())
+        #expect(old.atime.value == Timespec(seconds: 1_700_000_000, nanoseconds: 5))
+        #expect(old.atime.stamp == ts(0x0102, 3, 4))
+        let rewritten = old.encoded()
+        #expect(rewritten[4] == 2)
+        #expect(try PosixAttributes(decoding: rewritten) == old)
+        // A version byte that does not match the body is refused, not misread.
+        #expect(throws: DecodingError.self) { try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 1] + Array(Self.touchedSample().encoded().dropFirst(5))) }
+        #expect(throws: DecodingError.self) { try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 2] + Array(unhex(version1).dropFirst(5))) }
+        // An atime set later on an upgraded device wins over the one version 1 implied.
+        let touched = Self.touchedSample()
+        #expect(PosixAttributes.merge(old, touched).atime == touched.atime)
+        #expect(PosixAttributes.merge(touched, old).atime == touched.atime)
     }
 
     @Test func roundTripWithRemovedXattrsAndNoTarget() throws {
@@ -129,6 +163,7 @@ struct PosixAttributesTests {
         a.xattrs["user.b"] = Stamped([], at: ts(2))
         a.xattrs["user.é"] = Stamped(Array(repeating: 7, count: 1000), at: ts(4))
         a.size = .max
+        a.atime = Stamped(Timespec(seconds: .max, nanoseconds: 999_999_999), at: ts(5))
         let back = try PosixAttributes(decoding: a.encoded())
         #expect(back == a)
         #expect(back.liveXattrs == ["user.b": [], "user.é": Array(repeating: 7, count: 1000)])
@@ -142,15 +177,17 @@ struct PosixAttributesTests {
     }
 
     @Test func malformedAttributesAreRefused() {
-        let good = Self.sample().encoded()
+        let good = Self.touchedSample().encoded()
         for n in 0..<good.count {
             #expect(throws: DecodingError.self) { try PosixAttributes(decoding: Array(good.prefix(n))) }
         }
         #expect(throws: DecodingError.self) { try PosixAttributes(decoding: good + [0]) }
         var b = good; b[0] = 0
         #expect(throws: DecodingError("not an attribute record")) { try PosixAttributes(decoding: b) }
-        b = good; b[4] = 2
-        #expect(throws: DecodingError("unsupported attribute version 2")) { try PosixAttributes(decoding: b) }
+        for version: UInt8 in [0, 3, 255] {
+            b = good; b[4] = version
+            #expect(throws: DecodingError("unsupported attribute version \(version)")) { try PosixAttributes(decoding: b) }
+        }
     }
 
     // MARK: Merge
@@ -162,10 +199,13 @@ struct PosixAttributesTests {
         a.mode = Stamped(0o644, at: ts(20, 0, 1))
         b.mtime = Stamped(Timespec(seconds: 30), at: ts(30, 0, 2))
         b.uid = Stamped(99, at: ts(5, 0, 2))
+        // Device 1 also sets atime (touch -a) at t=25: it survives device 2's later touch -m.
+        a.atime = Stamped(Timespec(seconds: 1_900_000_000, nanoseconds: 100_000_000), at: ts(25, 0, 1))
         a.ctime = Timespec(seconds: 20); b.ctime = Timespec(seconds: 30)
         let m = PosixAttributes.merge(a, b)
         #expect(m.mode.value == 0o644, "the chmod survives the other device's touch")
         #expect(m.mtime.value == Timespec(seconds: 30), "the touch survives the chmod")
+        #expect(m.atime.value == Timespec(seconds: 1_900_000_000, nanoseconds: 100_000_000), "touch -a and touch -m merge apart")
         #expect(m.uid.value == 1, "an older write loses")
         #expect(m.ctime == Timespec(seconds: 30))
         #expect(PosixAttributes.merge(b, a) == m)
@@ -183,6 +223,25 @@ struct PosixAttributesTests {
         let m = PosixAttributes.merge(a, b)
         #expect(m.liveXattrs == ["user.only-a": [1], "user.only-b": [2], "user.keep": [5]])
         #expect(PosixAttributes.merge(b, a) == m)
+    }
+
+    @Test func mergeOfAtimeIsLastWriterWinsWhateverTheValues() {
+        let a = PosixAttributes(mode: 0o600, uid: 1, gid: 1, mtime: Timespec(seconds: 10), stamp: ts(10, 0, 1))
+        var b = a, c = a
+        // An atime set back in time still wins when set later: the stamp decides, not the value.
+        b.atime = Stamped(Timespec(seconds: 1), at: ts(40, 0, 2))
+        c.atime = Stamped(Timespec(seconds: 9_999_999_999), at: ts(30, 0, 3))
+        #expect(PosixAttributes.merge(b, c).atime == b.atime)
+        #expect(PosixAttributes.merge(c, b).atime == b.atime)
+        #expect(PosixAttributes.merge(a, c).atime == c.atime)
+        // Same wall time and counter: the device id breaks the tie, on every device alike.
+        var d = a
+        d.atime = Stamped(Timespec(seconds: 2), at: ts(40, 0, 1))
+        #expect(PosixAttributes.merge(b, d).atime == b.atime && PosixAttributes.merge(d, b).atime == b.atime)
+        // The size follows mtime, not atime.
+        var e = a
+        e.size = 7; e.mtime = Stamped(Timespec(seconds: 20), at: ts(20, 0, 3))
+        #expect(PosixAttributes.merge(b, e).size == 7 && PosixAttributes.merge(b, e).atime == b.atime)
     }
 
     @Test func mergeOfTwoContentWritesKeepsTheLaterSize() {
@@ -203,11 +262,12 @@ struct PosixAttributesTests {
         }
         func v(_ s: HybridTimestamp, _ salt: UInt32) -> UInt32 { UInt32(s.wallMillis) * 100 + s.counter * 10 + s.device + salt * 1000 }
         var a = PosixAttributes(mode: 0, uid: 0, gid: 0, mtime: .zero, stamp: .zero, symlinkTarget: nil)
-        let sm = stamp(), su = stamp(), sg = stamp(), st = stamp()
+        let sm = stamp(), su = stamp(), sg = stamp(), st = stamp(), sa = stamp()
         a.mode = Stamped(v(sm, 0) & 0o7777, at: sm)
         a.uid = Stamped(v(su, 1), at: su)
         a.gid = Stamped(v(sg, 2), at: sg)
         a.mtime = Stamped(Timespec(seconds: Int64(v(st, 3))), at: st)
+        a.atime = Stamped(Timespec(seconds: Int64(v(sa, 6)), nanoseconds: Int64(v(sa, 7))), at: sa)
         a.size = UInt64(v(st, 4)) // content size is written together with mtime
         a.ctime = Timespec(seconds: Int64.random(in: 0...50, using: &rng))
         for k in ["user.a", "user.b", "user.c"] where Bool.random(using: &rng) {
@@ -229,6 +289,7 @@ struct PosixAttributesTests {
             let m = merge(a, b)
             #expect(m.mode.stamp == max(a.mode.stamp, b.mode.stamp))
             #expect(m.mtime.stamp == max(a.mtime.stamp, b.mtime.stamp))
+            #expect(m.atime.stamp == max(a.atime.stamp, b.atime.stamp))
             #expect(m.ctime == max(a.ctime, b.ctime))
         }
     }

@@ -77,6 +77,75 @@ struct FileTreeTests {
         t.insert(meta(30, parent: 31, "orphan"))
         #expect(t.deletionState(of: fid(30)) == .implicitlyDeleted)
     }
+
+    /// What `subfolderCount` must equal: a scan of the children.
+    static func scannedSubfolders(_ t: FileTree, _ id: FileID) -> Int {
+        t.childIDs(of: id).compactMap { t.file($0) }.filter { $0.type == .folder && !$0.isDeleted && !$0.isRoot }.count
+    }
+
+    @Test func subfolderCountFollowsInsertsMovesDeletionsAndPruning() {
+        var t = sampleTree()
+        #expect(t.subfolderCount(of: rootID) == 2, "a and b; the root is not its own subfolder")
+        #expect(t.subfolderCount(of: fid(2)) == 1, "c, not the document d")
+        #expect(t.subfolderCount(of: fid(5)) == 1)
+        #expect(t.subfolderCount(of: fid(6)) == 0)
+        #expect(t.subfolderCount(of: fid(4)) == 0, "a document")
+        #expect(t.subfolderCount(of: fid(999)) == 0, "unknown")
+        // Move c from a to b, then rename it in place.
+        t.insert(folder(5, parent: 3, "c"))
+        #expect(t.subfolderCount(of: fid(2)) == 0 && t.subfolderCount(of: fid(3)) == 1)
+        t.insert(folder(5, parent: 3, "c2"))
+        #expect(t.subfolderCount(of: fid(3)) == 1)
+        // Deleted, then revived, then pruned.
+        t.insert(folder(5, parent: 3, "c2", deleted: true))
+        #expect(t.subfolderCount(of: fid(3)) == 0)
+        t.insert(folder(5, parent: 3, "c2"))
+        #expect(t.subfolderCount(of: fid(3)) == 1)
+        t.remove(fid(5))
+        #expect(t.subfolderCount(of: fid(3)) == 0)
+        t.remove(fid(5))
+        #expect(t.subfolderCount(of: fid(3)) == 0, "removing twice changes nothing")
+        // A deleted folder arriving (a pull) and moving while deleted never counts.
+        t.insert(folder(20, parent: 2, "gone", deleted: true))
+        t.insert(folder(20, parent: 3, "gone", deleted: true))
+        #expect(t.subfolderCount(of: fid(2)) == 0 && t.subfolderCount(of: fid(3)) == 0)
+        // Reinserting the same record does not count it twice; documents never count.
+        t.insert(folder(3, parent: 1, "b"))
+        t.insert(meta(21, parent: 3, "doc"))
+        #expect(t.subfolderCount(of: rootID) == 2 && t.subfolderCount(of: fid(3)) == 0)
+        // The root replaced or removed does not disturb anything.
+        t.insert(root)
+        #expect(t.subfolderCount(of: rootID) == 2)
+    }
+
+    @Test func subfolderCountOfALiveFolderIgnoresImplicitlyDeletedGrandchildren() {
+        var t = sampleTree()
+        // Deleting a/ makes c/ implicitly deleted: a/ no longer counts for the root, and c/ is
+        // still counted under a/, which no stat will ask about (a/ is not live).
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        #expect(t.subfolderCount(of: rootID) == 1)
+        #expect(t.isLive(fid(3)) && t.subfolderCount(of: fid(3)) == 0)
+    }
+
+    @Test func subfolderCountMatchesAScanAfterRandomEdits() {
+        var rng = SplitMix64(seed: 77)
+        var t = FileTree([root])
+        let ids = Array(2...40)
+        for _ in 0..<3_000 {
+            let id = ids[Int.random(in: 0..<ids.count, using: &rng)]
+            if Int.random(in: 0..<10, using: &rng) == 0 {
+                t.remove(fid(id))
+                continue
+            }
+            // Parents may be anything, even missing or a document: the index must not care.
+            let parent = Bool.random(using: &rng) ? 1 : ids[Int.random(in: 0..<ids.count, using: &rng)]
+            let type: FileType = Int.random(in: 0..<3, using: &rng) == 0 ? .document : .folder
+            t.insert(meta(id, parent: parent == id ? 1 : parent, "n\(id)", type, deleted: Int.random(in: 0..<4, using: &rng) == 0))
+            for p in [1] + ids {
+                #expect(t.subfolderCount(of: fid(p)) == Self.scannedSubfolders(t, fid(p)))
+            }
+        }
+    }
 }
 
 @Suite("Validator")

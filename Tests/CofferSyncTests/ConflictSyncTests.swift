@@ -381,6 +381,22 @@ import Testing
         try await w.expectConverged()
     }
 
+    @Test func atimeAndMtimeSetOnDifferentDevicesBothKept() async throws {
+        let w = try await world { try $0.write("/p.txt", "p") }
+        try w.a.touchAccess("/p.txt", 1_900_000_000)
+        try w.b.touch("/p.txt", 1_950_000_000)
+        try await w.sync(w.a, w.b, w.a, w.b)
+        #expect(try w.a.atime("/p.txt") == 1_900_000_000 && w.a.mtime("/p.txt") == 1_950_000_000)
+        #expect(try w.b.atime("/p.txt") == 1_900_000_000 && w.b.mtime("/p.txt") == 1_950_000_000)
+        // The later touch -a wins.
+        try w.b.touchAccess("/p.txt", 1_000)
+        usleep(5000)
+        try w.a.touchAccess("/p.txt", 2_000)
+        try await w.sync(w.b, w.a, w.b, w.a)
+        #expect(try w.b.atime("/p.txt") == 2_000)
+        try await w.expectConverged()
+    }
+
     @Test func xattrsFromBothSides() async throws {
         let w = try await world { d in try d.write("/x.txt", "x"); try d.setXattr("/x.txt", "user.old", "1") }
         try w.a.setXattr("/x.txt", "user.a", "from a")

@@ -52,6 +52,11 @@ final class Device: @unchecked Sendable {
         try vault.setAttributes(vault.resolve(path).id, AttributeChanges(mtime: Timespec(seconds: seconds)))
     }
 
+    /// `touch -a`.
+    func touchAccess(_ path: String, _ seconds: Int64) throws {
+        try vault.setAttributes(vault.resolve(path).id, AttributeChanges(atime: Timespec(seconds: seconds)))
+    }
+
     func symlink(_ path: String, _ target: String) throws {
         let parts = Vault.components(path)
         let parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
@@ -68,18 +73,20 @@ final class Device: @unchecked Sendable {
 
     func mtime(_ path: String) throws -> Int64 { try vault.resolve(path).attributes.mtime.value.seconds }
 
+    func atime(_ path: String) throws -> Int64 { try vault.resolve(path).attributes.atime.value.seconds }
+
     func mode(_ path: String) throws -> UInt32 { try vault.resolve(path).attributes.mode.value }
 
     func ls(_ path: String = "/") throws -> [String] { try vault.children(of: vault.resolve(path).id).map(\.name) }
 
-    /// The whole tree as path → description (type, content, mode, mtime, xattrs).
+    /// The whole tree as path → description (type, content, mode, times, xattrs).
     func snapshot() throws -> [String: String] {
         var out: [String: String] = [:]
         func walk(_ node: Node, _ path: String) throws {
             for c in try vault.children(of: node.id) {
                 let p = path + "/" + c.name
                 let a = c.attributes
-                var d = "\(c.type) mode=\(String(a.mode.value, radix: 8)) uid=\(a.uid.value) mtime=\(a.mtime.value.seconds).\(a.mtime.value.nanoseconds) x=\(a.liveXattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })"
+                var d = "\(c.type) mode=\(String(a.mode.value, radix: 8)) uid=\(a.uid.value) mtime=\(a.mtime.value.seconds).\(a.mtime.value.nanoseconds) atime=\(a.atime.value.seconds).\(a.atime.value.nanoseconds) x=\(a.liveXattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })"
                 switch c.type {
                 case .document: d += " content=\(blake2b(try vault.readAll(c.id)).prefix(8))" + " size=\(c.size)"
                 case .symlink: d += " target=\(a.symlinkTarget ?? "")"

@@ -279,6 +279,54 @@ struct VaultTreeTests {
         #expect(try reopened.node(doc.id).attributes.uid.value == 1234)
     }
 
+    @Test func atimeIsSetOnlyWhenAskedAndSurvivesContentWrites() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("doc", contents: Array("x".utf8))
+        let created = try f.vault.node(doc.id).attributes
+        let t = Timespec(seconds: 2_147_483_648, nanoseconds: 100_000_000)
+        let n = try f.vault.setAttributes(doc.id, AttributeChanges(atime: t))
+        #expect(n.attributes.atime.value == t)
+        #expect(n.attributes.atime.stamp > created.atime.stamp)
+        #expect(n.attributes.mtime == created.mtime, "mtime untouched, stamp included")
+        // Reads leave it alone; a content write moves mtime only.
+        _ = try f.vault.readAll(doc.id)
+        try f.vault.writeAll(doc.id, Array("yy".utf8))
+        let after = try f.vault.node(doc.id).attributes
+        #expect(after.atime.value == t && after.mtime.stamp > n.attributes.mtime.stamp)
+        // Created with an explicit atime (import): kept beside the mtime.
+        let imported = try f.vault.create(in: f.root, name: "imp", type: .symlink, mode: 0o777, symlinkTarget: "doc",
+                                          mtime: Timespec(seconds: 1_000), atime: Timespec(seconds: 2_000, nanoseconds: 3))
+        #expect(imported.attributes.atime.value == Timespec(seconds: 2_000, nanoseconds: 3))
+        #expect(imported.attributes.mtime.value == Timespec(seconds: 1_000))
+        let reopened = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try reopened.node(doc.id).attributes.atime.value == t)
+        #expect(try reopened.node(imported.id).attributes.atime.value == Timespec(seconds: 2_000, nanoseconds: 3))
+    }
+
+    @Test func folderLinkCountIsTwoPlusLiveSubfolders() throws {
+        let f = try VaultFixture()
+        let a = try f.folder("a"), b = try f.folder("b")
+        let c = try f.folder("c", in: a.id)
+        try f.document("d", in: a.id)
+        try f.vault.create(in: a.id, name: "l", type: .symlink, mode: 0o777, symlinkTarget: "d")
+        #expect(a.linkCount == 2 && c.linkCount == 2, "a new folder")
+        #expect(try f.vault.node(f.root).linkCount == 4)
+        #expect(try f.vault.node(a.id).linkCount == 3, "documents and symlinks do not count")
+        #expect(try f.vault.resolve("a/d").linkCount == 1)
+        try f.vault.rename(c.id, to: b.id, name: "c")
+        #expect(try f.vault.node(a.id).linkCount == 2 && f.vault.node(b.id).linkCount == 3)
+        // Listings carry the same counts.
+        #expect(try f.vault.children(of: f.root).map(\.linkCount) == [2, 3])
+        try f.vault.remove(c.id, expectFolder: true)
+        #expect(try f.vault.node(b.id).linkCount == 2)
+        // A recursive delete takes the folder and what it held out of the count.
+        try f.folder("x", in: b.id)
+        try f.vault.remove(b.id, recursive: true)
+        #expect(try f.vault.node(f.root).linkCount == 3)
+        let reopened = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try reopened.node(f.root).linkCount == 3 && reopened.node(a.id).linkCount == 2)
+    }
+
     @Test func foldersTimesChangeWhenEntriesChange() throws {
         let clock = ManualClock(start: 1_000)
         let dir = NSTemporaryDirectory() + "coffer-vault-clock-" + UUID().uuidString

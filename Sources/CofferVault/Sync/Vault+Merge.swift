@@ -205,7 +205,7 @@ struct PullMerge {
             let ra = try PosixAttributes(decoding: AEAD.open(r.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
             var ma = PosixAttributes.merge(la, ra)
             ma.size = m.contentDigest == r.contentDigest ? ra.size : la.size
-            for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp] where stamp > s.clock { s.clock = stamp }
+            for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp, ra.atime.stamp] where stamp > s.clock { s.clock = stamp }
             if ma == ra { m.sealedAttributes = r.sealedAttributes }
             else if ma == la { m.sealedAttributes = l.sealedAttributes }
             else { m.sealedAttributes = AEAD.seal(ma.encoded(), key: k, purpose: .attributes, fileID: l.id.bytes) }
@@ -325,7 +325,7 @@ struct PullMerge {
         let (digest, _) = try copyContent(l.contentDigest, from: oldCipher, to: newCipher)
         var attrs = try PosixAttributes(decoding: AEAD.open(l.sealedAttributes, key: oldCipher.key, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
         let stamp = vault.nextStamp(&s)
-        attrs.mode.stamp = stamp; attrs.uid.stamp = stamp; attrs.gid.stamp = stamp; attrs.mtime.stamp = stamp
+        attrs.mode.stamp = stamp; attrs.uid.stamp = stamp; attrs.gid.stamp = stamp; attrs.mtime.stamp = stamp; attrs.atime.stamp = stamp
         let parentKey = try vault.remoteKey(parent, remote, &s, &memo)
         let m = FileMetadata(id: id, type: .document, parent: parent, name: vault.sealName(name, parentKey: parentKey, fileID: id),
                              owner: vault.accountID, wrappedKey: KeyWrap.wrap(key, with: parentKey, fileID: id.bytes),
