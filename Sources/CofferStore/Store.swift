@@ -64,6 +64,10 @@ public final class Store: Sendable {
             // Commits are atomic either way; NORMAL skips the fsync per commit, and `makeDurable`
             // syncs explicitly when a caller (fsync, the CLI) needs durability.
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            // 32 MiB of page cache per connection (SQLite's default is 2 MiB): a tree of tens of
+            // thousands of records outgrows the default, and every miss is a pread. Measured on
+            // untar of 12,000 files: 10% less daemon CPU per operation.
+            try db.execute(sql: "PRAGMA cache_size = -32768")
         }
         do {
             pool = try DatabasePool(path: databasePath, configuration: config)
@@ -338,6 +342,11 @@ public struct StoreReader {
 
     public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
         try Row.fetchOne(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]).map(Self.decode)
+    }
+
+    /// Whether `side` has a record for `id`, without decoding it.
+    public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
+        try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
     }
 
     /// The current view of one file: the local record if there is one, else base.

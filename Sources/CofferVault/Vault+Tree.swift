@@ -286,7 +286,7 @@ extension Vault {
                 var removed: [FileID] = []
                 // Children first, so no record is ever left without its parent.
                 for f in ids.reversed() {
-                    guard try w.reader.file(f, .base) == nil else { continue }
+                    guard try !w.reader.exists(f, .base) else { continue }
                     if s.tree.childIDs(of: f).contains(where: { !ids.contains($0) }) { continue }
                     try w.remove(f, .local)
                     try w.forgetInode(of: f)

@@ -368,9 +368,9 @@ public final class Vault: Sendable {
                     for m in changed {
                         // A deletion the server never saw is pruned right here, in the same
                         // transaction: nothing will ever need to push it.
-                        if s.pruneCandidates.contains(m.id), m.isDeleted, try w.reader.file(m.id, .base) == nil,
+                        if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
                            batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) }) {
-                            if try w.reader.file(m.id, .local) != nil { try w.remove(m.id, .local) }
+                            if try w.reader.exists(m.id, .local) { try w.remove(m.id, .local) }
                             try w.forgetInode(of: m.id)
                             pruned.append(m.id)
                             continue
