@@ -72,6 +72,13 @@ extension CofferFileSystem {
                     vc.mtime = ts
                 }
             }
+            // chmod/chown of a document with unflushed writes (tar: create 0600, write, chmod)
+            // rides along with the content commit at close, like the mtime above; the kernel
+            // sees the new values at once (the vault reports pending ones).
+            if vc.atime == nil, vc.mtime == nil, vc.mode != nil || vc.uid != nil || vc.gid != nil,
+               let doc = openDocumentHandle(for: n.id), doc.setPendingOwnership(mode: vc.mode, uid: vc.uid, gid: vc.gid) {
+                vc.mode = nil; vc.uid = nil; vc.gid = nil
+            }
             if !vc.isEmpty {
                 try vault.setAttributes(n.id, vc)
             }

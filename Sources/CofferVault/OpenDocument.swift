@@ -23,6 +23,11 @@ public final class OpenDocument: Sendable {
     let state: Mutex<DocumentState>
     let sizeAtomic: Atomic<UInt64>
     let mtimeAtomic: Atomic<Int64> // nanoseconds since the epoch of an unflushed write; 0 if none
+    /// chmod/chown made while writes are unflushed: they ride along with the content commit
+    /// (tar creates a file 0600, writes it, then sets its mode). -1 if none.
+    let pendingModeAtomic = Atomic<Int64>(-1)
+    let pendingUIDAtomic = Atomic<Int64>(-1)
+    let pendingGIDAtomic = Atomic<Int64>(-1)
     /// Handles open on this document. Atomic so the vault's table of open documents never has
     /// to take the document's lock (which is held across commits).
     let openCount = Atomic<Int>(0)
@@ -74,6 +79,12 @@ public final class OpenDocument: Sendable {
     }
 
     public var currentSize: UInt64 { sizeAtomic.load(ordering: .relaxed) }
+
+    /// Mode, uid and gid set while writes are unflushed (nil each if none).
+    public var pendingOwnership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) {
+        func read(_ a: borrowing Atomic<Int64>) -> UInt32? { let v = a.load(ordering: .relaxed); return v < 0 ? nil : UInt32(truncatingIfNeeded: v) }
+        return (read(pendingModeAtomic), read(pendingUIDAtomic), read(pendingGIDAtomic))
+    }
 
     var pendingMtime: Timespec? {
         let n = mtimeAtomic.load(ordering: .relaxed)
@@ -340,7 +351,8 @@ public final class OpenDocument: Sendable {
         // What is left (all of a small file) goes in the same commit as the manifest.
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let mtime = pendingMtime ?? vault.now()
-        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, chunks: pending)
+        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, chunks: pending,
+                                             ownership: pendingOwnership)
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.
         if digest == nil { try store() }
@@ -350,6 +362,9 @@ public final class OpenDocument: Sendable {
         s.modified = false
         s.digest = digest ?? s.digest
         mtimeAtomic.store(0, ordering: .relaxed)
+        pendingModeAtomic.store(-1, ordering: .relaxed)
+        pendingUIDAtomic.store(-1, ordering: .relaxed)
+        pendingGIDAtomic.store(-1, ordering: .relaxed)
     }
 
     /// Another process committed new content: adopt it unless this handle has unflushed writes
@@ -368,6 +383,16 @@ public final class OpenDocument: Sendable {
 
     /// Sets the modification time the next commit records, if there are unflushed writes to
     /// carry it; returns false (and changes nothing) otherwise.
+    public func setPendingOwnership(mode: UInt32?, uid: UInt32?, gid: UInt32?) -> Bool {
+        state.withLock { s in
+            guard s.modified, !s.poisoned else { return false }
+            if let mode { pendingModeAtomic.store(Int64(mode & 0o7777), ordering: .relaxed) }
+            if let uid { pendingUIDAtomic.store(Int64(uid), ordering: .relaxed) }
+            if let gid { pendingGIDAtomic.store(Int64(gid), ordering: .relaxed) }
+            return true
+        }
+    }
+
     public func setPendingModificationTime(_ t: Timespec) -> Bool {
         state.withLock { s in
             guard s.modified else { return false }

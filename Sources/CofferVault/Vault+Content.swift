@@ -58,7 +58,8 @@ extension Vault {
     /// digest, or nil if nothing was committed.
     /// `chunks` (id → sealed) are stored in the same transaction, before the manifest.
     func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec,
-                       chunks: [[UInt8]: [UInt8]] = [:]) throws -> [UInt8]? {
+                       chunks: [[UInt8]: [UInt8]] = [:],
+                       ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
         let digest = ContentCipher.digest(ofSealedManifest: sealed)
@@ -69,7 +70,11 @@ extension Vault {
                 try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)
                 a.size = manifest.size
-                a.mtime = Stamped(mtime, at: nextStamp(&s))
+                let stamp = nextStamp(&s)
+                a.mtime = Stamped(mtime, at: stamp)
+                if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
+                if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
+                if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
                 a.ctime = max(mtime, now())
                 let k = try key(id, &s)
                 let sealedAttrs = AEAD.seal(a.encoded(), key: k, purpose: .attributes, fileID: id.bytes)

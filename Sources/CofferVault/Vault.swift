@@ -248,6 +248,10 @@ public final class Vault: Sendable {
         if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
             attrs.size = open.currentSize
             if let mt = open.pendingMtime { attrs.mtime.value = mt; attrs.ctime = max(attrs.ctime, mt) }
+            let own = open.pendingOwnership
+            if let mode = own.mode { attrs.mode.value = mode }
+            if let uid = own.uid { attrs.uid.value = uid }
+            if let gid = own.gid { attrs.gid.value = gid }
         }
         return Node(id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs,
                     subfolders: m.type == .folder ? s.tree.subfolderCount(of: id) : 0)

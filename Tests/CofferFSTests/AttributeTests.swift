@@ -98,6 +98,40 @@ import Testing
         #expect(checksums(m.path("synced")) == checksums(src))
     }
 
+    /// tar's pattern: create 0600, write, set the times, chown, chmod, close. chmod and chown of
+    /// a file with unflushed writes ride along with the content commit at close; they must still
+    /// show at once, survive the close and a remount, and not be undone by the commit.
+    @Test func modeAndOwnerSetWhileWritingShowAtOnceAndStick() throws {
+        let m = try MountFixture("coffer-fs-pending-mode")
+        let p = m.path("f")
+        let fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        #expect(fd >= 0)
+        #expect(write(fd, "payload", 7) == 7)
+        let utimeOmit = (1 << 30) - 2 // UTIME_OMIT, a macro Swift does not import
+        var newTimes = [timespec(tv_sec: 0, tv_nsec: utimeOmit), timespec(tv_sec: 1_700_000_000, tv_nsec: 0)]
+        #expect(futimens(fd, &newTimes) == 0)
+        #expect(fchown(fd, 1234, 5678) == 0)
+        #expect(fchmod(fd, 0o640) == 0)
+        var st = stat()
+        #expect(fstat(fd, &st) == 0)
+        #expect(st.st_mode & 0o7777 == 0o640 && st.st_uid == 1234 && st.st_gid == 5678)
+        #expect(statOf(p).map { $0.st_mode & 0o7777 } == 0o640, "a path lookup sees it too")
+        #expect(fchmod(fd, 0o640) == 0, "setting the pending value again is a no-op")
+        #expect(close(fd) == 0)
+        let after = try #require(statOf(p))
+        #expect(after.st_mode & 0o7777 == 0o640 && after.st_uid == 1234 && after.st_gid == 5678)
+        #expect(after.st_mtim.tv_sec == 1_700_000_000 && after.st_size == 7)
+        #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["ls", "-l", "/"]).out.contains("rw-r-----") })
+        try m.unmount()
+        try m.mount()
+        let remounted = try #require(statOf(p))
+        #expect(remounted.st_mode & 0o7777 == 0o640 && remounted.st_uid == 1234 && remounted.st_gid == 5678)
+        #expect(text(readFile(p)) == "payload")
+        // Without unflushed writes a chmod commits at once, as before.
+        #expect(chmod(p, 0o604) == 0)
+        #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["ls", "-l", "/"]).out.contains("rw----r--") })
+    }
+
     @Test func statfsReportsSensibleNumbers() throws {
         let m = try MountFixture("coffer-fs-statfs")
         let r = run("/usr/bin/stat", ["-f", "-c", "%b %a %f %S %l %c %d", m.mountPoint])
