@@ -191,8 +191,8 @@ public final class Store: Sendable {
         guard group.window == nil else { return }
         group.enable(window: window)
         let thread = Thread { [self] in
-            // Closes a group nobody added to for `window`: the last writes of a burst must not
-            // wait for the next burst to become visible to other processes.
+            // Closes a group that has been open for `window`: the last writes of a burst must
+            // not wait for the next write to become visible to other processes.
             while let w = group.window {
                 Thread.sleep(forTimeInterval: w / 2)
                 guard group.isOpen, group.age >= w else { continue }
@@ -284,25 +284,20 @@ final class GroupCommit: Sendable {
         var lost = false
     }
     private let state = Mutex(State())
-    private let open = Atomic<Bool>(false)
 
     var window: Double? { state.withLock { $0.window } }
-    var isOpen: Bool { open.load(ordering: .acquiring) }
+    var isOpen: Bool { state.withLock { $0.openedAt != nil } }
     /// Seconds since the open group began (0 if none).
     var age: Double { state.withLock { s in s.openedAt.map { Self.now() - $0 } ?? 0 } }
 
     func enable(window: Double) { state.withLock { $0.window = window } }
     func disable() { state.withLock { $0.window = nil } }
-    func opened() {
-        state.withLock { $0.openedAt = Self.now() }
-        open.store(true, ordering: .releasing)
-    }
+    func opened() { state.withLock { $0.openedAt = Self.now() } }
     func closed(lost: Bool = false) {
         state.withLock { s in
             s.openedAt = nil
             if lost { s.lost = true }
         }
-        open.store(false, ordering: .releasing)
     }
     func takeLost() -> Bool {
         state.withLock { s in

@@ -66,6 +66,8 @@ public final class OpenDocument: Sendable {
         }
     }
 
+    static let lostWrites = VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it")
+
     func poison() { state.withLock { $0.poisoned = true } }
 
     init(id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?) {
@@ -102,7 +104,7 @@ public final class OpenDocument: Sendable {
         var out: [UInt8] = []
         var loads: [(ref: ChunkRef, at: Int, within: Int, take: Int)] = []
         try state.withLock { s in
-            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
+            if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
             out = [UInt8](repeating: 0, count: Int(end - offset))
@@ -192,7 +194,7 @@ public final class OpenDocument: Sendable {
         guard bytes.count > 0 else { return }
         try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
-            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
+            if s.poisoned { throw Self.lostWrites }
             let end = offset + UInt64(bytes.count)
             if end > s.size { s.size = end }
             var pos = offset
@@ -233,7 +235,7 @@ public final class OpenDocument: Sendable {
     public func truncate(to newSize: UInt64) throws {
         try Self.checkSize(newSize, plus: 0)
         try state.withLock { s in
-            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
+            if s.poisoned { throw Self.lostWrites }
             guard newSize != s.size else { return }
             if newSize < s.size {
                 let keep = Int((newSize + UInt64(s.chunkSize) - 1) / UInt64(s.chunkSize))
@@ -285,7 +287,7 @@ public final class OpenDocument: Sendable {
     /// it is on the device's disk (fsync).
     public func flush(durable: Bool = false) throws {
         try state.withLock { s in
-            if s.poisoned { throw VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it") }
+            if s.poisoned { throw Self.lostWrites }
             if s.modified {
                 try commit(&s)
             }
@@ -310,37 +312,35 @@ public final class OpenDocument: Sendable {
             pendingBytes = 0
         }
         // Changed chunks are sealed up front, on every core; the loop below only assembles.
-        var presealed: [Int: ([UInt8], ChunkRef, [UInt8])] = [:]
         let changed = s.dirty.keys.filter { $0 < count }.sorted()
-        if changed.count > 1 {
-            let sealed = ParallelSealing.seal(changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }, with: cipher)
-            for (index, seal) in zip(changed, sealed) { presealed[index] = seal }
-        }
+        let sealedChanged = ParallelSealing.seal(changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }, with: cipher)
+        let presealed = Dictionary(uniqueKeysWithValues: zip(changed, sealedChanged))
         for index in 0..<count {
             let expected = expectedLength(index, s)
-            if let (id, ref, sealed) = presealed[index] {
-                if let known = sealedByID[id] { refs.append(known); continue }
-                sealedByID[id] = ref
-                pending[ref.id] = sealed
-                pendingBytes += sealed.count
-                refs.append(ref)
-                if pendingBytes > 16 << 20 { try store() }
-                continue
-            }
             if s.dirty[index] == nil, index < s.refs.count, let r = s.refs[index], Int(r.length) == expected {
                 refs.append(r)
                 continue
             }
             let isHole = s.dirty[index] == nil && (index >= s.refs.count || s.refs[index] == nil)
             if isHole, let zero = zeroRefs[expected] { refs.append(zero); continue } // a sparse file's gap
-            let plain = try plaintext(index, &s)
-            let id = plain.withUnsafeBytes { cipher.chunkID($0) }
+            // A changed chunk was sealed above; a hole or a chunk cut by a truncate is sealed
+            // here, only if no equal chunk was sealed already.
+            let id: [UInt8]
+            let seal: () -> (ChunkRef, [UInt8])
+            if let (changedID, ref, sealed) = presealed[index] {
+                id = changedID
+                seal = { (ref, sealed) }
+            } else {
+                let plain = try plaintext(index, &s)
+                id = plain.withUnsafeBytes { cipher.chunkID($0) }
+                seal = { [cipher] in plain.withUnsafeBytes { cipher.sealChunk($0, id: id) } }
+            }
             if let known = sealedByID[id] {
                 if isHole { zeroRefs[expected] = known }
                 refs.append(known)
                 continue
             }
-            let (ref, sealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: id) }
+            let (ref, sealed) = seal()
             sealedByID[id] = ref
             if isHole { zeroRefs[expected] = ref }
             pending[ref.id] = sealed
@@ -381,8 +381,8 @@ public final class OpenDocument: Sendable {
 
     var isModified: Bool { state.withLock { $0.modified } }
 
-    /// Sets the modification time the next commit records, if there are unflushed writes to
-    /// carry it; returns false (and changes nothing) otherwise.
+    /// Sets the mode, uid and gid the next commit records, if there are unflushed writes to
+    /// carry them; returns false (and changes nothing) otherwise.
     public func setPendingOwnership(mode: UInt32?, uid: UInt32?, gid: UInt32?) -> Bool {
         state.withLock { s in
             guard s.modified, !s.poisoned else { return false }
@@ -393,6 +393,8 @@ public final class OpenDocument: Sendable {
         }
     }
 
+    /// Sets the modification time the next commit records, if there are unflushed writes to
+    /// carry it; returns false (and changes nothing) otherwise.
     public func setPendingModificationTime(_ t: Timespec) -> Bool {
         state.withLock { s in
             guard s.modified else { return false }

@@ -9,9 +9,8 @@ import CofferModel
 @Suite("Group commit")
 struct GroupCommitTests {
     @Test func writesShareATransactionUntilTheWindowCloses() throws {
-        try withStore { store, dir throws in
-            store.enableGroupCommit(window: 30) // long: nothing closes it by itself in this test
-            defer { try? store.disableGroupCommit() }
+        // A long window: nothing closes the group by itself in this test.
+        try withGroupStore(window: 30) { store, dir throws in
             try store.write { w in try w.put(record(1, parent: 1, name: "root"), .local) }
             try store.write { w in try w.putChunk(id: chunkID(1), sealed: [1, 2, 3]) }
             // This process sees its own writes (reads go through the open transaction)...
@@ -28,9 +27,7 @@ struct GroupCommitTests {
 
     @Test func aFailedWriteRollsBackOnlyItself() throws {
         struct Refused: Error {}
-        try withStore { store, dir throws in
-            store.enableGroupCommit(window: 30)
-            defer { try? store.disableGroupCommit() }
+        try withGroupStore(window: 30) { store, dir throws in
             try store.write { w in try w.putChunk(id: chunkID(1), sealed: [1]) }
             #expect(throws: Refused.self) {
                 try store.write { w in
@@ -48,9 +45,7 @@ struct GroupCommitTests {
     }
 
     @Test func anIdleGroupCommitsByItself() throws {
-        try withStore { store, dir throws in
-            store.enableGroupCommit(window: 0.05)
-            defer { try? store.disableGroupCommit() }
+        try withGroupStore(window: 0.05) { store, dir throws in
             try store.write { w in try w.putChunk(id: chunkID(7), sealed: [7]) }
             let other = try Store(directory: dir)
             // The closing thread runs every half window; allow a generous margin on a busy machine.
@@ -65,9 +60,7 @@ struct GroupCommitTests {
     }
 
     @Test func durabilityAndGarbageCollectionCommitTheGroupFirst() throws {
-        try withStore { store, dir throws in
-            store.enableGroupCommit(window: 30)
-            defer { try? store.disableGroupCommit() }
+        try withGroupStore(window: 30) { store, dir throws in
             try store.write { w in try w.putChunk(id: chunkID(1), sealed: [1]) }
             try store.makeDurable()
             let other = try Store(directory: dir)
@@ -81,9 +74,7 @@ struct GroupCommitTests {
     }
 
     @Test func anotherProcessWaitsForTheGroupInsteadOfFailing() throws {
-        try withStore { store, dir throws in
-            store.enableGroupCommit(window: 0.2)
-            defer { try? store.disableGroupCommit() }
+        try withGroupStore(window: 0.2) { store, dir throws in
             try store.write { w in try w.putChunk(id: chunkID(1), sealed: [1]) }
             // The group holds SQLite's write lock; the other writer waits (busy timeout) until
             // the group closes, then commits.
@@ -91,5 +82,14 @@ struct GroupCommitTests {
             try other.write { w in try w.putChunk(id: chunkID(2), sealed: [2]) }
             #expect(try other.read { try $0.hasChunk(chunkID(1)) && $0.hasChunk(chunkID(2)) })
         }
+    }
+}
+
+/// A store with group commit on, turned off (and its group committed) afterwards.
+private func withGroupStore(window: Double, _ body: (Store, String) throws -> Void) throws {
+    try withStore { store, dir throws in
+        store.enableGroupCommit(window: window)
+        defer { try? store.disableGroupCommit() }
+        try body(store, dir)
     }
 }

@@ -33,7 +33,6 @@ public struct FSError: Error, Sendable, Equatable, CustomStringConvertible {
     public static let notPermitted = FSError(EPERM)
     public static let invalid = FSError(EINVAL)
     public static let io = FSError(EIO)
-    public static let notImplemented = FSError(ENOSYS)
     public static let notSupported = FSError(EOPNOTSUPP)
     public static let noAttribute = FSError(ENODATA)
     public static let range = FSError(ERANGE)
