@@ -32,6 +32,7 @@ let package = Package(
         // The device's SQLite store (GRDB): base and local trees, chunks, inodes.
         .target(name: "CofferStore", dependencies: [
             "CofferModel", .product(name: "GRDB", package: "GRDB.swift"),
+            .product(name: "GRDBSQLite", package: "GRDB.swift"),
         ]),
         // The decrypted file tree a user works with: paths, operations, content I/O.
         .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),

@@ -192,7 +192,7 @@ final class InodeTable: Sendable {
 
     func fileID(_ ino: InodeNumber) -> FileID? {
         if let id = state.withLock({ $0.byInode[ino] }) { return id }
-        guard let id = try? vault.store.read({ try $0.fileID(ofInode: ino) }) else { return nil }
+        guard let id = try? vault.store.readOne({ try $0.fileID(ofInode: ino) }) else { return nil }
         state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
         return id
     }

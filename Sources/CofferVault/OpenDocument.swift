@@ -129,7 +129,7 @@ public final class OpenDocument: Sendable {
         guard !loads.isEmpty else { return out }
         var opened: [[UInt8]: [UInt8]] = [:]
         for load in loads where opened[load.ref.id] == nil {
-            guard let sealed = try vault.store.read({ try $0.chunk(load.ref.id) }) else {
+            guard let sealed = try vault.store.chunk(load.ref.id) else {
                 throw ContentError.missingChunk(hexString(Array(load.ref.id.prefix(8))))
             }
             opened[load.ref.id] = try cipher.openChunk(sealed, ref: load.ref, verifyingID: false)
@@ -173,7 +173,7 @@ public final class OpenDocument: Sendable {
         if let d = s.dirty[index] { return fitted(d, expected) }
         if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(c, expected) }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
-        guard let sealed = try vault.store.read({ try $0.chunk(ref.id) }) else {
+        guard let sealed = try vault.store.chunk(ref.id) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }
         let plain = try cipher.openChunk(sealed, ref: ref, verifyingID: false)

@@ -33,7 +33,7 @@ extension Vault {
 
     func loadManifest(_ digest: [UInt8]?, cipher: ContentCipher) throws -> Manifest {
         guard let digest else { return Manifest() }
-        guard let sealed = try store.read({ try $0.manifest(digest) }) else {
+        guard let sealed = try store.manifest(digest) else {
             throw VaultError.corrupt("the content manifest of \(cipher.fileID) is missing")
         }
         guard ContentCipher.digest(ofSealedManifest: sealed) == digest else {

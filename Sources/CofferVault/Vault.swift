@@ -328,7 +328,7 @@ public final class Vault: Sendable {
     /// Picks up commits made by other processes (the daemon calls this periodically). Returns the
     /// ids that changed, so the caller can tell the kernel.
     public func refresh() throws -> Set<FileID> {
-        let latest = try store.read { try $0.lastChange() }
+        let latest = try store.readOne { try $0.lastChange() }
         return try state.withLock { s in
             var ids = s.externalChanges
             s.externalChanges = []

@@ -33,7 +33,13 @@ import Testing
         let failures = Atomicish()
         let reader = Thread {
             while !stop.isSet {
-                guard let bytes = readFile(t) else { failures.add("open failed: errno \(errno)"); continue }
+                // Which call failed, and how, is what tells a lookup race from a read race.
+                let fd = open(t, O_RDONLY | O_CLOEXEC)
+                guard fd >= 0 else { failures.add("open failed: errno \(errno)"); continue }
+                let bytes = readAll(fd: fd)
+                let readErrno = errno
+                close(fd)
+                guard let bytes else { failures.add("read failed: errno \(readErrno)"); continue }
                 if bytes != a && bytes != b { failures.add("mixed content of \(bytes.count) bytes") }
             }
             stop.add("done")

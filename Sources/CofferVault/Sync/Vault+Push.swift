@@ -38,7 +38,7 @@ extension Vault {
     }
 
     public func sealedChunk(_ id: [UInt8]) throws -> [UInt8]? {
-        try store.read { try $0.chunk(id) }
+        try store.chunk(id)
     }
 
     /// Every local record, signed (local edits are stored unsigned, see `unsigned`), with its
