@@ -199,7 +199,9 @@ final class InodeTable: Sendable {
 
     func inode(for id: FileID) throws -> InodeNumber {
         if let ino = state.withLock({ $0.byID[id] }) { return ino }
-        let ino = try vault.store.write { w in try w.inode(for: id) }
+        // A file the vault just created already has its inode row: read it without opening a
+        // write (a savepoint per create). Files that arrived by sync get theirs here.
+        let ino = try vault.store.readOne { try $0.inode(of: id) } ?? vault.store.write { w in try w.inode(for: id) }
         state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
         return ino
     }

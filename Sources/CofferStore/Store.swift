@@ -548,6 +548,13 @@ public struct StoreWriter {
         return UInt64(db.lastInsertedRowID)
     }
 
+    /// The inode for a file id this transaction just made up (a fresh random id has none yet, so
+    /// the lookup `inode(for:)` starts with is skipped).
+    public func newInode(for id: FileID) throws -> UInt64 {
+        try db.cachedStatement(sql: "INSERT INTO inodes(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
+        return UInt64(db.lastInsertedRowID)
+    }
+
     public func forgetInode(of id: FileID) throws {
         try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [Data(id.bytes)])
     }

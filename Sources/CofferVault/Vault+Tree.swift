@@ -136,7 +136,7 @@ extension Vault {
                 let p = self.path(parent, &c)
                 return (p == "/" ? "" : p) + "/" + name
             })
-            _ = try w.inode(for: id)
+            _ = try w.newInode(for: id)
             s.keys[id] = fileKey
             s.names[id] = name
             s.attrs[id] = attrs
