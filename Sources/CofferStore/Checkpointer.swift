@@ -29,6 +29,9 @@ final class Checkpointer {
     @discardableResult
     func run() -> Bool {
         var logFrames: Int32 = 0, copied: Int32 = 0
-        return sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_PASSIVE, &logFrames, &copied) == SQLITE_OK
+        // A connection learns that the database is in WAL mode when it first reads it; until then
+        // a checkpoint is a silent no-op (it reports -1 frames).
+        guard sqlite3_exec(db, "PRAGMA schema_version", nil, nil, nil) == SQLITE_OK else { return false }
+        return sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_PASSIVE, &logFrames, &copied) == SQLITE_OK && logFrames >= 0
     }
 }

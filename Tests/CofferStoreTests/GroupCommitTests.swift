@@ -83,6 +83,50 @@ struct GroupCommitTests {
             #expect(try other.read { try $0.hasChunk(chunkID(1)) && $0.hasChunk(chunkID(2)) })
         }
     }
+
+    @Test func fastLookupsSeeTheGroupAndOtherProcessesCommits() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            let big = [UInt8](repeating: 9, count: 100_000) // a chunk file, not a row
+            try store.write { w in
+                try w.putChunk(id: chunkID(1), sealed: [1, 2, 3])
+                try w.putChunk(id: chunkID(2), sealed: big)
+                try w.putManifest(digest: chunkID(3), sealed: [4, 5], chunkIDs: [chunkID(1)])
+            }
+            // Uncommitted: visible to this store (through the group), not to another one.
+            #expect(try store.chunk(chunkID(1)) == [1, 2, 3])
+            #expect(try store.manifest(chunkID(3)) == [4, 5])
+            let other = try Store(directory: dir)
+            #expect(try other.chunk(chunkID(1)) == nil)
+            #expect(try other.manifest(chunkID(3)) == nil)
+            try store.commitPendingWrites()
+            // The other store's fast connections read each lookup's own committed snapshot.
+            #expect(try other.chunk(chunkID(1)) == [1, 2, 3])
+            #expect(try other.chunk(chunkID(2)) == big)
+            #expect(try other.manifest(chunkID(3)) == [4, 5])
+            #expect(try other.chunk(chunkID(4)) == nil)
+        }
+    }
+
+    @Test func theLogIsCheckpointedInTheBackground() throws {
+        try withGroupStore(window: 0.05) { store, dir throws in
+            let database = dir + "/coffer.sqlite"
+            let before = fileSize(database)
+            // About 2 MB of rows: far below the writer's own checkpoint threshold (64 MB), so only
+            // the background checkpoint can move them from the log into the database file.
+            for i in 0..<200 {
+                try store.write { w in try w.putChunk(id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)], sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000)) }
+            }
+            try store.commitPendingWrites()
+            let deadline = Date().addingTimeInterval(10)
+            while fileSize(database) < before + 1_500_000 && Date() < deadline { Thread.sleep(forTimeInterval: 0.05) }
+            #expect(fileSize(database) >= before + 1_500_000, "the database file grew by \(fileSize(database) - before) bytes")
+        }
+    }
+}
+
+private func fileSize(_ path: String) -> Int {
+    var st = stat()
+    return stat(path, &st) == 0 ? Int(st.st_size) : 0
 }
 
 /// A store with group commit on, turned off (and its group committed) afterwards.
