@@ -94,7 +94,13 @@ public enum MountService {
                              ready: @escaping @Sendable () -> Void) throws {
         let log: @Sendable (String) -> Void = { logger.log($0) }
         let fs = try CofferFileSystem(vault: vault, log: log)
-        fs.onReady = ready
+        fs.onReady = {
+            ready()
+            // Off the FUSE thread: finding the mount's device asks this very filesystem.
+            let t = Thread { ReadAhead.raise(at: mountPoint, log: log) }
+            t.name = "coffer-readahead"
+            t.start()
+        }
         var mountOptions = ["fsname=coffer", "subtype=coffer", "default_permissions"]
         for o in options { mountOptions += o.split(separator: ",").map(String.init) }
         let session = FuseSession(mountPoint: mountPoint, operations: fs,
@@ -119,6 +125,34 @@ public enum MountService {
             try session.run()
         } catch {
             throw MountError("cannot mount at \(mountPoint): \(error)")
+        }
+    }
+}
+
+/// The kernel reads ahead at most `read_ahead_kb` of a FUSE file per window (128 KiB by default,
+/// and FUSE cannot ask for more at INIT). Each window is one round trip and one chunk's worth of
+/// decryption at a time; 1 MiB windows keep the daemon's threads busy in parallel.
+/// Measured on a 256 MiB sequential read after dropping caches: 1.29 s at 128 KiB, 0.88 s at
+/// 1 MiB (alternating, two runs each). Only root may change it; others keep the default.
+enum ReadAhead {
+    static let kilobytes = 1024
+
+    static func raise(at mountPoint: String, log: @Sendable (String) -> Void) {
+        var st = stat()
+        guard stat(mountPoint, &st) == 0 else { return }
+        let dev = UInt64(st.st_dev)
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~UInt64(0xfff))
+        let minor = (dev & 0xff) | ((dev >> 12) & ~UInt64(0xff))
+        let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
+        guard let current = (try? String(contentsOfFile: path, encoding: .utf8)).flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) else {
+            return
+        }
+        guard current < kilobytes else { return } // never lower what someone chose
+        do {
+            try "\(kilobytes)".write(toFile: path, atomically: false, encoding: .utf8)
+            log("read-ahead raised from \(current) to \(kilobytes) KiB (\(path))")
+        } catch {
+            log("read-ahead stays at \(current) KiB: cannot write \(path) (needs root)")
         }
     }
 }
