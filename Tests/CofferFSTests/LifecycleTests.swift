@@ -15,7 +15,8 @@ import Testing
         let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
         let value = { (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } }
         #expect(eventually(timeout: 5) { (value() ?? 0) >= 1024 }, "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
-        #expect(m.log.contains("read-ahead raised"))
+        // The log line follows the write on the daemon's thread: wait for it too.
+        #expect(eventually(timeout: 5) { m.log.contains("read-ahead raised") })
     }
 
     @Test func unmountRemountKeepsEverything() throws {
