@@ -145,8 +145,8 @@ extension CofferFileSystem {
         guard node.type == .document else { return }
         let ino = inodes.knownInode(for: node.id)
         let referenced = ino.map { inodes.isReferenced($0) } ?? false
-        let hasHandles = handles.withLock { t in t.files.values.contains(where: { $0.document.id == node.id }) }
-        let zombie = referenced && (racingOpens || hasHandles) ? try? vault.openDocument(node.id) : nil
+        let keep = referenced && (racingOpens || handles.withLock { t in t.files.values.contains(where: { $0.document.id == node.id }) })
+        let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in
             let open = t.files.values.contains(where: { $0.document.id == node.id })
             if open || zombie != nil { t.unlinkedNodes[node.id] = node }

@@ -67,14 +67,15 @@ extension Vault {
                 report.problems.append("\(m.id): \(VaultError.wrap(error).description)")
             }
         }
-        // Content nothing refers to.
-        // One snapshot: records read earlier may name content a later commit replaced.
-        let (chunkIDs, manifests, referenced) = try store.read { r -> (Set<[UInt8]>, Set<[UInt8]>, Set<[UInt8]>) in
+        // Content nothing refers to, all from one snapshot: records read earlier may name content
+        // a later commit replaced, and a manifest's chunk list read later may be gone.
+        let (chunkIDs, manifests, referenced, reachableChunks) = try store.read { r in
             let records = try r.filesLeniently(.base).files + r.filesLeniently(.local).files
-            return (Set(try r.allChunkIDs()), Set(try r.allManifestDigests()), Set(records.compactMap { $0.metadata.contentDigest }))
+            let referenced = Set(records.compactMap { $0.metadata.contentDigest })
+            var reachable: Set<[UInt8]> = []
+            for d in referenced { reachable.formUnion(try r.chunkIDs(ofManifest: d)) }
+            return (Set(try r.allChunkIDs()), Set(try r.allManifestDigests()), referenced, reachable)
         }
-        var reachableChunks: Set<[UInt8]> = []
-        for d in referenced { reachableChunks.formUnion(try store.read { try $0.chunkIDs(ofManifest: d) }) }
         report.unreferencedChunks = chunkIDs.subtracting(reachableChunks).count
         report.unreferencedManifests = manifests.subtracting(referenced).count
         for d in referenced where !manifests.contains(d) {

@@ -7,12 +7,10 @@ import Testing
     /// As root the daemon widens the kernel's read-ahead window for its mount (docs/FILESYSTEM.md).
     @Test(.enabled(if: getuid() == 0)) func readAheadIsRaisedForTheMount() throws {
         let m = try MountFixture("coffer-fs-readahead")
-        var st = stat()
-        #expect(stat(m.mountPoint, &st) == 0)
-        let dev = UInt64(st.st_dev)
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~UInt64(0xfff))
-        let minor = (dev & 0xff) | ((dev >> 12) & ~UInt64(0xff))
-        let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
+        // The mount's device from util-linux, not from the daemon's own st_dev decoding.
+        let device = run("/usr/bin/mountpoint", ["-d", m.mountPoint]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(device.contains(":"), "mountpoint -d said \(device)")
+        let path = "/sys/class/bdi/\(device)/read_ahead_kb"
         let value = { (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } }
         #expect(eventually(timeout: 5) { (value() ?? 0) >= 1024 }, "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
         // The log line follows the write on the daemon's thread: wait for it too.
