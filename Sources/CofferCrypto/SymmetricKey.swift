@@ -85,17 +85,20 @@ public enum AEAD {
         ensureSodium()
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
         let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
-        var out = [UInt8](repeating: 0, count: sealed.count - overhead)
+        let length = sealed.count - overhead
         var mlen: UInt64 = 0
-        let rc = sealed.withUnsafeBufferPointer { s in
-            out.withUnsafeMutableBufferPointer { o in
+        var rc: Int32 = -1
+        // Written by the decryption, not zeroed first (a 256 KiB chunk's memset saved per read).
+        let out = [UInt8](unsafeUninitializedCapacity: length) { o, count in
+            rc = sealed.withUnsafeBufferPointer { s in
                 crypto_aead_xchacha20poly1305_ietf_decrypt(
                     o.baseAddress, &mlen, nil,
                     s.baseAddress! + nonceBytes, UInt64(sealed.count - nonceBytes),
                     ad, UInt64(ad.count), s.baseAddress!, key.bytes)
             }
+            count = rc == 0 && mlen == UInt64(length) ? length : 0
         }
-        guard rc == 0 else { throw CryptoError.authenticationFailed(what) }
+        guard rc == 0, out.count == length else { throw CryptoError.authenticationFailed(what) }
         return out
     }
 }

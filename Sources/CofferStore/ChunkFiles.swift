@@ -7,16 +7,32 @@ import Synchronization
 /// A chunk stored as a SQLite blob is written three times (WAL, then the database at checkpoint,
 /// read back in between) and read back page by page; a file is written once and read with one
 /// `pread`. Small chunks (most of a source tree's files) stay in SQLite, where a row is cheaper
-/// than a file. The `chunks` table lists every chunk either way (`in_file = 1` for files), so
-/// the store's bookkeeping and garbage collection see one set of ids.
+/// than a file. The `chunks` table lists every chunk either way, with its `Place`, so the
+/// store's bookkeeping and garbage collection see one set of ids.
 ///
-/// Crash safety: a file is written before the row naming it, in the same transaction; a file
+/// Large chunks stored together (a spill of buffered writes, a flush, a download) share one
+/// pack file under `DATA/chunks/packs/`; their rows (`in_file = 2`) hold a `PackLocator` instead
+/// of the bytes. A pack is deleted when garbage collection finds no row naming it; one only
+/// partly in use is kept whole (its dead chunks cost disk space, not correctness). Stores
+/// written before packs have one file per chunk (`in_file = 1`, `DATA/chunks/<2 hex>/<id>`);
+/// those are still read and collected, never written.
+///
+/// Crash safety: a file is written before the rows naming it, in the same transaction; a file
 /// without a row (its transaction rolled back) is swept by garbage collection. Files written
 /// since the last sync are synced before any commit, so a committed row never names a file a
 /// power loss could take.
 final class ChunkFiles: Sendable {
     /// Sealed chunks at least this large go to files (a quarter of a full 256 KiB chunk).
     static let threshold = 64 * 1024
+
+    /// Where a chunk's bytes are: the `in_file` column of its row.
+    enum Place: Int64 {
+        case row = 0
+        case file = 1
+        case pack = 2
+    }
+
+    static let packFolder = "packs"
 
     let directory: String
     private let unsynced = Mutex<Set<String>>([])
@@ -32,26 +48,6 @@ final class ChunkFiles: Sendable {
         return directory + "/" + String(hex.prefix(2)) + "/" + hex
     }
 
-    func write(_ id: [UInt8], _ sealed: [UInt8]) throws {
-        let p = path(id)
-        let folder = String(p[..<(p.lastIndex(of: "/") ?? p.endIndex)])
-        if mkdir(folder, 0o700) != 0 && errno != EEXIST { throw StoreError("cannot create \(folder): \(Self.errorText())") }
-        let fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StoreError("cannot write chunk file \(p): \(Self.errorText())") }
-        defer { close(fd) }
-        var done = 0
-        while done < sealed.count {
-            let n = sealed.withUnsafeBytes { b -> Int in
-                guard let base = b.baseAddress else { return -1 }
-                return Glibc.write(fd, base + done, b.count - done)
-            }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { throw StoreError("cannot write chunk file \(p): \(Self.errorText())") }
-            done += n
-        }
-        unsynced.withLock { _ = $0.insert(p) }
-    }
-
     func read(_ id: [UInt8]) throws -> [UInt8] {
         let p = path(id)
         let fd = open(p, O_RDONLY | O_CLOEXEC)
@@ -59,22 +55,38 @@ final class ChunkFiles: Sendable {
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw StoreError("cannot read chunk file \(p): \(Self.errorText())") }
-        let size = Int(st.st_size)
+        return try Self.read(Int(st.st_size), from: fd, at: 0, path: p)
+    }
+
+    /// Writes all of `bytes` at `offset`, retrying short writes and EINTR.
+    private static func write(_ bytes: [UInt8], to fd: Int32, at offset: Int, path: String) throws {
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeBytes { b -> Int in
+                guard let base = b.baseAddress else { return -1 }
+                return pwrite(fd, base + done, b.count - done, off_t(offset + done))
+            }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw StoreError("cannot write chunk file \(path): \(errorText())") }
+            done += n
+        }
+    }
+
+    /// Reads exactly `size` bytes at `offset`; a short file is an error, not a short chunk.
+    private static func read(_ size: Int, from fd: Int32, at offset: Int, path: String) throws -> [UInt8] {
         var failure: Int32 = 0
         // Filled by pread, not zeroed first (a full chunk read is 256 KiB of memset saved).
         let out = [UInt8](unsafeUninitializedCapacity: size) { buffer, count in
             var done = 0
             while done < size, let base = buffer.baseAddress {
-                let n = pread(fd, base + done, size - done, off_t(done))
+                let n = pread(fd, base + done, size - done, off_t(offset + done))
                 if n < 0 && errno == EINTR { continue }
                 guard n > 0 else { failure = n == 0 ? EIO : errno; break }
                 done += n
             }
             count = done
         }
-        guard out.count == size else {
-            throw StoreError("cannot read chunk file \(p): \(String(cString: strerror(failure)))")
-        }
+        guard out.count == size else { throw StoreError("cannot read chunk file \(path): \(String(cString: strerror(failure)))") }
         return out
     }
 
@@ -118,10 +130,65 @@ final class ChunkFiles: Sendable {
         unsynced.withLock { _ = $0.remove(p) }
     }
 
+    /// A chunk's sealed bytes, given its row's `sealed` column and `in_file` place.
+    func resolve(_ id: [UInt8], row: [UInt8], place: Int64) throws -> [UInt8] {
+        switch Place(rawValue: place) {
+        case .row: return row
+        case .file: return try read(id)
+        case .pack: return try readPacked(PackLocator(decoding: row))
+        case nil: throw StoreError("chunk \(hexString(Array(id.prefix(8)))) has an unknown place \(place)")
+        }
+    }
+
+    func packPath(_ pack: [UInt8]) -> String {
+        directory + "/" + Self.packFolder + "/" + hexString(pack)
+    }
+
+    /// Writes the sealed chunks into one new pack file, in order; returns each one's locator.
+    func writePack(_ chunks: [[UInt8]]) throws -> [PackLocator] {
+        var rng = SystemRandomNumberGenerator()
+        let pack = (0..<PackLocator.packIDBytes).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        let folder = directory + "/" + Self.packFolder
+        if mkdir(folder, 0o700) != 0 && errno != EEXIST { throw StoreError("cannot create \(folder): \(Self.errorText())") }
+        let p = packPath(pack)
+        let fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw StoreError("cannot write chunk pack \(p): \(Self.errorText())") }
+        defer { close(fd) }
+        var locators: [PackLocator] = []
+        var offset = 0
+        for sealed in chunks {
+            try Self.write(sealed, to: fd, at: offset, path: p)
+            locators.append(PackLocator(pack: pack, offset: UInt64(offset), length: UInt64(sealed.count)))
+            offset += sealed.count
+        }
+        unsynced.withLock { _ = $0.insert(p) }
+        return locators
+    }
+
+    func readPacked(_ locator: PackLocator) throws -> [UInt8] {
+        let p = packPath(locator.pack)
+        let fd = open(p, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw StoreError("chunk pack \(p) is missing: \(Self.errorText())") }
+        defer { close(fd) }
+        return try Self.read(Int(locator.length), from: fd, at: Int(locator.offset), path: p)
+    }
+
+    func removePack(_ pack: [UInt8]) {
+        let p = packPath(pack)
+        unlink(p)
+        unsynced.withLock { _ = $0.remove(p) }
+    }
+
+    /// Every pack file's id, for sweeping packs no row names.
+    func allPackIDs() -> [[UInt8]] {
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: directory + "/" + Self.packFolder)) ?? []
+        return names.compactMap { bytes(fromHex: $0) }.filter { $0.count == PackLocator.packIDBytes }
+    }
+
     /// Every chunk id that has a file, for sweeping files no row names.
     func allIDs() -> [[UInt8]] {
         var out: [[UInt8]] = []
-        for folder in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] {
+        for folder in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] where folder != Self.packFolder {
             for name in (try? FileManager.default.contentsOfDirectory(atPath: directory + "/" + folder)) ?? [] {
                 if let id = bytes(fromHex: name) { out.append(id) }
             }
@@ -159,4 +226,38 @@ func bytes(fromHex s: String) -> [UInt8]? {
         i += 2
     }
     return out
+}
+
+/// Where a packed chunk is: what its row's `sealed` column holds instead of the bytes. Its
+/// first 16 bytes are the pack id, so garbage collection finds the packs in use with `substr`.
+struct PackLocator: Equatable {
+    static let packIDBytes = 16
+
+    let pack: [UInt8]
+    let offset: UInt64
+    let length: UInt64
+
+    init(pack: [UInt8], offset: UInt64, length: UInt64) {
+        self.pack = pack; self.offset = offset; self.length = length
+    }
+
+    init(decoding bytes: [UInt8]) throws {
+        var r = ByteReader(bytes)
+        do {
+            pack = try r.raw(Self.packIDBytes)
+            offset = try r.u64()
+            length = try r.u64()
+        } catch { throw StoreError("a chunk's pack locator is malformed: \(error)") }
+        guard r.isAtEnd, length <= UInt64(Int32.max), offset <= UInt64(Int64.max) - length else {
+            throw StoreError("a chunk's pack locator is malformed or out of range")
+        }
+    }
+
+    var encoded: [UInt8] {
+        var w = ByteWriter(capacity: Self.packIDBytes + 16)
+        w.raw(pack)
+        w.u64(offset)
+        w.u64(length)
+        return w.bytes
+    }
 }

@@ -35,8 +35,8 @@ final class FastReads: Sendable {
 
     /// The sealed chunk, from its row or (for a large one) its file.
     func chunk(_ id: [UInt8], files: ChunkFiles) throws -> [UInt8]? {
-        guard let (bytes, inFile) = try withReader({ try $0.row(.chunk, key: id) }) else { return nil }
-        return inFile ? try files.read(id) : bytes
+        guard let (bytes, place) = try withReader({ try $0.row(.chunk, key: id) }) else { return nil }
+        return try files.resolve(id, row: bytes, place: place)
     }
 
     private func withReader<T>(_ body: (Reader) throws -> T) throws -> T {
@@ -87,8 +87,8 @@ private final class Reader: @unchecked Sendable {
         return statement
     }
 
-    /// The first column of the row with `key` as a blob, and whether the second column is non-zero.
-    func row(_ query: Query, key: [UInt8]) throws -> (bytes: [UInt8], flag: Bool)? {
+    /// The first column of the row with `key` as a blob, and the second as an integer.
+    func row(_ query: Query, key: [UInt8]) throws -> (bytes: [UInt8], flag: Int64)? {
         guard let statement = query == .manifest ? manifest : chunk else { throw StoreError("read connection is closed") }
         defer {
             sqlite3_reset(statement)
@@ -106,7 +106,7 @@ private final class Reader: @unchecked Sendable {
             } else {
                 bytes = []
             }
-            return (bytes, sqlite3_column_int64(statement, 1) != 0)
+            return (bytes, sqlite3_column_int64(statement, 1))
         case SQLITE_DONE:
             return nil
         default:

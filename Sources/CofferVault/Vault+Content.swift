@@ -66,7 +66,7 @@ extension Vault {
         do {
             try commit { batch, s, w in
                 guard s.tree.isLive(id) else { return }
-                for (chunkID, sealedChunk) in chunks { try w.putChunk(id: chunkID, sealed: sealedChunk) }
+                try w.putChunks(chunks.map { ($0.key, $0.value) })
                 try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)
                 a.size = manifest.size

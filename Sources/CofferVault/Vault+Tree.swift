@@ -117,19 +117,12 @@ extension Vault {
             var attrs = PosixAttributes(mode: mode, uid: uid, gid: gid, mtime: t, stamp: stamp, symlinkTarget: symlinkTarget)
             if let atime { attrs.atime.value = atime }
             attrs.ctime = now()
-            var contentDigest: [UInt8]? = nil
-            if type == .document {
-                // Every document has a manifest from the start, so readers never special-case "none".
-                let cipher = ContentCipher(fileID: id, key: fileKey)
-                let sealed = cipher.sealManifest(Manifest())
-                let digest = ContentCipher.digest(ofSealedManifest: sealed)
-                try w.putManifest(digest: digest, sealed: sealed, chunkIDs: [])
-                contentDigest = digest
-            }
+            // A new document names no manifest (contentDigest nil reads as empty everywhere):
+            // storing a sealed empty one cost an insert, and a delete at the first flush, per file.
             let m = FileMetadata(id: id, type: type, parent: parent, name: sealName(name, parentKey: parentKey, fileID: id),
                                  owner: accountID, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes),
                                  sealedAttributes: AEAD.seal(attrs.encoded(), key: fileKey, purpose: .attributes, fileID: id.bytes),
-                                 contentDigest: contentDigest, lastModifiedBy: accountID)
+                                 lastModifiedBy: accountID)
             let snapshot = s.tree
             try batch.create(m, describe: { _ in
                 var c = VaultState(tree: snapshot)

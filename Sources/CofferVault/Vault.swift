@@ -374,15 +374,20 @@ public final class Vault: Sendable {
                         // transaction: nothing will ever need to push it.
                         if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
                            batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) }) {
-                            if try w.reader.exists(m.id, .local) { try w.remove(m.id, .local) }
+                            try w.remove(m.id, .local) // a no-op if it never reached the store
                             try w.forgetInode(of: m.id)
                             pruned.append(m.id)
                             continue
                         }
                         let v = s.versions[m.id] ?? (0, 0)
-                        try w.put(StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local)
+                        // The tree in memory still holds the record as it was (the batch lands
+                        // below), so it knows what the row named.
+                        try w.put(StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local,
+                                  previousDigest: .some(s.tree.file(m.id)?.contentDigest))
                     }
-                    return (result, changed.filter { !pruned.contains($0.id) } , try w.reader.lastChange(), pruned)
+                    // Nobody else can log while this transaction is open: the last entry is ours,
+                    // or the one read on the way in.
+                    return (result, changed.filter { !pruned.contains($0.id) } , w.lastLogged ?? latest, pruned)
                 }
                 s.pruneCandidates = []
                 for m in changed {

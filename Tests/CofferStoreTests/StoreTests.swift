@@ -109,7 +109,13 @@ struct StoreTests {
             #expect(ids1 == [fid(1), fid(2)])
             #expect(last1 == 2)
             #expect(try store.read { try $0.lastChange() } == 2)
-            try store.write { w in try w.put(record(3, parent: 1), .local); try w.remove(fid(1), .local) }
+            let logged = try store.write { w -> [Int64?] in
+                let before = w.lastLogged
+                try w.put(record(3, parent: 1), .local)
+                try w.remove(fid(1), .local)
+                return [before, w.lastLogged]
+            }
+            #expect(logged == [nil, 4], "a writer knows the sequence number of what it logged")
             let (ids2, last2) = try store.read { try $0.changes(after: last1) }
             #expect(ids2 == [fid(3), fid(1)])
             #expect(last2 == 4)
@@ -260,12 +266,17 @@ struct StoreTests {
             // Re-putting the same digest releases nothing.
             try store.write { w in try w.put(record(10, parent: 1, name: "renamed", digest: digest(2)), .local) }
             #expect(try store.read { try $0.manifest(digest(2)) } == [2])
-            // Removing the base record (e.g. after sync) releases digest 1.
+            // Removing records leaves their manifests, like chunks, to garbage collection,
+            // which keeps what a remaining record names.
             try store.write { w in try w.remove(fid(10), .base) }
+            #expect(try store.read { try $0.manifest(digest(1)) } == [1])
+            #expect(try store.collectGarbage().manifests == 1)
             #expect(try store.read { try $0.manifest(digest(1)) } == nil)
-            // Removing the last record naming digest 2 releases it too.
+            #expect(try store.read { try $0.manifest(digest(2)) } == [2], "the local record still names it")
             try store.write { w in try w.remove(fid(10), .local) }
+            #expect(try store.collectGarbage().manifests == 1)
             #expect(try store.read { try $0.manifest(digest(2)) } == nil)
+            #expect(try store.read { try $0.chunkIDs(ofManifest: digest(1)) } == [], "its chunk list goes with it")
         }
     }
 

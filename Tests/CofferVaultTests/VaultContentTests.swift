@@ -282,4 +282,62 @@ struct VaultContentTests {
         try f.document("zeros", contents: [UInt8](repeating: 0, count: 4 * 256 * 1024))
         #expect(try f.chunkCount() == 2)
     }
+
+    @Test func aNewDocumentStoresNoManifestUntilItHasContent() throws {
+        let f = try VaultFixture()
+        let manifests = { try f.vault.store.read { try $0.count("SELECT COUNT(*) FROM manifests") } }
+        let doc = try f.document("empty")
+        #expect(try manifests() == 0, "creating a file writes no manifest row")
+        #expect(try f.vault.readAll(doc.id) == [])
+        #expect(try f.vault.node(doc.id).size == 0)
+        #expect(try f.vault.check().isClean)
+        try f.vault.writeAll(doc.id, Array("now some".utf8))
+        #expect(try manifests() == 1)
+        let reopened = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try reopened.readAll(doc.id) == Array("now some".utf8))
+        // Back to empty names a sealed empty manifest, which replaces the old one.
+        try f.vault.writeAll(doc.id, [])
+        #expect(try manifests() == 1)
+        #expect(try f.vault.readAll(doc.id) == [])
+    }
+
+    @Test func aReadSpanningChunksOpensThemAllAndNamesAMissingOne() throws {
+        let f = try VaultFixture()
+        let data = noise(5 * 256 * 1024 + 123, seed: 9)
+        let doc = try f.document("big", contents: data)
+        // A fresh vault has nothing cached: one read of 1 MiB opens four chunks at once.
+        let reader = try Vault.open(dataDirectory: f.dataDir)
+        let h = try reader.openDocument(doc.id)
+        #expect(try h.read(offset: 100_000, count: 1 << 20) == Array(data[100_000 ..< 100_000 + (1 << 20)]))
+        #expect(try h.read(offset: 0, count: data.count + 10) == data)
+        try reader.release(h)
+        // With one chunk gone, a read over it fails with a clear error instead of returning holes.
+        _ = try f.sqlite("DELETE FROM chunks WHERE rowid = (SELECT MAX(rowid) FROM chunks);")
+        let again = try Vault.open(dataDirectory: f.dataDir)
+        let h2 = try again.openDocument(doc.id)
+        defer { try? again.release(h2) }
+        let error = #expect(throws: (any Error).self) { _ = try h2.read(offset: 0, count: data.count) }
+        #expect(String(describing: error).contains("missing"), "\(String(describing: error))")
+    }
+
+    @Test func wholeChunkReadsMatchPiecewiseReads() throws {
+        let f = try VaultFixture()
+        let data = noise(256 * 1024 + 5000, seed: 11)
+        let doc = try f.document("f", contents: data)
+        let fresh = try Vault.open(dataDirectory: f.dataDir)
+        let h = try fresh.openDocument(doc.id)
+        // Exactly the first chunk, exactly the short last one (uncached, then cached), and
+        // a read that asks for more than the last chunk holds.
+        #expect(try h.read(offset: 0, count: 256 * 1024) == Array(data[0 ..< 256 * 1024]))
+        #expect(try h.read(offset: 256 * 1024, count: 5000) == Array(data[(256 * 1024)...]))
+        #expect(try h.read(offset: 256 * 1024, count: 5000) == Array(data[(256 * 1024)...]))
+        #expect(try h.read(offset: 256 * 1024, count: 1 << 20) == Array(data[(256 * 1024)...]))
+        // Unflushed writes: a dirty chunk read whole, and one grown by a truncate up.
+        try h.write(offset: 256 * 1024, bytes: [1, 2, 3])
+        #expect(try h.read(offset: 256 * 1024, count: 5000) == [1, 2, 3] + Array(data[(256 * 1024 + 3)...]))
+        try h.truncate(to: 256 * 1024 + 6000)
+        #expect(try h.read(offset: 256 * 1024, count: 6000) == [1, 2, 3] + Array(data[(256 * 1024 + 3)...]) + [UInt8](repeating: 0, count: 1000))
+        try fresh.release(h)
+        #expect(try fresh.readAll(doc.id).count == 256 * 1024 + 6000)
+    }
 }

@@ -106,7 +106,7 @@ extension Vault {
             _ = try need.cipher.openChunk(sealed, ref: ref)
         }
         try store.write { w in
-            for (id, sealed) in chunks where refs[id] != nil { try w.putChunk(id: id, sealed: sealed) }
+            try w.putChunks(chunks.filter { refs[$0.key] != nil }.map { ($0.key, $0.value) })
             for r in manifest.chunks where try !w.reader.hasChunk(r.id) {
                 throw VaultError.corrupt("chunk missing for \(need.fileID) after download")
             }
