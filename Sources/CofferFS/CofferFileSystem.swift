@@ -100,7 +100,7 @@ public final class CofferFileSystem: FileSystemOperations {
     /// The node behind an inode, including a file that was unlinked while open (nlink 0).
     func node(_ ino: InodeNumber) throws -> (Node, unlinked: Bool) {
         guard let id = inodes.fileID(ino) else { throw FSError.notFound }
-        if vault.isLive(id) { return (try vault.node(id), false) }
+        if let live = try vault.liveNode(id) { return (live, false) }
         if let last = handles.withLock({ $0.unlinkedNodes[id] }) { return (last, true) }
         throw FSError.notFound
     }

@@ -35,6 +35,14 @@ extension Vault {
         do { return try state.withLock { s in try node(id, &s) } } catch { throw VaultError.wrap(error) }
     }
 
+    /// The node if the file is live, nil if it is deleted or unknown, decided under one lock:
+    /// a caller that asked `isLive` and then `node` could see a rename remove it in between.
+    public func liveNode(_ id: FileID) throws -> Node? {
+        do {
+            return try state.withLock { s in s.tree.isLive(id) ? try node(id, &s) : nil }
+        } catch { throw VaultError.wrap(error) }
+    }
+
     /// Whether the file exists and is live (not deleted, no deleted ancestor).
     public func isLive(_ id: FileID) -> Bool {
         state.withLock { $0.tree.isLive(id) }

@@ -46,7 +46,7 @@ struct ChunkPackTests {
             let pack = packFiles(dir)
             #expect(pack.count == 1)
             // A pack nothing names (its transaction never committed) is swept.
-            try FileManager.default.createFile(atPath: dir + "/chunks/packs/" + String(repeating: "ab", count: 16), contents: Data([1]))
+            #expect(FileManager.default.createFile(atPath: dir + "/chunks/packs/" + String(repeating: "ab", count: 16), contents: Data([1])))
             // Chunk 1 becomes garbage; chunk 2 is still named, so the pack stays whole.
             try store.write { w throws in try w.put(record(10, parent: 1), .local) }
             #expect(try store.collectGarbage().chunks == 1)
