@@ -83,7 +83,16 @@ public struct FileTree: TreeView, Sendable {
     /// on every stat, so it is kept up to date here rather than counted over the children.
     /// Flags, not deletion states: a live folder's children can only be deleted explicitly.
     private var subfolders: [FileID: Int] = [:]
+    /// Each record's parent and deletion flag, apart from the record: every stat and open asks
+    /// whether a file is live, walking up to the root, and reading those two fields out of
+    /// `files` copied whole records (a dozen reference-counted fields) at every step.
+    private var links: [FileID: Link] = [:]
     public private(set) var rootID: FileID?
+
+    private struct Link: Sendable {
+        var parent: FileID
+        var isDeleted: Bool
+    }
 
     public init() {}
 
@@ -119,6 +128,7 @@ public struct FileTree: TreeView, Sendable {
             }
         }
         files[m.id] = m
+        links[m.id] = Link(parent: m.parent, isDeleted: m.isDeleted)
         countSubfolder(m, +1)
         if m.isRoot { rootID = m.id } else {
             children[m.parent, default: []].insert(m.id)
@@ -140,9 +150,27 @@ public struct FileTree: TreeView, Sendable {
     /// Removes a record entirely (pruning).
     public mutating func remove(_ id: FileID) {
         guard let old = files.removeValue(forKey: id) else { return }
+        links[id] = nil
         countSubfolder(old, -1)
         if old.isRoot { rootID = nil } else { children[old.parent]?.remove(id); unindex(old) }
     }
+
+    /// `TreeView.deletionState`, answered from the link table (same result, no record copies).
+    public func deletionState(of id: FileID) -> DeletionState? {
+        guard let f = links[id] else { return nil }
+        if f.isDeleted { return .explicitlyDeleted }
+        var current = (id: id, link: f)
+        var steps = 0
+        while current.link.parent != current.id, steps < 100_000 {
+            guard let p = links[current.link.parent] else { return .implicitlyDeleted }
+            if p.isDeleted { return .implicitlyDeleted }
+            current = (current.link.parent, p)
+            steps += 1
+        }
+        return .live
+    }
+
+    public func isLive(_ id: FileID) -> Bool { deletionState(of: id) == .live }
 
     public mutating func apply(_ batch: [FileMetadata]) {
         for m in batch { insert(m) }

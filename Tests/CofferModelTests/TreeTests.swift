@@ -78,6 +78,24 @@ struct FileTreeTests {
         #expect(t.deletionState(of: fid(30)) == .implicitlyDeleted)
     }
 
+    /// `FileTree` answers deletion states from its link table; any other view walks records.
+    static func walked<T: TreeView>(_ t: T, _ id: FileID) -> DeletionState? { t.deletionState(of: id) }
+
+    @Test func linkTableAgreesWithTheRecordWalk() {
+        var t = sampleTree()
+        let ids = (1...6).map { fid($0) } + [fid(20), fid(21), fid(30), fid(999)]
+        func agree(_ step: String) {
+            for id in ids { #expect(t.deletionState(of: id) == Self.walked(t, id), "\(step): \(id)") }
+        }
+        agree("sample")
+        t.insert(folder(2, parent: 1, "a", deleted: true)); agree("folder deleted")
+        t.insert(folder(5, parent: 3, "c")); agree("moved out of the deleted folder")
+        t.insert(folder(2, parent: 1, "a")); agree("revived")
+        t.remove(fid(3)); agree("parent pruned")
+        t.insert(folder(20, parent: 21, "x")); t.insert(folder(21, parent: 20, "y")); agree("cycle")
+        t.insert(meta(30, parent: 5, "doc", deleted: true)); agree("deleted document")
+    }
+
     /// What `subfolderCount` must equal: a scan of the children.
     static func scannedSubfolders(_ t: FileTree, _ id: FileID) -> Int {
         t.childIDs(of: id).compactMap { t.file($0) }.filter { $0.type == .folder && !$0.isDeleted && !$0.isRoot }.count
