@@ -154,6 +154,9 @@ struct VaultTreeTests {
         #expect(try f.vault.resolve("dst").id == src.id)
         #expect(try f.vault.readAll(src.id) == Array("new".utf8))
         #expect(!f.vault.isLive(dst.id))
+        // The daemon's one-lock question (live, and which node): nil for the replaced file.
+        #expect(try f.vault.liveNode(dst.id) == nil)
+        #expect(try f.vault.liveNode(src.id)?.name == "dst")
         #expect(try f.vault.check().isClean)
     }
 
