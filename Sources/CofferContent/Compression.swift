@@ -10,18 +10,22 @@ enum Compression {
 
     static func pack(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
         let bound = ZSTD_compressBound(plaintext.count)
-        var out = [UInt8](repeating: 0, count: bound + 1)
-        let written = out.withUnsafeMutableBytes { o -> Int in
-            guard let dst = o.baseAddress?.advanced(by: 1) else { return 0 }
-            let n = ContextPool.compression.with { ZSTD_compressCCtx($0, dst, bound, plaintext.baseAddress, plaintext.count, level) }
-            return ZSTD_isError(n) != 0 ? 0 : n
+        // One uninitialized buffer serves both outcomes (the bound is at least the input size):
+        // no zero fill, and a raw chunk is one copy instead of two.
+        return [UInt8](unsafeUninitializedCapacity: bound + 1) { o, initialized in
+            guard let base = o.baseAddress else { initialized = 0; return }
+            let n = ContextPool.compression.with { ZSTD_compressCCtx($0, base + 1, bound, plaintext.baseAddress, plaintext.count, level) }
+            if ZSTD_isError(n) == 0 && n > 0 && n < plaintext.count {
+                base[0] = zstd
+                initialized = n + 1
+                return
+            }
+            base[0] = raw
+            if let src = plaintext.baseAddress {
+                UnsafeMutableRawPointer(base + 1).copyMemory(from: src, byteCount: plaintext.count)
+            }
+            initialized = plaintext.count + 1
         }
-        if written > 0 && written < plaintext.count {
-            out[0] = zstd
-            out.removeLast(out.count - 1 - written)
-            return out
-        }
-        return [raw] + Array(plaintext)
     }
 
     static func unpack(_ packed: [UInt8], expectedLength: Int) throws -> [UInt8] {

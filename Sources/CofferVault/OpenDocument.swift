@@ -216,13 +216,14 @@ public final class OpenDocument: Sendable {
                 let take = min(s.chunkSize - within, Int(end - pos))
                 var chunk: [UInt8]
                 if within == 0 && take == expectedLength(index, s) {
-                    chunk = [UInt8](repeating: 0, count: take) // fully overwritten: no need to read it
+                    // Fully overwritten: built from the written bytes alone (no read, no zero fill).
+                    chunk = [UInt8](UnsafeRawBufferPointer(rebasing: bytes[consumed..<(consumed + take)]))
                 } else {
                     chunk = try plaintext(index, &s)
-                }
-                chunk.withUnsafeMutableBytes { dst in
-                    guard let d = dst.baseAddress, let src = bytes.baseAddress else { return }
-                    (d + within).copyMemory(from: src + consumed, byteCount: take)
+                    chunk.withUnsafeMutableBytes { dst in
+                        guard let d = dst.baseAddress, let src = bytes.baseAddress else { return }
+                        (d + within).copyMemory(from: src + consumed, byteCount: take)
+                    }
                 }
                 if let old = s.dirty[index] { s.dirtyBytes -= old.count }
                 s.dirty[index] = chunk

@@ -138,6 +138,10 @@ struct CompressionTests {
         #expect(try Compression.unpack(packed, expectedLength: data.count) == data)
         let (_, sealed) = ContentCipher(fileID: fileA, key: .random()).sealChunk(data)
         #expect(sealed.count == data.count + 1 + AEAD.overhead)
+        // An empty input packs to the flag byte alone.
+        let empty = [UInt8]().withUnsafeBytes { Compression.pack($0) }
+        #expect(empty == [Compression.raw])
+        #expect(try Compression.unpack(empty, expectedLength: 0) == [])
     }
 
     @Test func emptyAndTinyInputs() throws {
