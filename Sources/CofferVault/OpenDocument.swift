@@ -2,6 +2,7 @@ import CofferContent
 import CofferCrypto
 import CofferModel
 import CofferStore
+import Dispatch
 import Synchronization
 
 /// The shared state of one open document: every handle on the same file (two `open`s, the CLI's
@@ -31,6 +32,8 @@ public final class OpenDocument: Sendable {
     /// Handles open on this document. Atomic so the vault's table of open documents never has
     /// to take the document's lock (which is held across commits).
     let openCount = Atomic<Int>(0)
+    /// Entered while a background spill runs; `flush` waits on it before committing.
+    let spills = DispatchGroup()
 
     struct DocumentState {
         var chunkSize: Int
@@ -48,6 +51,26 @@ public final class OpenDocument: Sendable {
         /// Set when a failed group commit took chunks this handle's buffers refer to: every
         /// later read, write or flush fails (EIO) instead of committing a manifest with holes.
         var poisoned = false
+        /// Full chunks a background spill is sealing and storing, by index. Until it swaps in
+        /// their refs they are still the file's content (reads look here after `dirty`); a write
+        /// or truncate that touches one takes it back into `dirty`, and the spill then drops
+        /// its result for that index (the generation no longer matches).
+        var sealing: [Int: (generation: UInt64, plain: [UInt8])] = [:]
+        var spillGeneration: UInt64 = 0
+        var spillInFlight = false
+        /// A background spill's failure, reported by the next write or flush (its chunks went
+        /// back to `dirty`, so nothing is lost).
+        var spillError: (any Error)?
+
+        /// Chunk `index`'s buffered plaintext, if any: a write's, else one being spilled.
+        func buffered(_ index: Int) -> [UInt8]? { dirty[index] ?? sealing[index]?.plain }
+
+        /// Buffers `plain` as chunk `index`'s new content.
+        mutating func setDirty(_ index: Int, _ plain: [UInt8]?) {
+            dirtyBytes += (plain?.count ?? 0) - (dirty[index]?.count ?? 0)
+            dirty[index] = plain
+            sealing[index] = nil
+        }
     }
 
     /// A small most-recently-used set of opened chunks.
@@ -112,7 +135,7 @@ public final class OpenDocument: Sendable {
             // do) returns the chunk's plaintext itself: no zeroed buffer, no copy.
             let first = Int(offset / UInt64(s.chunkSize))
             if UInt64(first) * UInt64(s.chunkSize) == offset {
-                if let d = s.dirty[first] {
+                if let d = s.buffered(first) {
                     if d.count == length { out = d; return }
                 } else if first < s.refs.count, let ref = s.refs[first], Int(ref.length) == length {
                     if let plain = s.cache[ref.id] { out = plain } else { loads = [(ref, 0, 0, length)] }
@@ -126,7 +149,7 @@ public final class OpenDocument: Sendable {
                 let within = Int(pos - UInt64(index) * UInt64(s.chunkSize))
                 let take = min(s.chunkSize - within, Int(end - pos))
                 let at = Int(pos - offset)
-                if let d = s.dirty[index] {
+                if let d = s.buffered(index) {
                     copy(d, within, take, into: &out, at: at)
                 } else if index < s.refs.count, let ref = s.refs[index] {
                     if let plain = s.cache[ref.id] {
@@ -181,7 +204,7 @@ public final class OpenDocument: Sendable {
     /// after a truncate up or a write past the end).
     func plaintext(_ index: Int, _ s: inout DocumentState) throws -> [UInt8] {
         let expected = expectedLength(index, s)
-        if let d = s.dirty[index] { return fitted(d, expected) }
+        if let d = s.buffered(index) { return fitted(d, expected) }
         if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(c, expected) }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
         guard let sealed = try vault.store.chunk(ref.id) else {
@@ -206,6 +229,7 @@ public final class OpenDocument: Sendable {
         try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
+            if let e = s.spillError { s.spillError = nil; throw e }
             let end = offset + UInt64(bytes.count)
             if end > s.size { s.size = end }
             var pos = offset
@@ -225,9 +249,7 @@ public final class OpenDocument: Sendable {
                         (d + within).copyMemory(from: src + consumed, byteCount: take)
                     }
                 }
-                if let old = s.dirty[index] { s.dirtyBytes -= old.count }
-                s.dirty[index] = chunk
-                s.dirtyBytes += chunk.count
+                s.setDirty(index, chunk)
                 pos += UInt64(take)
                 consumed += take
             }
@@ -235,7 +257,11 @@ public final class OpenDocument: Sendable {
             sizeAtomic.store(s.size, ordering: .relaxed)
             let t = vault.now()
             mtimeAtomic.store(t.seconds * 1_000_000_000 + t.nanoseconds, ordering: .relaxed)
-            if s.dirtyBytes > Vault.writeBufferLimit { try spill(&s) }
+            if s.dirtyBytes > Vault.writeBufferLimit {
+                // One spill runs behind the writer at a time; past that, the writer seals
+                // itself, which bounds buffered memory at about two limits.
+                if s.spillInFlight { try spill(&s) } else { startSpill(&s) }
+            }
         }
     }
 
@@ -257,15 +283,11 @@ public final class OpenDocument: Sendable {
                     lastPlain = try plaintext(lastIndex, &s)
                 }
                 if s.refs.count > keep { s.refs.removeLast(s.refs.count - keep) }
-                for k in s.dirty.keys where k >= keep {
-                    s.dirtyBytes -= s.dirty[k]?.count ?? 0
-                    s.dirty[k] = nil
-                }
+                for k in Set(s.dirty.keys).union(s.sealing.keys) where k >= keep { s.setDirty(k, nil) }
                 s.size = newSize
                 if let lastPlain {
                     let cut = fitted(lastPlain, expectedLength(lastIndex, s))
-                    s.dirtyBytes += cut.count - (s.dirty[lastIndex]?.count ?? 0)
-                    s.dirty[lastIndex] = cut
+                    s.setDirty(lastIndex, cut)
                 }
             } else {
                 s.size = newSize
@@ -277,10 +299,15 @@ public final class OpenDocument: Sendable {
         }
     }
 
-    /// Seals and stores buffered chunks (all but a partly filled last one), keeping only ids.
-    func spill(_ s: inout DocumentState) throws {
+    /// Buffered chunks worth spilling: all but a partly filled last one.
+    private func fullChunks(_ s: DocumentState) -> [(key: Int, value: [UInt8])] {
         let last = s.size == 0 ? -1 : Int((s.size - 1) / UInt64(s.chunkSize))
-        let full = s.dirty.filter { !($0.key == last && $0.value.count < s.chunkSize) }.sorted { $0.key < $1.key }
+        return s.dirty.filter { !($0.key == last && $0.value.count < s.chunkSize) }.sorted { $0.key < $1.key }
+    }
+
+    /// Seals and stores buffered chunks now, keeping only ids.
+    func spill(_ s: inout DocumentState) throws {
+        let full = fullChunks(s)
         guard !full.isEmpty else { return }
         let sealed = ParallelChunks.seal(full.map { fitted($0.value, expectedLength($0.key, s)) }, with: cipher)
         let batch = zip(full, sealed).map { (pair, seal) in (pair.key, seal.1, seal.2) }
@@ -290,16 +317,63 @@ public final class OpenDocument: Sendable {
         for (index, ref, _) in batch {
             while s.refs.count <= index { s.refs.append(nil) }
             s.refs[index] = ref
-            s.dirtyBytes -= s.dirty[index]?.count ?? 0
-            s.dirty[index] = nil
+            s.setDirty(index, nil)
         }
     }
+
+    /// Hands the buffered full chunks to a background spill and returns at once, so a long
+    /// write's next requests arrive while these are sealed (sealing is most of a write's CPU,
+    /// and the writer used to wait for all of it every 16 MiB). Content is stored before any
+    /// manifest names it, as with `spill`; `flush` waits for the spill before committing.
+    func startSpill(_ s: inout DocumentState) {
+        let full = fullChunks(s)
+        guard !full.isEmpty else { return }
+        s.spillGeneration &+= 1
+        let generation = s.spillGeneration
+        let items = full.map { (index: $0.key, plain: fitted($0.value, expectedLength($0.key, s))) }
+        for item in items {
+            s.setDirty(item.index, nil)
+            s.sealing[item.index] = (generation, item.plain)
+        }
+        s.spillInFlight = true
+        spills.enter()
+        DispatchQueue.global().async { [self] in
+            defer { spills.leave() }
+            do {
+                let sealed = ParallelChunks.seal(items.map(\.plain), with: cipher)
+                try vault.store.write { w in try w.putChunks(sealed.map { ($0.0, $0.2) }) }
+                state.withLock { s in
+                    for (item, seal) in zip(items, sealed) where s.sealing[item.index]?.generation == generation {
+                        while s.refs.count <= item.index { s.refs.append(nil) }
+                        s.refs[item.index] = seal.1
+                        s.sealing[item.index] = nil
+                    }
+                    s.spillInFlight = false
+                }
+            } catch {
+                state.withLock { s in
+                    for item in items where s.sealing[item.index]?.generation == generation {
+                        s.setDirty(item.index, item.plain)
+                    }
+                    s.spillError = error
+                    s.spillInFlight = false
+                }
+            }
+        }
+    }
+
+    /// Waits until no background spill is running (tests use it to observe stored chunks).
+    func waitForSpills() { spills.wait() }
 
     /// Makes the current content the file's committed version. With `durable`, also waits until
     /// it is on the device's disk (fsync).
     public func flush(durable: Bool = false) throws {
+        // A spill that finishes first leaves refs to reuse; one started after this wait (another
+        // handle writing) is taken back by `commit`, which seals its chunks itself.
+        spills.wait()
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
+            if let e = s.spillError { s.spillError = nil; throw e }
             if s.modified {
                 try commit(&s)
             }
@@ -308,6 +382,7 @@ public final class OpenDocument: Sendable {
     }
 
     private func commit(_ s: inout DocumentState) throws {
+        for (index, w) in s.sealing { s.setDirty(index, w.plain) }
         let count = s.size == 0 ? 0 : Int((s.size - 1) / UInt64(s.chunkSize)) + 1
         if s.refs.count > count { s.refs.removeLast(s.refs.count - count) }
         var refs: [ChunkRef] = []

@@ -212,10 +212,51 @@ struct VaultContentTests {
         let data = randomBytes(Vault.writeBufferLimit + 4 * 256 * 1024)
         let h = try f.vault.openDocument(doc.id)
         try h.write(offset: 0, bytes: data) // past the buffer limit: chunks are spilled
+        h.waitForSpills() // the spill runs behind the writer
         #expect(try f.chunkCount() > 0, "chunks were spilled before any commit")
         _ = try f.vault.collectGarbage()
         try f.vault.release(h) // commits the manifest
         #expect(try f.vault.readAll(doc.id) == data)
+        #expect(try f.vault.check().isClean)
+    }
+
+    /// The spill runs behind the writer: while it seals, the chunks it took are still the
+    /// file's content, and writes, truncates and flushes racing it keep their own meaning.
+    @Test func writesTruncatesAndReadsRacingABackgroundSpill() throws {
+        let f = try VaultFixture()
+        let chunk = 256 * 1024
+        let doc = try f.document("racing")
+        let h = try f.vault.openDocument(doc.id)
+        var expected = randomBytes(Vault.writeBufferLimit + 2 * chunk)
+        try h.write(offset: 0, bytes: expected) // starts a spill of every full chunk
+        // At once, before the spill can have finished: reads see every byte.
+        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        // Overwrite inside chunks the spill holds; the spill's result for them must not win.
+        let patch = randomBytes(3 * chunk)
+        try h.write(offset: UInt64(chunk + 17), bytes: patch)
+        expected.replaceSubrange((chunk + 17)..<(chunk + 17 + patch.count), with: patch)
+        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        h.waitForSpills()
+        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        // Another spill, then a truncate down into the middle of it and back up: the cut-off
+        // chunks read as zeros, not as what the spill stored.
+        let more = randomBytes(Vault.writeBufferLimit + chunk)
+        try h.write(offset: UInt64(expected.count), bytes: more)
+        expected += more
+        let cut = 5 * chunk + 1234
+        try h.truncate(to: UInt64(cut))
+        try h.truncate(to: UInt64(expected.count))
+        expected.replaceSubrange(cut..<expected.count, with: [UInt8](repeating: 0, count: expected.count - cut))
+        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        h.waitForSpills()
+        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        // A flush right behind a spill commits exactly the current content.
+        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + chunk)) // a third spill
+        let head = try h.read(offset: 0, count: Vault.writeBufferLimit + chunk)
+        expected.replaceSubrange(0..<head.count, with: head)
+        try h.flush()
+        try f.vault.release(h)
+        #expect(try f.vault.readAll(doc.id) == expected)
         #expect(try f.vault.check().isClean)
     }
 
