@@ -38,6 +38,7 @@ public final class ChangeWatcher: Sendable {
             usleep(UInt32(interval * 1_000_000))
             if stopped.load(ordering: .relaxed) { break }
             do {
+                try fs.vault.flushFolderTimes()
                 let changed = try fs.vault.refreshAll()
                 if !changed.isEmpty { invalidate(changed) }
             } catch {

@@ -52,7 +52,10 @@ extension CofferFileSystem {
     }
 
     public func fsyncdir(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {
-        try op { try vault.store.makeDurable() }
+        try op {
+            try vault.flushFolderTimes()
+            try vault.store.makeDurable()
+        }
     }
 
     /// Space figures come from the filesystem holding the store, which is where the encrypted

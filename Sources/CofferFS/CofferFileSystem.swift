@@ -131,6 +131,7 @@ public final class CofferFileSystem: FileSystemOperations {
     public func flushEverything() {
         let docs = handles.withLock { t in t.files.values.map(\.document) }
         for d in docs { do { try d.flush() } catch { log("flush failed at unmount: \(error)") } }
+        do { try vault.flushFolderTimes() } catch { log("writing folder times failed at unmount: \(error)") }
         do { try vault.store.makeDurable() } catch { log("sync failed at unmount: \(error)") }
     }
 }

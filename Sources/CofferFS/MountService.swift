@@ -119,6 +119,10 @@ public enum MountService {
         // everything durable first (see Store.enableGroupCommit).
         vault.store.enableGroupCommit()
         defer { try? vault.store.disableGroupCommit() }
+        // A folder's record is rewritten once per burst, not for every entry added or removed
+        // (the watcher writes what is pending every tick; unmount writes the rest).
+        vault.coalesceFolderTimes(true)
+        defer { vault.coalesceFolderTimes(false) }
         log("serving \(vault.dataDirectory) at \(mountPoint) with options \(mountOptions.joined(separator: ","))")
         defer { watcher.stop() }
         do {

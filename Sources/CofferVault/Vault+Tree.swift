@@ -147,15 +147,65 @@ extension Vault {
     }
 
     /// A folder's mtime and ctime change when an entry is added, removed or renamed.
+    ///
+    /// With `coalesceFolderTimes` on, the new times go to memory at once (what stat reports)
+    /// and reach the folder's record with a later commit: untar or rm -rf would otherwise
+    /// re-seal and rewrite the same folder record for every entry (about a tenth of an unlink).
     func touchParent(_ parent: FileID, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
         guard var attrs = try? attributes(parent, &s), batch.file(parent).map({ !$0.isDeleted }) == true else { return }
         let t = now()
-        attrs.mtime = Stamped(t, at: nextStamp(&s))
+        let stamp = nextStamp(&s)
+        attrs.mtime = Stamped(t, at: stamp)
         attrs.ctime = t
+        if coalescing.load(ordering: .relaxed) {
+            s.attrs[parent] = attrs
+            s.pendingFolderTimes[parent] = PendingFolderTime(time: t, stamp: stamp)
+            if s.pendingFolderTimesSince == nil { s.pendingFolderTimesSince = t }
+            return
+        }
         try setSealedAttributes(parent, attrs, &batch, &s)
     }
 
+    /// Turns coalescing of folder time updates on or off (the mount daemon turns it on; it
+    /// also calls `flushFolderTimes` every fraction of a second and before it exits). Pending
+    /// times are written by the first commit at least `folderTimesWindow` after the oldest, by
+    /// `flushFolderTimes`, and before a push; a crash can lose the last ones (a folder's mtime
+    /// then shows its previous change), never an entry.
+    public func coalesceFolderTimes(_ on: Bool) {
+        if !on { try? flushFolderTimes() }
+        coalescing.store(on, ordering: .relaxed)
+    }
+
+    static let folderTimesWindow: Int64 = 50_000_000 // nanoseconds
+
+    /// Writes every pending folder time now.
+    public func flushFolderTimes() throws {
+        guard state.withLock({ !$0.pendingFolderTimes.isEmpty }) else { return }
+        try commit { batch, s, _ in try writeDueFolderTimes(&batch, &s, force: true) }
+    }
+
+    /// Adds the pending folder times to the batch being built, if they are due (or `force`).
+    func writeDueFolderTimes(_ batch: inout Batch<FileTree>, _ s: inout VaultState, force: Bool) throws {
+        guard let since = s.pendingFolderTimesSince, !s.pendingFolderTimes.isEmpty else { return }
+        if !force {
+            let t = now()
+            let waited = (t.seconds - since.seconds) * 1_000_000_000 + (t.nanoseconds - since.nanoseconds)
+            guard waited >= Self.folderTimesWindow || waited < 0 else { return }
+        }
+        for id in s.pendingFolderTimes.keys {
+            // A folder deleted or pruned meanwhile has nothing left to update.
+            guard batch.file(id).map({ !$0.isDeleted }) == true, let attrs = try? attributes(id, &s) else {
+                s.folderTimesWritten.insert(id)
+                continue
+            }
+            try setSealedAttributes(id, attrs, &batch, &s)
+        }
+    }
+
     func setSealedAttributes(_ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
+        // Attributes built from `attributes(id)` carry a pending folder time: this write
+        // settles it once the batch commits.
+        if let p = s.pendingFolderTimes[id], attrs.mtime.stamp >= p.stamp { s.folderTimesWritten.insert(id) }
         let k = try key(id, &s)
         let sealed = AEAD.seal(attrs.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
         let snapshot = s.tree

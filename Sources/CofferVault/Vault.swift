@@ -36,6 +36,8 @@ public final class Vault: Sendable {
 
     package let state: Mutex<VaultState>
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
+    /// See `coalesceFolderTimes`.
+    let coalescing = Atomic<Bool>(false)
 
     /// How many plaintext bytes an open document may buffer before it seals them into chunks.
     public static let writeBufferLimit = 16 * 1024 * 1024
@@ -237,7 +239,13 @@ public final class Vault: Sendable {
         if let a = s.attrs[id] { return a }
         guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
         let k = try key(id, &s)
-        let a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
+        var a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
+        // A folder time not yet written wins over an older record (the record may have been
+        // replaced meanwhile, by a pull or another process, and the cache dropped).
+        if let p = s.pendingFolderTimes[id], p.stamp > a.mtime.stamp {
+            a.mtime = Stamped(p.time, at: p.stamp)
+            a.ctime = max(a.ctime, p.time)
+        }
         s.attrs[id] = a
         return a
     }
@@ -345,6 +353,7 @@ public final class Vault: Sendable {
     func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
         do {
             return try state.withLock { s in
+              let pendingBefore = s.pendingFolderTimes, pendingSinceBefore = s.pendingFolderTimesSince
               do {
                 if store.takeLostGroup() {
                     // A group commit failed and took this vault's recent writes with it: what is
@@ -366,6 +375,7 @@ public final class Vault: Sendable {
                     s.lastSeq = last
                     var batch = Batch(base: s.tree)
                     let result = try body(&batch, &s, w)
+                    try writeDueFolderTimes(&batch, &s, force: false)
                     let snapshot = s.tree
                     let changed = try batch.validate(describe: { id in var c = VaultState(tree: snapshot); return self.path(id, &c) })
                     var pruned: [FileID] = []
@@ -390,6 +400,9 @@ public final class Vault: Sendable {
                     return (result, changed.filter { !pruned.contains($0.id) } , w.lastLogged ?? latest, pruned)
                 }
                 s.pruneCandidates = []
+                for id in s.folderTimesWritten { s.pendingFolderTimes[id] = nil }
+                s.folderTimesWritten = []
+                if s.pendingFolderTimes.isEmpty { s.pendingFolderTimesSince = nil }
                 for m in changed {
                     let old = s.tree.file(m.id)
                     s.tree.insert(m)
@@ -404,6 +417,10 @@ public final class Vault: Sendable {
                 return result
               } catch {
                 s.pruneCandidates = []
+                // A refused batch changed no folder: its bumps are forgotten with it.
+                s.pendingFolderTimes = pendingBefore
+                s.pendingFolderTimesSince = pendingSinceBefore
+                s.folderTimesWritten = []
                 // Operations fill the name and attribute caches as they go; a refused batch may
                 // have left entries for changes that never happened, so start those caches over.
                 s.names.removeAll(keepingCapacity: true)
@@ -420,6 +437,12 @@ public final class Vault: Sendable {
 }
 
 /// Everything a vault caches about the tree, guarded by one lock.
+/// A folder's mtime/ctime change kept in memory until its record is written.
+struct PendingFolderTime: Sendable {
+    var time: Timespec
+    var stamp: HybridTimestamp
+}
+
 package struct VaultState: Sendable {
     /// Error messages describe files by path; they are built from a copy of the tree alone (the
     /// caches are rebuilt on demand), so operations never copy the caches just in case.
@@ -434,6 +457,11 @@ package struct VaultState: Sendable {
     var lastSeq: Int64 = 0
     /// Ids other processes changed, noticed while committing; `refresh` hands them out.
     var externalChanges: Set<FileID> = []
+    /// Folder mtime/ctime bumps not yet written to the folder's record (`coalesceFolderTimes`),
+    /// since when the oldest has waited, and which ones the batch being built writes.
+    var pendingFolderTimes: [FileID: PendingFolderTime] = [:]
+    var pendingFolderTimesSince: Timespec?
+    var folderTimesWritten: Set<FileID> = []
     /// Files a `remove` may prune within its own commit (itself and its subtree).
     var pruneCandidates: Set<FileID> = []
 }

@@ -44,7 +44,8 @@ extension Vault {
     /// Every local record, signed (local edits are stored unsigned, see `unsigned`), with its
     /// base version's parent and name MAC as the precondition.
     public func pendingRecords() throws -> [PendingRecord] {
-        try store.read { r in
+        try flushFolderTimes() // what is pushed includes the latest folder times
+        return try store.read { r in
             try r.files(.local).map { local in
                 let base = try r.file(local.metadata.id, .base)
                 var signed = local
