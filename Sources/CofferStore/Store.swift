@@ -49,6 +49,7 @@ public final class Store: Sendable {
     public let databasePath: String
     let pool: DatabasePool
     let group = GroupCommit()
+    let processLog = ProcessLog()
     let files: ChunkFiles
     let fast: FastReads
 
@@ -183,7 +184,7 @@ public final class Store: Sendable {
             try db.cachedStatement(sql: "SAVEPOINT coffer_write").execute()
             let result: T
             do {
-                result = try body(StoreWriter(db: db, files: files))
+                result = try body(StoreWriter(db: db, files: files, processLog: processLog, groupGeneration: group.openGeneration))
             } catch {
                 try? db.cachedStatement(sql: "ROLLBACK TO SAVEPOINT coffer_write").execute()
                 try? db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
@@ -326,6 +327,7 @@ final class GroupCommit: Sendable {
         var window: Double?
         var openedAt: Double?
         var lost = false
+        var generation: UInt64 = 0
     }
     private let state = Mutex(State())
 
@@ -336,7 +338,9 @@ final class GroupCommit: Sendable {
 
     func enable(window: Double) { state.withLock { $0.window = window } }
     func disable() { state.withLock { $0.window = nil } }
-    func opened() { state.withLock { $0.openedAt = Self.now() } }
+    func opened() { state.withLock { $0.openedAt = Self.now(); $0.generation &+= 1 } }
+    /// Which group transaction is open (each one gets a new number), nil if none.
+    var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
     func closed(lost: Bool = false) {
         state.withLock { s in
             s.openedAt = nil
@@ -475,6 +479,23 @@ public struct StoreWriter {
     let db: Database
     let files: ChunkFiles
     private let logged = LoggedSequence()
+    private var processLog: ProcessLog?
+    /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
+    /// While one group stays open no other process can write, so a caller that saw the change
+    /// log's end inside the same group, and sees `lastLoggedInProcess` unchanged since, knows
+    /// the log has not moved without asking.
+    public let groupGeneration: UInt64?
+
+    init(db: Database, files: ChunkFiles, processLog: ProcessLog? = nil, groupGeneration: UInt64? = nil) {
+        self.db = db
+        self.files = files
+        self.processLog = processLog
+        self.groupGeneration = groupGeneration
+    }
+
+    /// The sequence number of the last change any writer of this store logged in this process
+    /// (possibly since rolled back), if the store tracks it (group mode).
+    public var lastLoggedInProcess: Int64? { processLog?.value }
     public var reader: StoreReader { StoreReader(db: db, files: files) }
 
     /// The change-log sequence number of the last change this writer logged, if any: what
@@ -533,6 +554,7 @@ public struct StoreWriter {
     public func logChange(_ id: FileID) throws {
         try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
         logged.value = db.lastInsertedRowID
+        processLog?.value = db.lastInsertedRowID
     }
 
     /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).
@@ -607,4 +629,14 @@ public struct StoreWriter {
 /// A writer's last logged change; a class so the writer, a value passed to closures, shares it.
 private final class LoggedSequence {
     var value: Int64?
+}
+
+/// The last change logged by any writer of one store in this process. Only touched by the
+/// writer connection's one thread at a time, but read by whoever holds a writer.
+final class ProcessLog: Sendable {
+    private let last = Mutex<Int64?>(nil)
+    var value: Int64? {
+        get { last.withLock { $0 } }
+        set { last.withLock { $0 = newValue } }
+    }
 }

@@ -361,10 +361,14 @@ public final class Vault: Sendable {
                     try reloadAll(&s)
                     for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
                 }
-                let (result, changed, lastSeq, pruned) = try store.write { w -> (R, [FileMetadata], Int64, [FileID]) in
+                let (result, changed, lastSeq, pruned, group) = try store.write { w -> (R, [FileMetadata], Int64, [FileID], UInt64?) in
                     // Catch up with other writers inside this transaction: nobody can commit in between.
                     // Usually nobody did, and the cheap check spares reading the log.
-                    let latest = try w.reader.lastChange()
+                    // Inside the group transaction this vault last committed in, with no change
+                    // logged in this process since, the log cannot have moved: skip the query.
+                    let unmoved = w.groupGeneration != nil && w.groupGeneration == s.checkedGroup
+                        && w.lastLoggedInProcess == s.lastSeq
+                    let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
                     let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
                     if !ids.isEmpty {
                         var recs: [FileID: StoredFile?] = [:]
@@ -397,8 +401,9 @@ public final class Vault: Sendable {
                     }
                     // Nobody else can log while this transaction is open: the last entry is ours,
                     // or the one read on the way in.
-                    return (result, changed.filter { !pruned.contains($0.id) } , w.lastLogged ?? latest, pruned)
+                    return (result, changed.filter { !pruned.contains($0.id) } , w.lastLogged ?? latest, pruned, w.groupGeneration)
                 }
+                s.checkedGroup = group
                 s.pruneCandidates = []
                 for id in s.folderTimesWritten { s.pendingFolderTimes[id] = nil }
                 s.folderTimesWritten = []
@@ -417,6 +422,7 @@ public final class Vault: Sendable {
                 return result
               } catch {
                 s.pruneCandidates = []
+                s.checkedGroup = nil
                 // A refused batch changed no folder: its bumps are forgotten with it.
                 s.pendingFolderTimes = pendingBefore
                 s.pendingFolderTimesSince = pendingSinceBefore
@@ -462,6 +468,8 @@ package struct VaultState: Sendable {
     var pendingFolderTimes: [FileID: PendingFolderTime] = [:]
     var pendingFolderTimesSince: Timespec?
     var folderTimesWritten: Set<FileID> = []
+    /// The group transaction (`StoreWriter.groupGeneration`) of this vault's last commit.
+    var checkedGroup: UInt64?
     /// Files a `remove` may prune within its own commit (itself and its subtree).
     var pruneCandidates: Set<FileID> = []
 }

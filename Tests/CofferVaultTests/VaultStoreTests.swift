@@ -36,6 +36,26 @@ struct VaultStoreTests {
         #expect(try v2.check().isClean)
     }
 
+    /// In group mode a vault skips the "did anyone else write" query while its group stays
+    /// open; another process can only write once the group commits, and the next commit must
+    /// then look again (here: it must refuse a name the other vault took meanwhile).
+    @Test func groupCommitStillSeesWhatAnotherWriterCommittedBetweenGroups() throws {
+        let f = try VaultFixture()
+        let a = f.vault
+        a.store.enableGroupCommit(window: 0.05)
+        defer { try? a.store.disableGroupCommit() }
+        let b = try Vault.open(dataDirectory: f.dataDir)
+        for round in 0..<5 {
+            _ = try a.create(in: a.rootID, name: "a-\(round)", type: .document, mode: 0o644)
+            _ = try a.create(in: a.rootID, name: "a-\(round)-again", type: .document, mode: 0o644)
+            // B waits (busy timeout) until A's group commits, then writes.
+            _ = try b.create(in: b.rootID, name: "b-\(round)", type: .document, mode: 0o644)
+            expectErrno(EEXIST, "round \(round)") { _ = try a.create(in: a.rootID, name: "b-\(round)", type: .document, mode: 0o644) }
+            #expect(try a.lookup(a.rootID, "b-\(round)") != nil)
+        }
+        #expect(try a.check().isClean)
+    }
+
     @Test func twoVaultsOnOneStoreSeeEachOthersChanges() throws {
         let f = try VaultFixture()
         let a = f.vault
