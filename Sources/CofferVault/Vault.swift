@@ -442,13 +442,13 @@ public final class Vault: Sendable {
     }
 }
 
-/// Everything a vault caches about the tree, guarded by one lock.
 /// A folder's mtime/ctime change kept in memory until its record is written.
 struct PendingFolderTime: Sendable {
     var time: Timespec
     var stamp: HybridTimestamp
 }
 
+/// Everything a vault caches about the tree, guarded by one lock.
 package struct VaultState: Sendable {
     /// Error messages describe files by path; they are built from a copy of the tree alone (the
     /// caches are rebuilt on demand), so operations never copy the caches just in case.
