@@ -7,6 +7,15 @@ public protocol TreeView {
     /// Children whose sealed name has this MAC (any deletion state): the path-conflict lookup.
     func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID]
     var rootID: FileID? { get }
+    /// A record's parent and deletion flag, all a deletion-state walk reads. The default reads
+    /// them out of `file`; `FileTree` keeps them apart so the walk copies no records.
+    func link(_ id: FileID) -> FileLink?
+}
+
+/// The two fields of a record that decide liveness.
+public struct FileLink: Sendable {
+    public var parent: FileID
+    public var isDeleted: Bool
 }
 
 /// Whether a file is live, deleted itself, or deleted because an ancestor is. A file that is
@@ -18,15 +27,19 @@ public enum DeletionState: Sendable, Equatable {
 }
 
 extension TreeView {
+    public func link(_ id: FileID) -> FileLink? {
+        file(id).map { FileLink(parent: $0.parent, isDeleted: $0.isDeleted) }
+    }
+
     public func deletionState(of id: FileID) -> DeletionState? {
-        guard let f = file(id) else { return nil }
+        guard let f = link(id) else { return nil }
         if f.isDeleted { return .explicitlyDeleted }
-        var current = f
+        var current = (id: id, link: f)
         var steps = 0
-        while !current.isRoot, steps < 100_000 {
-            guard let p = file(current.parent) else { return .implicitlyDeleted } // orphaned: treat as gone
+        while current.link.parent != current.id, steps < 100_000 { // the root is its own parent
+            guard let p = link(current.link.parent) else { return .implicitlyDeleted } // orphaned: treat as gone
             if p.isDeleted { return .implicitlyDeleted }
-            current = p
+            current = (current.link.parent, p)
             steps += 1
         }
         return .live
@@ -86,13 +99,8 @@ public struct FileTree: TreeView, Sendable {
     /// Each record's parent and deletion flag, apart from the record: every stat and open asks
     /// whether a file is live, walking up to the root, and reading those two fields out of
     /// `files` copied whole records (a dozen reference-counted fields) at every step.
-    private var links: [FileID: Link] = [:]
+    private var links: [FileID: FileLink] = [:]
     public private(set) var rootID: FileID?
-
-    private struct Link: Sendable {
-        var parent: FileID
-        var isDeleted: Bool
-    }
 
     public init() {}
 
@@ -128,7 +136,7 @@ public struct FileTree: TreeView, Sendable {
             }
         }
         files[m.id] = m
-        links[m.id] = Link(parent: m.parent, isDeleted: m.isDeleted)
+        links[m.id] = FileLink(parent: m.parent, isDeleted: m.isDeleted)
         countSubfolder(m, +1)
         if m.isRoot { rootID = m.id } else {
             children[m.parent, default: []].insert(m.id)
@@ -155,22 +163,7 @@ public struct FileTree: TreeView, Sendable {
         if old.isRoot { rootID = nil } else { children[old.parent]?.remove(id); unindex(old) }
     }
 
-    /// `TreeView.deletionState`, answered from the link table (same result, no record copies).
-    public func deletionState(of id: FileID) -> DeletionState? {
-        guard let f = links[id] else { return nil }
-        if f.isDeleted { return .explicitlyDeleted }
-        var current = (id: id, link: f)
-        var steps = 0
-        while current.link.parent != current.id, steps < 100_000 {
-            guard let p = links[current.link.parent] else { return .implicitlyDeleted }
-            if p.isDeleted { return .implicitlyDeleted }
-            current = (current.link.parent, p)
-            steps += 1
-        }
-        return .live
-    }
-
-    public func isLive(_ id: FileID) -> Bool { deletionState(of: id) == .live }
+    public func link(_ id: FileID) -> FileLink? { links[id] }
 
     public mutating func apply(_ batch: [FileMetadata]) {
         for m in batch { insert(m) }

@@ -20,6 +20,12 @@ public struct Batch<Base: TreeView>: TreeView {
 
     public func file(_ id: FileID) -> FileMetadata? { changes[id] ?? base.file(id) }
 
+    /// Changed records' own fields, else the base's links (no record copies from a `FileTree`).
+    public func link(_ id: FileID) -> FileLink? {
+        if let c = changes[id] { return FileLink(parent: c.parent, isDeleted: c.isDeleted) }
+        return base.link(id)
+    }
+
     public func childIDs(of id: FileID) -> [FileID] {
         var out = base.childIDs(of: id).filter { c in changes[c].map { $0.parent == id } ?? true }
         if let extra = added[id] {

@@ -168,7 +168,7 @@ public final class Store: Sendable {
             guard let window = group.window else {
                 var result: T?
                 try db.inTransaction(.immediate) {
-                    result = try body(StoreWriter(db: db, files: files))
+                    result = try body(StoreWriter(db: db, files: files, processLog: processLog, groupGeneration: nil))
                     try files.syncPending() // chunk files before the rows naming them
                     return .commit
                 }
@@ -479,14 +479,14 @@ public struct StoreWriter {
     let db: Database
     let files: ChunkFiles
     private let logged = LoggedSequence()
-    private var processLog: ProcessLog?
+    private let processLog: ProcessLog
     /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
     /// While one group stays open no other process can write, so a caller that saw the change
     /// log's end inside the same group, and sees `lastLoggedInProcess` unchanged since, knows
     /// the log has not moved without asking.
     public let groupGeneration: UInt64?
 
-    init(db: Database, files: ChunkFiles, processLog: ProcessLog? = nil, groupGeneration: UInt64? = nil) {
+    init(db: Database, files: ChunkFiles, processLog: ProcessLog, groupGeneration: UInt64?) {
         self.db = db
         self.files = files
         self.processLog = processLog
@@ -494,8 +494,8 @@ public struct StoreWriter {
     }
 
     /// The sequence number of the last change any writer of this store logged in this process
-    /// (possibly since rolled back), if the store tracks it (group mode).
-    public var lastLoggedInProcess: Int64? { processLog?.value }
+    /// (possibly since rolled back), nil before the first.
+    public var lastLoggedInProcess: Int64? { processLog.value }
     public var reader: StoreReader { StoreReader(db: db, files: files) }
 
     /// The change-log sequence number of the last change this writer logged, if any: what
@@ -554,7 +554,7 @@ public struct StoreWriter {
     public func logChange(_ id: FileID) throws {
         try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
         logged.value = db.lastInsertedRowID
-        processLog?.value = db.lastInsertedRowID
+        processLog.value = db.lastInsertedRowID
     }
 
     /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).

@@ -305,19 +305,23 @@ public final class OpenDocument: Sendable {
         return s.dirty.filter { !($0.key == last && $0.value.count < s.chunkSize) }.sorted { $0.key < $1.key }
     }
 
+    /// Seals plaintext chunks on every core and stores them (content before any manifest
+    /// names it); what a spill does, inline or in the background.
+    private func sealAndStore(_ plaintexts: [[UInt8]]) throws -> [ChunkRef] {
+        let sealed = ParallelChunks.seal(plaintexts, with: cipher)
+        try vault.store.write { w in try w.putChunks(sealed.map { ($0.ref.id, $0.sealed) }) }
+        return sealed.map(\.ref)
+    }
+
     /// Seals and stores buffered chunks now, keeping only ids.
     func spill(_ s: inout DocumentState) throws {
         let full = fullChunks(s)
         guard !full.isEmpty else { return }
-        let sealed = ParallelChunks.seal(full.map { fitted($0.value, expectedLength($0.key, s)) }, with: cipher)
-        let batch = zip(full, sealed).map { (pair, seal) in (pair.key, seal.1, seal.2) }
-        try vault.store.write { w in
-            try w.putChunks(batch.map { ($0.1.id, $0.2) })
-        }
-        for (index, ref, _) in batch {
-            while s.refs.count <= index { s.refs.append(nil) }
-            s.refs[index] = ref
-            s.setDirty(index, nil)
+        let refs = try sealAndStore(full.map { fitted($0.value, expectedLength($0.key, s)) })
+        for (chunk, ref) in zip(full, refs) {
+            while s.refs.count <= chunk.key { s.refs.append(nil) }
+            s.refs[chunk.key] = ref
+            s.setDirty(chunk.key, nil)
         }
     }
 
@@ -340,12 +344,11 @@ public final class OpenDocument: Sendable {
         DispatchQueue.global().async { [self] in
             defer { spills.leave() }
             do {
-                let sealed = ParallelChunks.seal(items.map(\.plain), with: cipher)
-                try vault.store.write { w in try w.putChunks(sealed.map { ($0.0, $0.2) }) }
+                let refs = try sealAndStore(items.map(\.plain))
                 state.withLock { s in
-                    for (item, seal) in zip(items, sealed) where s.sealing[item.index]?.generation == generation {
+                    for (item, ref) in zip(items, refs) where s.sealing[item.index]?.generation == generation {
                         while s.refs.count <= item.index { s.refs.append(nil) }
-                        s.refs[item.index] = seal.1
+                        s.refs[item.index] = ref
                         s.sealing[item.index] = nil
                     }
                     s.spillInFlight = false
@@ -414,8 +417,8 @@ public final class OpenDocument: Sendable {
             // here, only if no equal chunk was sealed already.
             let id: [UInt8]
             let seal: () -> (ChunkRef, [UInt8])
-            if let (changedID, ref, sealed) = presealed[index] {
-                id = changedID
+            if let (ref, sealed) = presealed[index] {
+                id = ref.id
                 seal = { (ref, sealed) }
             } else {
                 let plain = try plaintext(index, &s)

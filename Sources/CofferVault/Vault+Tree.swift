@@ -159,8 +159,7 @@ extension Vault {
         attrs.ctime = t
         if coalescing.load(ordering: .relaxed) {
             s.attrs[parent] = attrs
-            s.pendingFolderTimes[parent] = PendingFolderTime(time: t, stamp: stamp)
-            if s.pendingFolderTimesSince == nil { s.pendingFolderTimesSince = t }
+            s.pendingFolderTimes[parent] = PendingFolderTime(time: t, stamp: stamp, since: s.pendingFolderTimes[parent]?.since ?? t)
             return
         }
         try setSealedAttributes(parent, attrs, &batch, &s)
@@ -186,16 +185,16 @@ extension Vault {
 
     /// Adds the pending folder times to the batch being built, if they are due (or `force`).
     func writeDueFolderTimes(_ batch: inout Batch<FileTree>, _ s: inout VaultState, force: Bool) throws {
-        guard let since = s.pendingFolderTimesSince, !s.pendingFolderTimes.isEmpty else { return }
+        guard let since = s.pendingFolderTimes.values.map(\.since).min() else { return }
         if !force {
             let t = now()
             let waited = (t.seconds - since.seconds) * 1_000_000_000 + (t.nanoseconds - since.nanoseconds)
             guard waited >= Self.folderTimesWindow || waited < 0 else { return }
         }
-        for id in s.pendingFolderTimes.keys {
+        for id in Array(s.pendingFolderTimes.keys) {
             // A folder deleted or pruned meanwhile has nothing left to update.
             guard batch.file(id).map({ !$0.isDeleted }) == true, let attrs = try? attributes(id, &s) else {
-                s.folderTimesWritten.insert(id)
+                s.pendingFolderTimes[id] = nil
                 continue
             }
             try setSealedAttributes(id, attrs, &batch, &s)
@@ -204,8 +203,8 @@ extension Vault {
 
     func setSealedAttributes(_ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
         // Attributes built from `attributes(id)` carry a pending folder time: this write
-        // settles it once the batch commits.
-        if let p = s.pendingFolderTimes[id], attrs.mtime.stamp >= p.stamp { s.folderTimesWritten.insert(id) }
+        // settles it (`commit` puts it back if the batch fails).
+        if let p = s.pendingFolderTimes[id], attrs.mtime.stamp >= p.stamp { s.pendingFolderTimes[id] = nil }
         let k = try key(id, &s)
         let sealed = AEAD.seal(attrs.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
         let snapshot = s.tree

@@ -353,7 +353,7 @@ public final class Vault: Sendable {
     func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
         do {
             return try state.withLock { s in
-              let pendingBefore = s.pendingFolderTimes, pendingSinceBefore = s.pendingFolderTimesSince
+              let pendingBefore = s.pendingFolderTimes
               do {
                 if store.takeLostGroup() {
                     // A group commit failed and took this vault's recent writes with it: what is
@@ -405,9 +405,6 @@ public final class Vault: Sendable {
                 }
                 s.checkedGroup = group
                 s.pruneCandidates = []
-                for id in s.folderTimesWritten { s.pendingFolderTimes[id] = nil }
-                s.folderTimesWritten = []
-                if s.pendingFolderTimes.isEmpty { s.pendingFolderTimesSince = nil }
                 for m in changed {
                     let old = s.tree.file(m.id)
                     s.tree.insert(m)
@@ -423,10 +420,9 @@ public final class Vault: Sendable {
               } catch {
                 s.pruneCandidates = []
                 s.checkedGroup = nil
-                // A refused batch changed no folder: its bumps are forgotten with it.
+                // A refused batch changed no folder: the bumps it made are forgotten, and the
+                // ones it would have written are pending again.
                 s.pendingFolderTimes = pendingBefore
-                s.pendingFolderTimesSince = pendingSinceBefore
-                s.folderTimesWritten = []
                 // Operations fill the name and attribute caches as they go; a refused batch may
                 // have left entries for changes that never happened, so start those caches over.
                 s.names.removeAll(keepingCapacity: true)
@@ -446,6 +442,8 @@ public final class Vault: Sendable {
 struct PendingFolderTime: Sendable {
     var time: Timespec
     var stamp: HybridTimestamp
+    /// When the folder's first unwritten bump happened: what decides that a write is due.
+    var since: Timespec
 }
 
 /// Everything a vault caches about the tree, guarded by one lock.
@@ -463,11 +461,9 @@ package struct VaultState: Sendable {
     var lastSeq: Int64 = 0
     /// Ids other processes changed, noticed while committing; `refresh` hands them out.
     var externalChanges: Set<FileID> = []
-    /// Folder mtime/ctime bumps not yet written to the folder's record (`coalesceFolderTimes`),
-    /// since when the oldest has waited, and which ones the batch being built writes.
+    /// Folder mtime/ctime bumps not yet written to the folder's record (`coalesceFolderTimes`).
+    /// A batch that writes one removes it here; `commit` restores them if the batch fails.
     var pendingFolderTimes: [FileID: PendingFolderTime] = [:]
-    var pendingFolderTimesSince: Timespec?
-    var folderTimesWritten: Set<FileID> = []
     /// The group transaction (`StoreWriter.groupGeneration`) of this vault's last commit.
     var checkedGroup: UInt64?
     /// Files a `remove` may prune within its own commit (itself and its subtree).

@@ -78,8 +78,16 @@ struct FileTreeTests {
         #expect(t.deletionState(of: fid(30)) == .implicitlyDeleted)
     }
 
-    /// `FileTree` answers deletion states from its link table; any other view walks records.
-    static func walked<T: TreeView>(_ t: T, _ id: FileID) -> DeletionState? { t.deletionState(of: id) }
+    /// The same tree seen through records only: the default `link` reads `file`, so deletion
+    /// states come from walking records instead of `FileTree`'s link table.
+    struct RecordsOnly: TreeView {
+        let tree: FileTree
+        func file(_ id: FileID) -> FileMetadata? { tree.file(id) }
+        func childIDs(of id: FileID) -> [FileID] { tree.childIDs(of: id) }
+        func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] { tree.childIDs(of: id, nameMAC: nameMAC) }
+        var rootID: FileID? { tree.rootID }
+    }
+    static func walked(_ t: FileTree, _ id: FileID) -> DeletionState? { RecordsOnly(tree: t).deletionState(of: id) }
 
     @Test func linkTableAgreesWithTheRecordWalk() {
         var t = sampleTree()

@@ -31,6 +31,15 @@ import CofferModel
         func storedMtime(_ id: FileID) throws -> Timespec {
             try Vault.open(dataDirectory: dir).node(id).attributes.mtime.value
         }
+        /// Runs SQL on the store with the sqlite3 tool (the store exposes no raw writes).
+        func sqlite(_ sql: String) throws {
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: "/usr/bin/sqlite3")
+            p.arguments = [dir + "/coffer.sqlite", sql]
+            try p.run()
+            p.waitUntilExit()
+            guard p.terminationStatus == 0 else { throw VaultError.io("sqlite3 failed on \(sql)") }
+        }
         func doc(_ name: String, in parent: FileID) throws -> Node {
             try vault.create(in: parent, name: name, type: .document, mode: 0o644)
         }
@@ -64,6 +73,12 @@ import CofferModel
         f.clock.advance(milliseconds: 5)
         expectErrno(EEXIST) { _ = try f.doc("a", in: folder.id) }
         #expect(try v.node(folder.id).attributes.mtime.value == second)
+        // A batch that fails after the bump (here the store refuses the record) drops it too.
+        try f.sqlite("CREATE TRIGGER refuse BEFORE INSERT ON local_files BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;")
+        f.clock.advance(milliseconds: 100)
+        #expect(throws: (any Error).self) { _ = try f.doc("refused", in: folder.id) }
+        #expect(try v.node(folder.id).attributes.mtime.value == second)
+        try f.sqlite("DROP TRIGGER refuse;")
         try v.flushFolderTimes()
         #expect(try f.storedMtime(folder.id) == second)
         #expect(try v.check().isClean)
