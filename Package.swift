@@ -21,10 +21,11 @@ let package = Package(
         // C shims: one system library each.
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
+        .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
 
         // Cryptography over libsodium: keys, AEAD, wrapping, names, signatures, recovery phrase.
-        .target(name: "CofferCrypto", dependencies: ["CSodium"]),
+        .target(name: "CofferCrypto", dependencies: ["CSodium", "COpenSSL"]),
         // The pure core: metadata, encoding, clocks, invariants. No I/O, no clock, no globals.
         .target(name: "CofferModel"),
         // Chunked document content: compression, sealing, manifests.
@@ -72,7 +73,7 @@ let package = Package(
 
         // Shared helpers for tests.
         .target(name: "CofferTestSupport", dependencies: ["CofferVault", "CofferCrypto"], path: "Tests/CofferTestSupport"),
-        .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto"]),
+        .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto", "CSodium"]),
         .testTarget(name: "CofferModelTests", dependencies: ["CofferModel"]),
         .testTarget(name: "CofferContentTests", dependencies: ["CofferContent", "CofferTestSupport"]),
         .testTarget(name: "CofferStoreTests", dependencies: ["CofferStore", "CofferTestSupport"]),

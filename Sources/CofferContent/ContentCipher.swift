@@ -19,9 +19,7 @@ public struct ContentCipher: Sendable {
     }
 
     public func chunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
-        let h = Blake2bHasher(key: idKey.bytes)
-        h.update(plaintext)
-        return h.finalize()
+        keyedBlake2b(plaintext, key: idKey.bytes)
     }
 
     /// Compresses, then seals. Returns the reference for the manifest and the sealed bytes.

@@ -1,0 +1,95 @@
+import COpenSSL
+import CSodium
+
+/// The same primitives as the rest of this module, computed by OpenSSL's libcrypto where the
+/// input is large enough for its speed to matter.
+///
+/// libcrypto's BLAKE2b and ChaCha20-Poly1305 use the CPU's vector units; on chunk-sized
+/// inputs (256 KiB) they measured about 2x (keyed BLAKE2b) and 3x (XChaCha20-Poly1305) faster
+/// than libsodium's on the development machine, and sealing a chunk is most of what a large
+/// write costs. The constructions do not change: keyed BLAKE2b is RFC 7693 in both libraries,
+/// and XChaCha20-Poly1305 IETF is libsodium's HChaCha20 subkey followed by RFC 8439's
+/// ChaCha20-Poly1305, which libcrypto provides. Whichever library produced a value, the other
+/// one verifies it; `BulkCryptoTests` checks that byte for byte. Below `threshold` bytes the
+/// per-call setup of libcrypto's contexts costs more than it saves, so libsodium does the work.
+enum Bulk {
+    /// Inputs at least this long go to libcrypto.
+    static let threshold = 2048
+
+    /// Fetched once: fetching walks libcrypto's provider tables. Immutable and reference
+    /// counted by libcrypto, so sharing it between threads is safe.
+    nonisolated(unsafe) static let blake2bMAC: OpaquePointer? = EVP_MAC_fetch(nil, "BLAKE2BMAC", nil)
+
+    /// Keyed BLAKE2b, or nil if libcrypto could not do it (the caller falls back to libsodium).
+    static func keyedBlake2b(_ data: UnsafeRawBufferPointer, key: [UInt8], outputLength: Int) -> [UInt8]? {
+        guard let mac = blake2bMAC, !key.isEmpty, key.count <= 64, (1...64).contains(outputLength) else { return nil }
+        var out = [UInt8](repeating: 0, count: outputLength)
+        let ok = out.withUnsafeMutableBufferPointer { o in
+            key.withUnsafeBufferPointer { k in
+                coffer_blake2b_keyed(mac, k.baseAddress, k.count, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                     data.count, o.baseAddress, outputLength)
+            }
+        }
+        return ok == 1 ? out : nil
+    }
+
+    /// XChaCha20-Poly1305 IETF: the ciphertext of `plaintext` followed by the tag, written to
+    /// `out` (plaintext.count + 16 bytes). False if libcrypto failed (nothing useful written).
+    static func sealXChaCha(_ plaintext: UnsafeRawBufferPointer, ad: [UInt8], nonce: [UInt8], key: [UInt8],
+                            into out: UnsafeMutablePointer<UInt8>) -> Bool {
+        guard plaintext.count < Int(Int32.max) - 64, ad.count < Int(Int32.max) else { return false }
+        return withSubkey(nonce: nonce, key: key) { subkey, nonce12 in
+            coffer_chacha20poly1305_seal(subkey, nonce12, ad, ad.count,
+                                         plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), plaintext.count,
+                                         out, out + plaintext.count) == 1
+        }
+    }
+
+    /// Opens what `sealXChaCha` (or libsodium's xchacha20poly1305_ietf) sealed: `sealed` is
+    /// ciphertext then tag. True only if the tag verified and `out` holds the plaintext.
+    static func openXChaCha(_ sealed: UnsafeRawBufferPointer, ad: [UInt8], nonce: [UInt8], key: [UInt8],
+                            into out: UnsafeMutablePointer<UInt8>) -> Bool {
+        guard sealed.count >= AEAD.tagBytes, sealed.count < Int(Int32.max), ad.count < Int(Int32.max),
+              let base = sealed.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return false }
+        let length = sealed.count - AEAD.tagBytes
+        return withSubkey(nonce: nonce, key: key) { subkey, nonce12 in
+            coffer_chacha20poly1305_open(subkey, nonce12, ad, ad.count, base, length, base + length, out) == 1
+        }
+    }
+
+    /// The HChaCha20 subkey of (key, first 16 nonce bytes) and the IETF nonce (four zero bytes,
+    /// then the last 8 nonce bytes): what libsodium's XChaCha20 derives before running ChaCha20.
+    private static func withSubkey(nonce: [UInt8], key: [UInt8],
+                                   _ body: (UnsafePointer<UInt8>, UnsafePointer<UInt8>) -> Bool) -> Bool {
+        guard nonce.count == AEAD.nonceBytes, key.count == 32 else { return false }
+        ensureSodium()
+        var subkey = [UInt8](repeating: 0, count: 32)
+        defer { subkey.withUnsafeMutableBytes { sodium_memzero($0.baseAddress, $0.count) } }
+        var nonce12 = [UInt8](repeating: 0, count: 12)
+        for i in 0..<8 { nonce12[4 + i] = nonce[16 + i] }
+        let derived = subkey.withUnsafeMutableBufferPointer { s in
+            nonce.withUnsafeBufferPointer { n in
+                key.withUnsafeBufferPointer { k -> Int32 in
+                    guard let sb = s.baseAddress, let nb = n.baseAddress, let kb = k.baseAddress else { return -1 }
+                    return crypto_core_hchacha20(sb, nb, kb, nil)
+                }
+            }
+        }
+        guard derived == 0 else { return false }
+        return subkey.withUnsafeBufferPointer { s in
+            nonce12.withUnsafeBufferPointer { n in
+                guard let sb = s.baseAddress, let nb = n.baseAddress else { return false }
+                return body(sb, nb)
+            }
+        }
+    }
+}
+
+/// Keyed BLAKE2b of `data`, identical to libsodium's `crypto_generichash` with the same key
+/// and length; large inputs are hashed by libcrypto (see `Bulk`).
+public func keyedBlake2b(_ data: UnsafeRawBufferPointer, key: [UInt8], outputLength: Int = 32) -> [UInt8] {
+    if data.count >= Bulk.threshold, let out = Bulk.keyedBlake2b(data, key: key, outputLength: outputLength) { return out }
+    let h = Blake2bHasher(key: key, outputLength: outputLength)
+    h.update(data)
+    return h.finalize()
+}
