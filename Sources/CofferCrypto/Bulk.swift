@@ -14,7 +14,7 @@ import CSodium
 /// per-call setup of libcrypto's contexts costs more than it saves, so libsodium does the work.
 enum Bulk {
     /// Inputs at least this long go to libcrypto.
-    static let threshold = 2048
+    static let threshold = 1024
 
     /// Fetched once: fetching walks libcrypto's provider tables. Immutable and reference
     /// counted by libcrypto, so sharing it between threads is safe.
