@@ -30,6 +30,27 @@ extension CofferFileSystem {
         }
     }
 
+    /// Only asked on a mount without `default_permissions`, which `MountService` chooses only
+    /// when root mounts without allow_other: then only root's processes reach the mount, and
+    /// for them (CAP_DAC_OVERRIDE) everything is granted except execute on a file with no
+    /// execute bit at all, as on any Linux filesystem. Any other caller gets the mode bits of
+    /// owner, group (its primary group) or others.
+    public func access(inode: InodeNumber, mask: Int32, context: RequestContext) throws {
+        try op {
+            let (n, unlinked) = try node(inode)
+            let a = attributes(n, unlinked: unlinked)
+            let wanted = UInt32(mask) & 0o7
+            guard wanted != 0 else { return } // F_OK: it exists
+            let isFolder = a.mode & UInt32(S_IFMT) == UInt32(S_IFDIR)
+            if context.uid == 0 {
+                guard wanted & UInt32(X_OK) == 0 || isFolder || a.mode & 0o111 != 0 else { throw FSError.permissionDenied }
+                return
+            }
+            let granted = context.uid == a.uid ? (a.mode >> 6) & 0o7 : context.gid == a.gid ? (a.mode >> 3) & 0o7 : a.mode & 0o7
+            guard wanted & ~granted == 0 else { throw FSError.permissionDenied }
+        }
+    }
+
     public func setattr(inode: InodeNumber, changes: AttributeChanges, handle: UInt64?, context: RequestContext) throws -> Attributes {
         try op {
             let (n, unlinked) = try node(inode)

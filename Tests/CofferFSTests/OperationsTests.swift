@@ -157,4 +157,46 @@ import Testing
         #expect(lstatOf(root + "/rootdir/new") == nil)
         #expect(lstatOf(root + "/sticky/roots") != nil)
     }
+
+    /// Mounted by root without allow_other, only root's processes get in and the kernel is not
+    /// asked to check modes (see `MountService.kernelChecksPermissions`); what root sees must
+    /// still be what it sees on a local filesystem.
+    @Test func rootOnlyMountGivesRootsUsualPermissions() throws {
+        func mountOptions(_ point: String) -> [String] {
+            let mounts = (try? String(contentsOfFile: "/proc/mounts", encoding: .utf8)) ?? ""
+            let line = mounts.split(separator: "\n").first { $0.split(separator: " ").dropFirst().first.map(String.init) == point }
+            return line.map { $0.split(separator: " ")[3].split(separator: ",").map(String.init) } ?? []
+        }
+        let m = try MountFixture("coffer-fs-rootonly")
+        let root = m.mountPoint
+        let options = mountOptions(root)
+        #expect(options.contains("user_id=0"), "\(options)")
+        #expect(!options.contains("default_permissions"), "\(options)")
+
+        let script = root + "/script"
+        #expect(writeFile(script, "#!/bin/sh\necho ran\n") == 0)
+        chmod(script, 0o644)
+        let exec = "import os, sys, errno\ntry:\n    os.execv(sys.argv[1], [sys.argv[1]])\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        // No execute bit anywhere: refused to root too, by access(2) and by exec.
+        #expect(errnoOf { access(script, X_OK) } == EACCES)
+        #expect(py(exec, [script]).out.trimmingCharacters(in: .whitespacesAndNewlines) == "EACCES")
+        chmod(script, 0o744)
+        #expect(access(script, X_OK) == 0)
+        #expect(py(exec, [script]).out.trimmingCharacters(in: .whitespacesAndNewlines) == "ran")
+        // Read-only file, closed folder: root may write and enter, as on ext4.
+        chmod(script, 0o444)
+        #expect(access(script, R_OK | W_OK) == 0)
+        #expect(openErrno(script, O_WRONLY | O_APPEND) == 0)
+        #expect(mkdir(root + "/closed", 0o700) == 0)
+        chmod(root + "/closed", 0)
+        #expect(access(root + "/closed", R_OK | W_OK | X_OK) == 0)
+        #expect(writeFile(root + "/closed/inside", "x") == 0)
+        #expect(errnoOf { access(root + "/missing", F_OK) } == ENOENT)
+
+        // Anyone else can get in only with allow_other, and then the kernel checks modes.
+        let shared = try MountFixture("coffer-fs-rootonly-shared", options: ["allow_other"])
+        #expect(mountOptions(shared.mountPoint).contains("default_permissions"))
+        let asked = try MountFixture("coffer-fs-rootonly-asked", options: ["default_permissions"])
+        #expect(mountOptions(asked.mountPoint).filter { $0 == "default_permissions" }.count == 1)
+    }
 }

@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A filesystem served through the libfuse low-level (inode) API.
 ///
 /// Every method is called on one of libfuse's worker threads, possibly
@@ -23,9 +27,9 @@
 /// bridge calls `forget` on the implementation's behalf, so counting in the
 /// method that produced the entry is always right.
 ///
-/// Permissions: the session is meant to be mounted with
-/// `default_permissions`, which makes the kernel check modes itself; hence
-/// there is no `access` method.
+/// Permissions: with `default_permissions` the kernel checks modes itself
+/// and never sends ACCESS. Without it, the kernel checks nothing but the
+/// execute bit of regular files, and asks `access` for access(2) and chdir.
 ///
 /// Locks: `getlk`/`setlk`/`flock` are deliberately not part of the bridge.
 /// Without them libfuse does not request FUSE_CAP_POSIX_LOCKS or
@@ -186,6 +190,11 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 
     func statfs(inode: InodeNumber) throws -> FileSystemStatistics
 
+    /// access(2), faccessat(2) and chdir on a mount without
+    /// `default_permissions`: `mask` is F_OK or a combination of R_OK, W_OK
+    /// and X_OK. Return to grant; throw `EACCES` to refuse.
+    func access(inode: InodeNumber, mask: Int32, context: RequestContext) throws
+
     // MARK: Extended attributes
 
     func setxattr(inode: InodeNumber, name: String, value: [UInt8], flags: XattrFlags) throws
@@ -215,4 +224,7 @@ extension FileSystemOperations {
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}
     public func fsyncdir(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
+    /// ENOSYS, as libfuse answers when the slot is empty: the kernel then grants every later
+    /// access(2) on the mount without asking.
+    public func access(inode: InodeNumber, mask: Int32, context: RequestContext) throws { throw FSError(ENOSYS) }
 }

@@ -8,7 +8,7 @@ import Glibc
 /// C function pointer) that finds the session's `FuseBridge` through the
 /// request's userdata and hands the decoded request to the implementation.
 ///
-/// Deliberately absent: `access` (mounts use default_permissions), `getlk`,
+/// Deliberately absent: `getlk`,
 /// `setlk` and `flock` (the kernel keeps locks locally), `bmap`, `ioctl`,
 /// `poll`, `write_buf`, `retrieve_reply`, `copy_file_range` and `lseek`
 /// (libfuse answers ENOSYS and the kernel falls back to generic code).
@@ -264,6 +264,13 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
             try bridge.operations.fsyncdir(inode: ino, handle: coffer_fi_get_fh(fi), dataOnly: datasync != 0)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.access = { req, ino, mask in
+        FuseBridge.serve(req) { bridge, req in
+            try bridge.operations.access(inode: ino, mask: mask, context: RequestContext(req))
             fuse_reply_err(req, 0)
         }
     }
