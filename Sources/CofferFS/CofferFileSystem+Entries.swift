@@ -107,8 +107,11 @@ extension CofferFileSystem {
         }
     }
 
+    /// From the vault, not the handle table: after the last close the document is still
+    /// registered until its commit is done, and a time or mode set meanwhile must ride with it
+    /// rather than be overwritten by it.
     func openDocumentHandle(for id: FileID) -> OpenDocument? {
-        handles.withLock { t in t.files.values.first(where: { $0.document.id == id })?.document }
+        vault.registeredDocument(id)
     }
 
     public func readlink(inode: InodeNumber) throws -> String {

@@ -42,14 +42,28 @@ extension Vault {
         return try cipher.openManifest(sealed)
     }
 
+    /// The open document of `id`, if anyone has it open or its last release is still
+    /// committing it: where unflushed writes, and the times and ownership riding with them, are.
+    public func registeredDocument(_ id: FileID) -> OpenDocument? {
+        openDocuments.withLock { $0[id] }
+    }
+
     /// Drops one reference; the last one flushes unflushed writes and forgets the document.
+    ///
+    /// The document stays registered until its flush has committed, so whoever opens the file
+    /// or asks its size meanwhile gets this document (what was written), never the store's
+    /// older version. Someone who opens it during the flush keeps it registered.
     public func release(_ doc: OpenDocument) throws {
         let last = openDocuments.withLock { docs -> Bool in
-            let remaining = doc.openCount.subtract(1, ordering: .relaxed).newValue
-            if remaining <= 0, docs[doc.id] === doc { docs[doc.id] = nil; return true }
-            return false
+            doc.openCount.subtract(1, ordering: .relaxed).newValue <= 0 && docs[doc.id] === doc
         }
-        if last { try doc.flush() }
+        guard last else { return }
+        defer {
+            openDocuments.withLock { docs in
+                if doc.openCount.load(ordering: .relaxed) <= 0, docs[doc.id] === doc { docs[doc.id] = nil }
+            }
+        }
+        try doc.flush()
     }
 
     /// Called by a document's flush: stores the sealed manifest and commits the metadata naming
