@@ -34,6 +34,10 @@ public final class OpenDocument: Sendable {
     let openCount = Atomic<Int>(0)
     /// Entered while a background spill runs; `flush` waits on it before committing.
     let spills = DispatchGroup()
+    /// Tests only: while set, a background spill waits on it after sealing and storing, before
+    /// its refs replace the buffered chunks, so a test knows its writes and truncates land
+    /// while the spill is running rather than hoping the timing works out.
+    let spillHold = Mutex<DispatchSemaphore?>(nil)
 
     struct DocumentState {
         var chunkSize: Int
@@ -345,6 +349,7 @@ public final class OpenDocument: Sendable {
             defer { spills.leave() }
             do {
                 let refs = try sealAndStore(items.map(\.plain))
+                spillHold.withLock { $0 }?.wait()
                 state.withLock { s in
                     for (item, ref) in zip(items, refs) where s.sealing[item.index]?.generation == generation {
                         while s.refs.count <= item.index { s.refs.append(nil) }
@@ -367,6 +372,9 @@ public final class OpenDocument: Sendable {
 
     /// Waits until no background spill is running (tests use it to observe stored chunks).
     func waitForSpills() { spills.wait() }
+
+    /// Whether a background spill holds chunks of this document right now (for tests).
+    var isSpilling: Bool { state.withLock { $0.spillInFlight } }
 
     /// Makes the current content the file's committed version. With `durable`, also waits until
     /// it is on the device's disk (fsync).

@@ -222,41 +222,59 @@ struct VaultContentTests {
 
     /// The spill runs behind the writer: while it seals, the chunks it took are still the
     /// file's content, and writes, truncates and flushes racing it keep their own meaning.
+    /// The spills are held (`spillHold`) until the racing calls are done, so every run checks
+    /// the race, however fast the machine seals.
     @Test func writesTruncatesAndReadsRacingABackgroundSpill() throws {
         let f = try VaultFixture()
         let chunk = 256 * 1024
         let doc = try f.document("racing")
         let h = try f.vault.openDocument(doc.id)
+        let gate = DispatchSemaphore(value: 0)
+        h.spillHold.withLock { $0 = gate }
         var expected = randomBytes(Vault.writeBufferLimit + 2 * chunk)
         try h.write(offset: 0, bytes: expected) // starts a spill of every full chunk
-        // At once, before the spill can have finished: reads see every byte.
-        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        #expect(h.isSpilling)
+        // While the spill runs: reads see every byte.
+        // (Compared as Bools: a failing #expect on two 16 MiB arrays would print them whole.)
+        var same = try h.read(offset: 0, count: expected.count) == expected
+        #expect(same, "read during the first spill")
         // Overwrite inside chunks the spill holds; the spill's result for them must not win.
         let patch = randomBytes(3 * chunk)
         try h.write(offset: UInt64(chunk + 17), bytes: patch)
         expected.replaceSubrange((chunk + 17)..<(chunk + 17 + patch.count), with: patch)
-        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        same = try h.read(offset: 0, count: expected.count) == expected
+        #expect(same, "read after the overwrite, spill still running")
+        #expect(h.isSpilling)
+        gate.signal()
         h.waitForSpills()
-        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        same = try h.read(offset: 0, count: expected.count) == expected
+        #expect(same, "read after the first spill landed")
         // Another spill, then a truncate down into the middle of it and back up: the cut-off
         // chunks read as zeros, not as what the spill stored.
         let more = randomBytes(Vault.writeBufferLimit + chunk)
         try h.write(offset: UInt64(expected.count), bytes: more)
         expected += more
+        #expect(h.isSpilling)
         let cut = 5 * chunk + 1234
         try h.truncate(to: UInt64(cut))
         try h.truncate(to: UInt64(expected.count))
         expected.replaceSubrange(cut..<expected.count, with: [UInt8](repeating: 0, count: expected.count - cut))
-        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        same = try h.read(offset: 0, count: expected.count) == expected
+        #expect(same, "read after the truncates, second spill still running")
+        #expect(h.isSpilling)
+        gate.signal()
         h.waitForSpills()
-        #expect(try h.read(offset: 0, count: expected.count) == expected)
+        same = try h.read(offset: 0, count: expected.count) == expected
+        #expect(same, "read after the second spill landed")
+        h.spillHold.withLock { $0 = nil }
         // A flush right behind a spill commits exactly the current content.
         try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + chunk)) // a third spill
         let head = try h.read(offset: 0, count: Vault.writeBufferLimit + chunk)
         expected.replaceSubrange(0..<head.count, with: head)
         try h.flush()
         try f.vault.release(h)
-        #expect(try f.vault.readAll(doc.id) == expected)
+        same = try f.vault.readAll(doc.id) == expected
+        #expect(same, "content after the flush")
         #expect(try f.vault.check().isClean)
     }
 
