@@ -17,6 +17,12 @@
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <poll.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include <time.h>
 
 /* Swift does not see function-like macros, and several libfuse entry points
    are macros or versioned symbols, so they are re-exported as inline
@@ -75,6 +81,164 @@ static inline int coffer_renameat2(int olddirfd, const char *oldpath,
                                    int newdirfd, const char *newpath,
                                    unsigned int flags) {
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
+}
+
+/* One reader at a time, spinning before it sleeps.
+
+   With libfuse's multi-threaded loop every idle worker blocks in
+   read(/dev/fuse), and the kernel wakes one of them for each request: on a
+   virtual machine that sleep and wake-up was most of the daemon's cost for
+   small requests (untar sends about 13 per file, one at a time). Here a
+   worker must hold the reader token to read. It keeps the token while it
+   handles a short request, so when it comes back for the next one it polls
+   the device without blocking for a spin time (catching the request the
+   caller sends right after getting its reply) before it blocks in poll(2).
+   Before a request that may take long (data, fsync, flush, release, a
+   truncate) it hands the token on, so another worker reads meanwhile.
+
+   The threads of one session share its token; a worker thread serves only
+   one session, so whether it holds the token is a thread-local flag. */
+struct coffer_reader_state {
+    sem_t token;
+    long spin_ns;
+};
+
+/* Each session's state, by its /dev/fuse descriptor (tests run several
+   sessions in one process). Function-local statics: Swift's importer emits
+   the functions of this header but not its file-scope variables. */
+#define COFFER_MAX_READER_FD 4096
+static inline struct coffer_reader_state **coffer_readers(void) {
+    static struct coffer_reader_state *by_fd[COFFER_MAX_READER_FD];
+    return by_fd;
+}
+
+static inline struct coffer_reader_state *coffer_reader(int fd) {
+    return fd >= 0 && fd < COFFER_MAX_READER_FD ? coffer_readers()[fd] : NULL;
+}
+
+static inline int *coffer_holds_reader_token(void) {
+    static __thread int held;
+    return &held;
+}
+
+static inline long coffer_monotonic_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+/* The kernel ABI's request header (linux/fuse.h, struct fuse_in_header),
+   declared here because that header clashes with libfuse's. */
+struct coffer_fuse_in_header {
+    uint32_t len;
+    uint32_t opcode;
+    uint64_t unique;
+    uint64_t nodeid;
+    uint32_t uid;
+    uint32_t gid;
+    uint32_t pid;
+    uint16_t total_extlen;
+    uint16_t padding;
+};
+
+/* Whether handling this request may take long enough that another worker
+   should read meanwhile. Opcodes are the kernel's (stable ABI). */
+static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) {
+    if (n < (ssize_t)sizeof(struct coffer_fuse_in_header)) return 1;
+    const struct coffer_fuse_in_header *h = (const struct coffer_fuse_in_header *)buf;
+    switch (h->opcode) {
+    case 4: { /* SETATTR: long only if it truncates (FATTR_SIZE in `valid`) */
+        if (n < (ssize_t)(sizeof(*h) + sizeof(uint32_t))) return 1;
+        uint32_t valid;
+        memcpy(&valid, (const char *)buf + sizeof(*h), sizeof(valid));
+        return (valid & (1u << 3)) != 0;
+    }
+    case 15: /* READ */
+    case 16: /* WRITE */
+    case 18: /* RELEASE */
+    case 20: /* FSYNC */
+    case 25: /* FLUSH */
+    case 30: /* FSYNCDIR */
+    case 39: /* IOCTL */
+    case 40: /* POLL */
+    case 43: /* FALLOCATE */
+    case 47: /* COPY_FILE_RANGE */
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static inline void coffer_release_reader_token(struct coffer_reader_state *r) {
+    if (*coffer_holds_reader_token()) {
+        *coffer_holds_reader_token() = 0;
+        sem_post(&r->token);
+    }
+}
+
+static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdata) {
+    (void)userdata;
+    struct coffer_reader_state *r = coffer_reader(fd);
+    if (r == NULL) return read(fd, buf, len); /* not installed: cannot happen */
+    if (!*coffer_holds_reader_token()) {
+        /* EINTR (the loop's wake signal, at exit) goes back to libfuse,
+           which checks whether the session is ending. */
+        if (sem_wait(&r->token) != 0) return -1;
+        *coffer_holds_reader_token() = 1;
+    }
+    long deadline = coffer_monotonic_ns() + r->spin_ns;
+    for (;;) {
+        ssize_t n = read(fd, buf, len);
+        if (n >= 0) {
+            if (coffer_fuse_request_may_take_long(buf, n)) coffer_release_reader_token(r);
+            return n;
+        }
+        if (errno != EAGAIN) {
+            int saved = errno; /* ENODEV at unmount, EINTR, ENOENT: let others see it too */
+            coffer_release_reader_token(r);
+            errno = saved;
+            return -1;
+        }
+        if (coffer_monotonic_ns() < deadline) {
+            /* Give the core to whatever else is runnable (sealing chunks,
+               the caller itself); returns at once when nothing is. */
+            sched_yield();
+            continue;
+        }
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        if (poll(&p, 1, -1) < 0 && errno == EINTR) {
+            coffer_release_reader_token(r);
+            errno = EINTR;
+            return -1;
+        }
+    }
+}
+
+static ssize_t coffer_plain_writev(int fd, struct iovec *iov, int count, void *userdata) {
+    (void)userdata;
+    return writev(fd, iov, count);
+}
+
+/* Installs the reader above on a mounted session, before its loop runs.
+   Returns 0, or a negative errno (the session then keeps libfuse's reader). */
+static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns) {
+    int fd = fuse_session_fd(se);
+    if (fd < 0 || fd >= COFFER_MAX_READER_FD) return -EBADF;
+    /* A previous session's state on this descriptor number is over: its
+       loop has returned and joined every worker. */
+    struct coffer_reader_state *old = coffer_readers()[fd];
+    if (old != NULL) { sem_destroy(&old->token); free(old); coffer_readers()[fd] = NULL; }
+    struct coffer_reader_state *r = (struct coffer_reader_state *)calloc(1, sizeof(*r));
+    if (r == NULL) return -ENOMEM;
+    if (sem_init(&r->token, 0, 1) != 0) { int e = errno; free(r); return -e; }
+    r->spin_ns = spin_ns;
+    coffer_readers()[fd] = r;
+    static const struct fuse_custom_io io = { .writev = coffer_plain_writev, .read = coffer_spinning_read };
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return -errno;
+    int rc = fuse_session_custom_io(se, &io, fd);
+    if (rc != 0) fcntl(fd, F_SETFL, flags);
+    return rc;
 }
 
 #endif

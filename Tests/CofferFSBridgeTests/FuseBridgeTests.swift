@@ -1,6 +1,7 @@
 import CFuse
 import CofferFS
 import Foundation
+import Synchronization
 import Testing
 #if canImport(Glibc)
 import Glibc
@@ -174,6 +175,62 @@ struct FuseBridgeTests {
         #expect(throws: Never.self) { try result.get() }
         #expect(!mount.isMounted)
         #expect(fs.state.withLock { $0.destroyCount } == 1)
+    }
+
+    /// One worker at a time reads requests (`coffer_fuse_use_spinning_reader`), keeping that
+    /// right while it handles a short request. Before a long one it must hand it on, or every
+    /// other request would wait: here an fsync stays in its handler while a mkdir, a create and
+    /// a stat are served.
+    @Test func shortRequestsAreServedWhileALongOneRuns() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("held"), [1, 2, 3])
+        let gate = DispatchSemaphore(value: 0)
+        mount.filesystem.fsyncGate.withLock { $0 = gate }
+        let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
+        let synced = DispatchSemaphore(value: 0)
+        Thread { _ = Glibc.fsync(fd); synced.signal() }.start()
+        var waited = 0
+        while mount.filesystem.fsyncsWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
+        #expect(mount.filesystem.fsyncsWaiting.load(ordering: .relaxed) == 1, "the fsync reached its handler")
+
+        // On another thread, so a regression shows as a failure after a timeout, not a hang.
+        let served = DispatchSemaphore(value: 0)
+        let results = Mutex<[Int32]>([])
+        Thread {
+            let a = mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno
+            let b: Int32 = (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO
+            let c = (try? statPath(mount.path("created-meanwhile"))) != nil ? 0 : ENOENT
+            results.withLock { $0 = [a, b, c] }
+            served.signal()
+        }.start()
+        let inTime = served.wait(timeout: .now() + 10) == .success
+        #expect(inTime, "mkdir, create and stat were not served while the fsync was held")
+        #expect(synced.wait(timeout: .now()) == .timedOut, "the fsync is still held")
+        gate.signal()
+        #expect(synced.wait(timeout: .now() + 10) == .success)
+        if !inTime { _ = served.wait(timeout: .now() + 10) }
+        #expect(results.withLock { $0 } == [0, 0, 0])
+        close(fd)
+    }
+
+    /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
+    @Test func longRequestsAreRecognised() {
+        func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {
+            var bytes = [UInt8](repeating: 0, count: 40 + 8)
+            withUnsafeBytes(of: UInt32(40).littleEndian) { bytes.replaceSubrange(0..<4, with: $0) }
+            withUnsafeBytes(of: opcode.littleEndian) { bytes.replaceSubrange(4..<8, with: $0) }
+            if let v = setattrValid { withUnsafeBytes(of: v.littleEndian) { bytes.replaceSubrange(40..<44, with: $0) } }
+            return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
+        }
+        for long: UInt32 in [15, 16, 18, 20, 25, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
+        for short: UInt32 in [1, 3, 9, 10, 11, 22, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }
+        #expect(mayTakeLong(4, setattrValid: 1 << 3), "a truncating setattr")
+        #expect(!mayTakeLong(4, setattrValid: 1 << 0 | 1 << 4 | 1 << 5), "chmod and utimens")
+        #expect([UInt8](repeating: 0, count: 10).withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0,
+                "a short read is treated as long")
     }
 
     @Test func plainReaddirAndTerminationSignal() throws {

@@ -1,4 +1,5 @@
 import CofferFS
+import Dispatch
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -33,6 +34,17 @@ final class MemoryFileSystem: FileSystemOperations {
     }
 
     let state = Mutex(State())
+    /// While set, `fsync` waits on it: a request that stays in its handler as long as a test
+    /// wants. `fsyncsWaiting` counts the handlers waiting.
+    let fsyncGate = Mutex<DispatchSemaphore?>(nil)
+    let fsyncsWaiting = Atomic<Int>(0)
+
+    func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {
+        guard let gate = fsyncGate.withLock({ $0 }) else { return }
+        fsyncsWaiting.add(1, ordering: .relaxed)
+        gate.wait()
+        fsyncsWaiting.subtract(1, ordering: .relaxed)
+    }
 
     init() {
         let now = FileTime.now()

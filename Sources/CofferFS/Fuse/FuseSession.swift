@@ -67,6 +67,10 @@ public final class FuseSession: Sendable {
         public var handleSignals: Bool
         /// libfuse's request trace on stderr (`-d`).
         public var debug: Bool
+        /// How long the reader polls /dev/fuse before it sleeps, microseconds
+        /// (see `coffer_fuse_use_spinning_reader` in CFuse/shim.h); 0 keeps
+        /// libfuse's own reader, every idle worker blocked in read(2).
+        public var spinMicroseconds: Int
 
         public init(
             mountOptions: [String] = [],
@@ -78,7 +82,8 @@ public final class FuseSession: Sendable {
             maxIdleThreads: Int32 = -1,
             readdirPlus: ReaddirPlusMode = .always,
             handleSignals: Bool = true,
-            debug: Bool = false
+            debug: Bool = false,
+            spinMicroseconds: Int = 50
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
@@ -90,6 +95,7 @@ public final class FuseSession: Sendable {
             self.readdirPlus = readdirPlus
             self.handleSignals = handleSignals
             self.debug = debug
+            self.spinMicroseconds = spinMicroseconds
         }
     }
 
@@ -173,6 +179,10 @@ public final class FuseSession: Sendable {
                 return state.exitRequested
             }
             if exitEarly { fuse_session_exit(se) }
+            // Falls back to libfuse's reader if it cannot be installed.
+            if configuration.spinMicroseconds > 0 {
+                _ = coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000)
+            }
             loopResult = coffer_fuse_session_loop_mt(
                 se, configuration.maxThreads, configuration.maxIdleThreads, 0)
         }
