@@ -278,6 +278,39 @@ struct VaultContentTests {
         #expect(try f.vault.check().isClean)
     }
 
+    /// The last release commits what is buffered, and until that commit lands the document
+    /// stays the one the vault hands out: an open or a setattr in between must see the new
+    /// content (and its pending times) rather than the store's older version. The release is
+    /// held inside its flush by holding a spill it has to wait for.
+    @Test func releasedDocumentStaysRegisteredUntilItsCommitLands() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("closing", contents: Array("old".utf8))
+        let h = try f.vault.openDocument(doc.id)
+        let gate = DispatchSemaphore(value: 0)
+        h.spillHold.withLock { $0 = gate }
+        let data = randomBytes(Vault.writeBufferLimit + 256 * 1024)
+        try h.write(offset: 0, bytes: data) // starts a spill, held at the gate
+        #expect(h.isSpilling)
+        let released = DispatchSemaphore(value: 0)
+        let vault = f.vault
+        Thread { try? vault.release(h); released.signal() }.start()
+        usleep(100_000) // the release is now waiting for the spill inside its flush
+        #expect(released.wait(timeout: .now()) == .timedOut, "the release waits for the spill")
+        #expect(vault.registeredDocument(doc.id) === h, "still registered while it commits")
+        let again = try vault.openDocument(doc.id)
+        #expect(again === h)
+        let head = try again.read(offset: 0, count: 16)
+        #expect(head == Array(data.prefix(16)), "a new open reads what was written, not the store's version")
+        gate.signal()
+        #expect(released.wait(timeout: .now() + 30) == .success)
+        h.spillHold.withLock { $0 = nil }
+        try vault.release(again)
+        #expect(vault.registeredDocument(doc.id) == nil, "gone once the last handle is released")
+        let stored = try vault.readAll(doc.id)
+        let same = stored == data
+        #expect(same, "the release committed the content")
+    }
+
     @Test func replacedOpenDocumentStaysReadable() throws {
         let f = try VaultFixture()
         let old = try f.document("target", contents: Array("old content".utf8))
