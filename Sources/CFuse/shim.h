@@ -18,6 +18,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <semaphore.h>
 #include <stdlib.h>
@@ -93,14 +94,20 @@ static inline int coffer_renameat2(int olddirfd, const char *oldpath,
    handles a short request, so when it comes back for the next one it polls
    the device without blocking for a spin time (catching the request the
    caller sends right after getting its reply) before it blocks in poll(2).
-   Before a request that may take long (data, fsync, flush, release, a
-   truncate) it hands the token on, so another worker reads meanwhile.
+   Before a request that may take long (data, fsync, a truncate) it hands
+   the token on, so another worker reads meanwhile. FLUSH and RELEASE are
+   usually short (closing a small file): the handler decides, and hands the
+   token on itself with `coffer_fuse_reader_hand_on` when it may block.
 
-   The threads of one session share its token; a worker thread serves only
-   one session, so whether it holds the token is a thread-local flag. */
+   The threads of one session share its token. Who holds it is recorded in
+   the state as a thread id, not in a thread-local flag: this header's
+   functions are emitted separately into each object file that calls them,
+   each with its own copy of any static, so the hand-on (called from another
+   Swift file than the reader) would see a different flag. */
 struct coffer_reader_state {
     sem_t token;
     long spin_ns;
+    unsigned long holder; /* pthread_t of the worker holding the token, or 0 */
 };
 
 /* Each session's state, by its /dev/fuse descriptor (tests run several
@@ -116,9 +123,8 @@ static inline struct coffer_reader_state *coffer_reader(int fd) {
     return fd >= 0 && fd < COFFER_MAX_READER_FD ? coffer_readers()[fd] : NULL;
 }
 
-static inline int *coffer_holds_reader_token(void) {
-    static __thread int held;
-    return &held;
+static inline int coffer_holds_reader_token(struct coffer_reader_state *r) {
+    return __atomic_load_n(&r->holder, __ATOMIC_RELAXED) == (unsigned long)pthread_self();
 }
 
 static inline long coffer_monotonic_ns(void) {
@@ -155,9 +161,7 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
     }
     case 15: /* READ */
     case 16: /* WRITE */
-    case 18: /* RELEASE */
     case 20: /* FSYNC */
-    case 25: /* FLUSH */
     case 30: /* FSYNCDIR */
     case 39: /* IOCTL */
     case 40: /* POLL */
@@ -170,21 +174,29 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
 }
 
 static inline void coffer_release_reader_token(struct coffer_reader_state *r) {
-    if (*coffer_holds_reader_token()) {
-        *coffer_holds_reader_token() = 0;
+    if (coffer_holds_reader_token(r)) {
+        __atomic_store_n(&r->holder, 0UL, __ATOMIC_RELAXED);
         sem_post(&r->token);
     }
+}
+
+/* Called by a request's handler on its worker thread, before work that may
+   block (a large commit, a busy lock): another worker reads meanwhile. Does
+   nothing if this worker does not hold the token, or `r` is NULL (the
+   session kept libfuse's reader). */
+static inline void coffer_fuse_reader_hand_on(struct coffer_reader_state *r) {
+    if (r != NULL) coffer_release_reader_token(r);
 }
 
 static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdata) {
     (void)userdata;
     struct coffer_reader_state *r = coffer_reader(fd);
     if (r == NULL) return read(fd, buf, len); /* not installed: cannot happen */
-    if (!*coffer_holds_reader_token()) {
+    if (!coffer_holds_reader_token(r)) {
         /* EINTR (the loop's wake signal, at exit) goes back to libfuse,
            which checks whether the session is ending. */
         if (sem_wait(&r->token) != 0) return -1;
-        *coffer_holds_reader_token() = 1;
+        __atomic_store_n(&r->holder, (unsigned long)pthread_self(), __ATOMIC_RELAXED);
     }
     long deadline = coffer_monotonic_ns() + r->spin_ns;
     for (;;) {
@@ -220,8 +232,12 @@ static ssize_t coffer_plain_writev(int fd, struct iovec *iov, int count, void *u
 }
 
 /* Installs the reader above on a mounted session, before its loop runs.
-   Returns 0, or a negative errno (the session then keeps libfuse's reader). */
-static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns) {
+   Returns 0 and sets `*state` (for `coffer_fuse_reader_hand_on`; valid
+   until the session's loop has returned), or a negative errno (the session
+   then keeps libfuse's reader). */
+static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns,
+                                                  struct coffer_reader_state **state) {
+    *state = NULL;
     int fd = fuse_session_fd(se);
     if (fd < 0 || fd >= COFFER_MAX_READER_FD) return -EBADF;
     /* A previous session's state on this descriptor number is over: its
@@ -238,6 +254,7 @@ static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long 
     if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return -errno;
     int rc = fuse_session_custom_io(se, &io, fd);
     if (rc != 0) fcntl(fd, F_SETFL, flags);
+    else *state = r;
     return rc;
 }
 

@@ -99,6 +99,20 @@ extension CofferFileSystem {
         }
     }
 
+    /// Closing a small file commits it within a few dozen microseconds; a large buffer, a spill
+    /// still running or a busy lock can take much longer.
+    public func closeMayTakeLong(inode: InodeNumber, handle fh: UInt64, releasing: Bool) -> Bool {
+        switch handles.withLockIfAvailable({ $0.files[fh] }) {
+        case .none: return true // the table is busy: do not wait for it here
+        case .some(nil): return false // unknown handle: answered at once
+        case .some(let h?):
+            // A read-only handle's flush does nothing; its release may be the document's last
+            // and commit what other handles wrote.
+            guard h.writable || releasing else { return false }
+            return h.document.commitMayTakeLong
+        }
+    }
+
     public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {
         try op { try handle(fh).document.flush(durable: true) }
     }

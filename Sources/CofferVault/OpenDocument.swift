@@ -373,6 +373,15 @@ public final class OpenDocument: Sendable {
     /// Waits until no background spill is running (tests use it to observe stored chunks).
     func waitForSpills() { spills.wait() }
 
+    /// Whether `flush` may block for long: it has a megabyte or more to seal, a large manifest to
+    /// assemble, or must wait for a spill or for another thread holding this document. A guess
+    /// that never blocks, for the FUSE reader (see `FileSystemOperations.closeMayTakeLong`).
+    public var commitMayTakeLong: Bool {
+        state.withLockIfAvailable { s in
+            s.modified && (s.dirtyBytes >= 1 << 20 || s.spillInFlight || !s.sealing.isEmpty || s.refs.count >= 256)
+        } ?? true
+    }
+
     /// Whether a background spill holds chunks of this document right now (for tests).
     var isSpilling: Bool { state.withLock { $0.spillInFlight } }
 

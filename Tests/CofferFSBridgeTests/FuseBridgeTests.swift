@@ -216,6 +216,46 @@ struct FuseBridgeTests {
         close(fd)
     }
 
+    /// A close is a short request to the reader; the filesystem says when its flush may take
+    /// long (`closeMayTakeLong`) and the bridge then hands reading on itself. Here a flush stays
+    /// in its handler while a mkdir, a create and a stat are served.
+    @Test func aCloseThatMayTakeLongHandsOnReading() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("held"), [1, 2, 3])
+        let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
+        let gate = DispatchSemaphore(value: 0)
+        mount.filesystem.flushGate.withLock { $0 = gate }
+        let closed = DispatchSemaphore(value: 0)
+        Thread { _ = Glibc.close(fd); closed.signal() }.start()
+        var waited = 0
+        while mount.filesystem.flushesWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
+        #expect(mount.filesystem.flushesWaiting.load(ordering: .relaxed) == 1, "the flush reached its handler")
+
+        let served = DispatchSemaphore(value: 0)
+        let results = Mutex<[Int32]>([])
+        Thread {
+            let a = mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno
+            let b: Int32 = (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT
+            let c = (try? listDirectory(mount.path(""))) != nil ? 0 : EIO
+            results.withLock { $0 = [a, b, c] }
+            served.signal()
+        }.start()
+        let inTime = served.wait(timeout: .now() + 10) == .success
+        #expect(inTime, "mkdir, stat and readdir were not served while the flush was held")
+        #expect(closed.wait(timeout: .now()) == .timedOut, "the close is still held")
+        mount.filesystem.flushGate.withLock { $0 = nil }
+        gate.signal()
+        #expect(closed.wait(timeout: .now() + 10) == .success)
+        if !inTime { _ = served.wait(timeout: .now() + 10) }
+        #expect(results.withLock { $0 } == [0, 0, 0])
+        // With nothing held, closes are short again and the session keeps serving.
+        for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
+        #expect(try readFile(mount.path("after-49")) == [49])
+    }
+
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
     @Test func longRequestsAreRecognised() {
         func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {
@@ -225,8 +265,9 @@ struct FuseBridgeTests {
             if let v = setattrValid { withUnsafeBytes(of: v.littleEndian) { bytes.replaceSubrange(40..<44, with: $0) } }
             return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
         }
-        for long: UInt32 in [15, 16, 18, 20, 25, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
-        for short: UInt32 in [1, 3, 9, 10, 11, 22, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }
+        for long: UInt32 in [15, 16, 20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
+        // RELEASE and FLUSH (18, 25) are short: the handler hands on when it must.
+        for short: UInt32 in [1, 3, 9, 10, 11, 18, 22, 25, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }
         #expect(mayTakeLong(4, setattrValid: 1 << 3), "a truncating setattr")
         #expect(!mayTakeLong(4, setattrValid: 1 << 0 | 1 << 4 | 1 << 5), "chmod and utimens")
         #expect([UInt8](repeating: 0, count: 10).withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0,

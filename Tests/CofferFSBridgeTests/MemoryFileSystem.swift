@@ -46,6 +46,21 @@ final class MemoryFileSystem: FileSystemOperations {
         fsyncsWaiting.subtract(1, ordering: .relaxed)
     }
 
+    /// The same for `flush` (close(2)); `closeMayTakeLong` tells the bridge it does.
+    let flushGate = Mutex<DispatchSemaphore?>(nil)
+    let flushesWaiting = Atomic<Int>(0)
+
+    func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {
+        guard let gate = flushGate.withLock({ $0 }) else { return }
+        flushesWaiting.add(1, ordering: .relaxed)
+        gate.wait()
+        flushesWaiting.subtract(1, ordering: .relaxed)
+    }
+
+    func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool {
+        flushGate.withLock { $0 } != nil
+    }
+
     init() {
         let now = FileTime.now()
         state.withLock {

@@ -278,6 +278,33 @@ struct VaultContentTests {
         #expect(try f.vault.check().isClean)
     }
 
+    /// The FUSE reader asks `commitMayTakeLong` before a close, to decide whether another worker
+    /// should read meanwhile: a small buffer is quick, a megabyte or a running spill is not.
+    @Test func commitMayTakeLongTellsASmallCloseFromALargeOne() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("closing")
+        let h = try f.vault.openDocument(doc.id)
+        #expect(!h.commitMayTakeLong, "nothing buffered")
+        try h.write(offset: 0, bytes: randomBytes(4096))
+        #expect(!h.commitMayTakeLong, "4 KiB buffered")
+        try h.write(offset: 4096, bytes: randomBytes(1 << 20))
+        #expect(h.commitMayTakeLong, "1 MiB more buffered")
+        try h.flush()
+        #expect(!h.commitMayTakeLong, "flushed")
+        let gate = DispatchSemaphore(value: 0)
+        h.spillHold.withLock { $0 = gate }
+        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + 1)) // starts a spill
+        #expect(h.isSpilling)
+        try h.truncate(to: 10) // drops the buffer, the spill still runs
+        #expect(h.commitMayTakeLong, "a spill is running")
+        gate.signal()
+        h.waitForSpills()
+        h.spillHold.withLock { $0 = nil }
+        #expect(!h.commitMayTakeLong, "10 bytes buffered, the spill is over")
+        try f.vault.release(h)
+        #expect(try f.vault.readAll(doc.id).count == 10)
+    }
+
     /// The last release commits what is buffered, and until that commit lands the document
     /// stays the one the vault hands out: an open or a setattr in between must see the new
     /// content (and its pending times) rather than the store's older version. The release is

@@ -143,6 +143,14 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// seen by anyone; release cannot fail from the caller's point of view.
     func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws
 
+    /// Asked before `flush` (or `release`, with `releasing`): whether it may
+    /// block for long, say to write out a large buffer or to wait for a
+    /// lock. Closes are counted as short requests so the worker that reads
+    /// requests keeps reading right after closing a small file; when this
+    /// answers true another worker reads meanwhile. Must be quick and must
+    /// not block. The default, true, is always safe.
+    func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool
+
     /// `dataOnly` is fdatasync.
     func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws
 
@@ -220,6 +228,7 @@ extension FileSystemOperations {
     public func forget(inode: InodeNumber, lookups: UInt64) {}
     public func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {}
     public func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws {}
+    public func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool { true }
     public func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}

@@ -13,6 +13,9 @@ final class FuseBridge: Sendable {
     let connection = Mutex<ConnectionInfo?>(nil)
     /// Set once `destroy` ran, so teardown paths cannot run it twice.
     let destroyed = Atomic<Bool>(false)
+    /// The spinning reader's state (`coffer_reader_state *` as an address), 0 while the session
+    /// uses libfuse's reader or is not running.
+    let reader = Atomic<Int>(0)
 
     init(operations: any FileSystemOperations, configuration: FuseSession.Configuration) {
         self.operations = operations
@@ -29,6 +32,13 @@ final class FuseBridge: Sendable {
     static func from(userdata: UnsafeMutableRawPointer?) -> FuseBridge? {
         guard let userdata else { return nil }
         return Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
+    }
+
+    /// Lets another worker read requests while this one does something that may block. Only
+    /// needed for requests the reader counts as short (see `coffer_fuse_request_may_take_long`);
+    /// harmless otherwise.
+    func handOnReading() {
+        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
     // MARK: Reply helpers

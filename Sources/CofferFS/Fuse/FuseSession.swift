@@ -181,10 +181,14 @@ public final class FuseSession: Sendable {
             if exitEarly { fuse_session_exit(se) }
             // Falls back to libfuse's reader if it cannot be installed.
             if configuration.spinMicroseconds > 0 {
-                _ = coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000)
+                var reader: UnsafeMutablePointer<coffer_reader_state>?
+                if coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000, &reader) == 0 {
+                    bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
+                }
             }
             loopResult = coffer_fuse_session_loop_mt(
                 se, configuration.maxThreads, configuration.maxIdleThreads, 0)
+            bridge.reader.store(0, ordering: .releasing)
         }
 
         // From here on no wake signal may hit this thread (it would
