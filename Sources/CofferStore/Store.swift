@@ -45,6 +45,9 @@ public struct StoreError: Error, CustomStringConvertible {
 /// serialised by SQLite, and each writer appends the ids it touched to `change_log`, which the
 /// others read to refresh their in-memory trees.
 public final class Store: Sendable {
+    /// The size the write-ahead log is cut back to after it restarts (`journal_size_limit`).
+    public static let logSizeLimit = 4 << 20
+
     public let directory: String
     public let databasePath: String
     let pool: DatabasePool
@@ -74,6 +77,10 @@ public final class Store: Sendable {
             // first touch to a statement journal; a few pages each, so memory, not a temp file.
             // (An A/B run on untar showed no difference beyond noise; kept for the syscalls.)
             try db.execute(sql: "PRAGMA temp_store = MEMORY")
+            // A log that grew (untar) is cut back to this when it restarts. Reused in place, each
+            // 4120-byte frame straddles two pages, and a page the kernel dropped from its cache is
+            // read from disk before the write: 40-70 MB of reads in rm -rf after drop_caches.
+            try db.execute(sql: "PRAGMA journal_size_limit = \(Store.logSizeLimit)")
         }
         do {
             pool = try DatabasePool(path: databasePath, configuration: config)

@@ -122,6 +122,37 @@ struct GroupCommitTests {
             #expect(fileSize(database) >= before + 1_500_000, "the database file grew by \(fileSize(database) - before) bytes")
         }
     }
+
+    /// A log that grew large (untar) is cut back to `journal_size_limit` once checkpointed and
+    /// restarted. Kept large, every later write would land in its old blocks, and after the page
+    /// cache dropped them (memory pressure, drop_caches) each 4120-byte frame written there
+    /// straddles two uncached pages the kernel first reads from disk: rm -rf of 12,000 files
+    /// read 40-70 MB that way.
+    @Test func aLargeLogShrinksOnceCheckpointed() throws {
+        try withGroupStore(window: 0.05) { store, dir throws in
+            let log = dir + "/coffer.sqlite-wal"
+            // About 12 MB of rows, committed in groups: the log grows past the limit.
+            for i in 0..<1200 {
+                try store.write { w in try w.putChunk(id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)], sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000)) }
+            }
+            try store.commitPendingWrites()
+            let grown = fileSize(log)
+            #expect(grown > Store.logSizeLimit + 4_000_000, "the log grew to \(grown) bytes")
+            // Once the background checkpoint has copied it all, the next commit restarts the log
+            // from its start and truncates the file.
+            let deadline = Date().addingTimeInterval(15)
+            var size = grown
+            var tick: UInt8 = 0
+            while size > Store.logSizeLimit && Date() < deadline {
+                Thread.sleep(forTimeInterval: 0.2)
+                tick &+= 1 // a changed value: rewriting the same bytes writes no page
+                try store.write { w in try w.setSetting("tick", [tick]) }
+                try store.commitPendingWrites()
+                size = fileSize(log)
+            }
+            #expect(size <= Store.logSizeLimit, "the log is still \(size) bytes")
+        }
+    }
 }
 
 private func fileSize(_ path: String) -> Int {
