@@ -99,15 +99,28 @@ static inline int coffer_renameat2(int olddirfd, const char *oldpath,
    usually short (closing a small file): the handler decides, and hands the
    token on itself with `coffer_fuse_reader_hand_on` when it may block.
 
-   The threads of one session share its token. Who holds it is recorded in
-   the state as a thread id, not in a thread-local flag: this header's
+   A short request can still block (a lock held by a sync or by the CLI):
+   then every other request would wait behind it. Waiting workers therefore
+   wake now and then, and one that finds the holder inside a single request
+   for longer than the stall time takes the token over and reads. They wake
+   every stall time while requests flow and once a second when the mount is
+   idle, so a stall is broken within that.
+
+   The threads of one session share its state. Who holds the token is
+   recorded there as a thread id, not in a thread-local flag: this header's
    functions are emitted separately into each object file that calls them,
    each with its own copy of any static, so the hand-on (called from another
-   Swift file than the reader) would see a different flag. */
+   Swift file than the reader) would see a different flag. Invariant: the
+   semaphore is posted exactly when no worker holds the token. */
 struct coffer_reader_state {
     sem_t token;
+    pthread_mutex_t lock;
     long spin_ns;
-    unsigned long holder; /* pthread_t of the worker holding the token, or 0 */
+    long stall_ns;
+    unsigned long holder;  /* pthread_t of the worker holding the token, or 0 */
+    long handling_since;   /* when the holder began its current request; 0 while it reads */
+    unsigned long served;  /* requests read, the waiters' sign that the mount is busy */
+    unsigned long takeovers;
 };
 
 /* Each session's state, by its /dev/fuse descriptor (tests run several
@@ -121,10 +134,6 @@ static inline struct coffer_reader_state **coffer_readers(void) {
 
 static inline struct coffer_reader_state *coffer_reader(int fd) {
     return fd >= 0 && fd < COFFER_MAX_READER_FD ? coffer_readers()[fd] : NULL;
-}
-
-static inline int coffer_holds_reader_token(struct coffer_reader_state *r) {
-    return __atomic_load_n(&r->holder, __ATOMIC_RELAXED) == (unsigned long)pthread_self();
 }
 
 static inline long coffer_monotonic_ns(void) {
@@ -173,36 +182,92 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
     }
 }
 
-static inline void coffer_release_reader_token(struct coffer_reader_state *r) {
-    if (coffer_holds_reader_token(r)) {
-        __atomic_store_n(&r->holder, 0UL, __ATOMIC_RELAXED);
+/* Gives the token up if this worker holds it. Called with `r->lock` held. */
+static inline void coffer_reader_give_up_locked(struct coffer_reader_state *r) {
+    if (r->holder == (unsigned long)pthread_self()) {
+        r->holder = 0;
+        r->handling_since = 0;
         sem_post(&r->token);
     }
 }
 
+static inline void coffer_release_reader_token(struct coffer_reader_state *r) {
+    pthread_mutex_lock(&r->lock);
+    coffer_reader_give_up_locked(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
 /* Called by a request's handler on its worker thread, before work that may
    block (a large commit, a busy lock): another worker reads meanwhile. Does
-   nothing if this worker does not hold the token, or `r` is NULL (the
-   session kept libfuse's reader). */
+   nothing if this worker does not hold the token (it handed it on, or it
+   was taken over), or `r` is NULL (the session kept libfuse's reader). */
 static inline void coffer_fuse_reader_hand_on(struct coffer_reader_state *r) {
     if (r != NULL) coffer_release_reader_token(r);
+}
+
+/* Makes this worker the token holder: at once if it kept the token, else
+   when the holder hands it on, or by taking it over from a holder stuck in
+   one request for the stall time. Returns 0, or -1 with errno (EINTR: the
+   loop's wake signal at exit, which libfuse checks for). */
+static inline int coffer_take_reader_token(struct coffer_reader_state *r) {
+    unsigned long self = (unsigned long)pthread_self();
+    pthread_mutex_lock(&r->lock);
+    if (r->holder == self) {
+        r->handling_since = 0;
+        pthread_mutex_unlock(&r->lock);
+        return 0;
+    }
+    unsigned long seen = r->served;
+    pthread_mutex_unlock(&r->lock);
+    long wait_ns = r->stall_ns;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        long ns = until.tv_nsec + wait_ns;
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        if (sem_clockwait(&r->token, CLOCK_MONOTONIC, &until) == 0) {
+            pthread_mutex_lock(&r->lock);
+            r->holder = self;
+            r->handling_since = 0;
+            pthread_mutex_unlock(&r->lock);
+            return 0;
+        }
+        if (errno != ETIMEDOUT) return -1;
+        pthread_mutex_lock(&r->lock);
+        long since = r->handling_since;
+        if (r->holder != 0 && since != 0 && coffer_monotonic_ns() - since >= r->stall_ns) {
+            /* The holder is stuck in one short request: read in its place.
+               The semaphore stays taken; the old holder, back from its
+               request, finds it no longer holds the token and waits. */
+            r->holder = self;
+            r->handling_since = 0;
+            r->takeovers += 1;
+            pthread_mutex_unlock(&r->lock);
+            return 0;
+        }
+        /* Requests flowing since the last look: look again soon. */
+        wait_ns = r->served != seen ? r->stall_ns : 1000000000L;
+        seen = r->served;
+        pthread_mutex_unlock(&r->lock);
+    }
 }
 
 static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdata) {
     (void)userdata;
     struct coffer_reader_state *r = coffer_reader(fd);
     if (r == NULL) return read(fd, buf, len); /* not installed: cannot happen */
-    if (!coffer_holds_reader_token(r)) {
-        /* EINTR (the loop's wake signal, at exit) goes back to libfuse,
-           which checks whether the session is ending. */
-        if (sem_wait(&r->token) != 0) return -1;
-        __atomic_store_n(&r->holder, (unsigned long)pthread_self(), __ATOMIC_RELAXED);
-    }
+    if (coffer_take_reader_token(r) != 0) return -1;
     long deadline = coffer_monotonic_ns() + r->spin_ns;
     for (;;) {
         ssize_t n = read(fd, buf, len);
         if (n >= 0) {
-            if (coffer_fuse_request_may_take_long(buf, n)) coffer_release_reader_token(r);
+            int may_take_long = coffer_fuse_request_may_take_long(buf, n);
+            pthread_mutex_lock(&r->lock);
+            r->served += 1;
+            if (may_take_long) coffer_reader_give_up_locked(r);
+            else if (r->holder == (unsigned long)pthread_self()) r->handling_since = coffer_monotonic_ns();
+            pthread_mutex_unlock(&r->lock);
             return n;
         }
         if (errno != EAGAIN) {
@@ -235,7 +300,7 @@ static ssize_t coffer_plain_writev(int fd, struct iovec *iov, int count, void *u
    Returns 0 and sets `*state` (for `coffer_fuse_reader_hand_on`; valid
    until the session's loop has returned), or a negative errno (the session
    then keeps libfuse's reader). */
-static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns,
+static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns, long stall_ns,
                                                   struct coffer_reader_state **state) {
     *state = NULL;
     int fd = fuse_session_fd(se);
@@ -243,11 +308,18 @@ static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long 
     /* A previous session's state on this descriptor number is over: its
        loop has returned and joined every worker. */
     struct coffer_reader_state *old = coffer_readers()[fd];
-    if (old != NULL) { sem_destroy(&old->token); free(old); coffer_readers()[fd] = NULL; }
+    if (old != NULL) {
+        sem_destroy(&old->token);
+        pthread_mutex_destroy(&old->lock);
+        free(old);
+        coffer_readers()[fd] = NULL;
+    }
     struct coffer_reader_state *r = (struct coffer_reader_state *)calloc(1, sizeof(*r));
     if (r == NULL) return -ENOMEM;
     if (sem_init(&r->token, 0, 1) != 0) { int e = errno; free(r); return -e; }
+    if (pthread_mutex_init(&r->lock, NULL) != 0) { sem_destroy(&r->token); free(r); return -ENOMEM; }
     r->spin_ns = spin_ns;
+    r->stall_ns = stall_ns > 0 ? stall_ns : 1;
     coffer_readers()[fd] = r;
     static const struct fuse_custom_io io = { .writev = coffer_plain_writev, .read = coffer_spinning_read };
     int flags = fcntl(fd, F_GETFL);
@@ -256,6 +328,15 @@ static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long 
     if (rc != 0) fcntl(fd, F_SETFL, flags);
     else *state = r;
     return rc;
+}
+
+/* How many times a waiting worker took the token over from a stuck holder. */
+static inline unsigned long coffer_fuse_reader_takeovers(struct coffer_reader_state *r) {
+    if (r == NULL) return 0;
+    pthread_mutex_lock(&r->lock);
+    unsigned long n = r->takeovers;
+    pthread_mutex_unlock(&r->lock);
+    return n;
 }
 
 #endif

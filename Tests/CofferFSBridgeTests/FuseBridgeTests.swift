@@ -256,6 +256,56 @@ struct FuseBridgeTests {
         #expect(try readFile(mount.path("after-49")) == [49])
     }
 
+    /// A short request whose handler blocks (here a mkdir, as if waiting for a lock a sync holds)
+    /// keeps the reader token; a waiting worker must notice and read in its place, or every
+    /// other request would wait behind it.
+    @Test func aStuckShortRequestDoesNotHoldUpTheOthers() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("before"), [1])
+        // The stuck mkdir goes in its own folder: the kernel holds that folder's lock meanwhile.
+        try posix("mkdir") { mkdir(mount.path("sub"), 0o755) }
+        #expect(mount.session.readerTakeovers == 0)
+        let gate = DispatchSemaphore(value: 0)
+        mount.filesystem.mkdirGate.withLock { $0 = gate }
+        let made = Mutex<Int32>(-1)
+        let madeDone = DispatchSemaphore(value: 0)
+        Thread {
+            let rc = mkdir(mount.path("sub/stuck"), 0o755) == 0 ? 0 : errno
+            made.withLock { $0 = rc }
+            madeDone.signal()
+        }.start()
+        var waited = 0
+        while mount.filesystem.mkdirsWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
+        #expect(mount.filesystem.mkdirsWaiting.load(ordering: .relaxed) == 1, "the mkdir reached its handler")
+
+        let served = DispatchSemaphore(value: 0)
+        let results = Mutex<[Int32]>([])
+        Thread {
+            let a = (try? statPath(mount.path("before"))) != nil ? 0 : ENOENT
+            let b: Int32 = (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO
+            let c = (try? listDirectory(mount.path(""))) != nil ? 0 : EIO
+            results.withLock { $0 = [a, b, c] }
+            served.signal()
+        }.start()
+        // An idle mount's waiters look once a second; the first look after the stall takes over.
+        let inTime = served.wait(timeout: .now() + 5) == .success
+        #expect(inTime, "stat, create and readdir were not served while a mkdir was stuck")
+        #expect(mount.session.readerTakeovers >= 1)
+        #expect(madeDone.wait(timeout: .now()) == .timedOut, "the mkdir is still stuck")
+        mount.filesystem.mkdirGate.withLock { $0 = nil }
+        gate.signal()
+        #expect(madeDone.wait(timeout: .now() + 10) == .success)
+        if !inTime { _ = served.wait(timeout: .now() + 10) }
+        #expect(made.withLock { $0 } == 0)
+        #expect(results.withLock { $0 } == [0, 0, 0])
+        // The worker that was stuck gives way to the one reading now; both keep serving.
+        for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
+        #expect(try readFile(mount.path("after-49")) == [49])
+    }
+
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
     @Test func longRequestsAreRecognised() {
         func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {

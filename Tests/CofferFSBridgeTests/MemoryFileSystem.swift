@@ -231,8 +231,17 @@ final class MemoryFileSystem: FileSystemOperations {
         }
     }
 
+    /// While set, `mkdir` (a short request to the reader) waits on it: a handler stuck on a lock.
+    let mkdirGate = Mutex<DispatchSemaphore?>(nil)
+    let mkdirsWaiting = Atomic<Int>(0)
+
     func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
-        try state.withLock { state in
+        if let gate = mkdirGate.withLock({ $0 }) {
+            mkdirsWaiting.add(1, ordering: .relaxed)
+            gate.wait()
+            mkdirsWaiting.subtract(1, ordering: .relaxed)
+        }
+        return try state.withLock { state in
             let ino = try Self.create(
                 &state, parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), context: context)
             return Self.entry(&state, ino)

@@ -71,6 +71,11 @@ public final class FuseSession: Sendable {
         /// (see `coffer_fuse_use_spinning_reader` in CFuse/shim.h); 0 keeps
         /// libfuse's own reader, every idle worker blocked in read(2).
         public var spinMicroseconds: Int
+        /// How long one short request may keep the reader before a waiting
+        /// worker takes over reading, microseconds (a blocked request must not
+        /// hold up the others). Checked this often while requests flow, once
+        /// a second when the mount is idle.
+        public var stallMicroseconds: Int
 
         public init(
             mountOptions: [String] = [],
@@ -83,7 +88,8 @@ public final class FuseSession: Sendable {
             readdirPlus: ReaddirPlusMode = .always,
             handleSignals: Bool = true,
             debug: Bool = false,
-            spinMicroseconds: Int = 50
+            spinMicroseconds: Int = 50,
+            stallMicroseconds: Int = 10_000
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
@@ -96,12 +102,19 @@ public final class FuseSession: Sendable {
             self.handleSignals = handleSignals
             self.debug = debug
             self.spinMicroseconds = spinMicroseconds
+            self.stallMicroseconds = stallMicroseconds
         }
     }
 
     public let mountPoint: String
     public let configuration: Configuration
     private let bridge: FuseBridge
+
+    /// How many times a waiting worker took reading over from one stuck in a short request
+    /// (0 without the spinning reader).
+    public var readerTakeovers: Int {
+        Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: bridge.reader.load(ordering: .acquiring))))
+    }
     private let state = Mutex(State())
 
     /// `struct fuse_session *` is only touched under `state`'s lock or by
@@ -182,7 +195,8 @@ public final class FuseSession: Sendable {
             // Falls back to libfuse's reader if it cannot be installed.
             if configuration.spinMicroseconds > 0 {
                 var reader: UnsafeMutablePointer<coffer_reader_state>?
-                if coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000, &reader) == 0 {
+                if coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000,
+                                                   configuration.stallMicroseconds * 1000, &reader) == 0 {
                     bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
                 }
             }
