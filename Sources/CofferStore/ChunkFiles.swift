@@ -12,8 +12,8 @@ import Synchronization
 ///
 /// Large chunks stored together (a spill of buffered writes, a flush, a download) share one
 /// pack file under `DATA/chunks/packs/`; their rows (`in_file = 2`) hold a `PackLocator` instead
-/// of the bytes. A pack is deleted when garbage collection finds no row naming it; one only
-/// partly in use is kept whole (its dead chunks cost disk space, not correctness). Stores
+/// of the bytes. A pack is deleted when garbage collection finds no row naming it; one mostly
+/// dead is rewritten with only its live chunks (`Store.compactPacks`). Stores
 /// written before packs have one file per chunk (`in_file = 1`, `DATA/chunks/<2 hex>/<id>`);
 /// those are still read and collected, never written.
 ///
@@ -175,6 +175,12 @@ final class ChunkFiles: Sendable {
         guard fd >= 0 else { throw StoreError("chunk pack \(p) is missing: \(Self.errorText())") }
         defer { close(fd) }
         return try Self.read(Int(locator.length), from: fd, at: Int(locator.offset), path: p)
+    }
+
+    /// A pack file's size in bytes, nil if it is missing.
+    func packSize(_ pack: [UInt8]) -> Int? {
+        var st = stat()
+        return stat(packPath(pack), &st) == 0 ? Int(st.st_size) : nil
     }
 
     func removePack(_ pack: [UInt8]) {

@@ -291,14 +291,15 @@ public final class Store: Sendable {
         }
     }
 
-    /// Removes content nothing refers to: manifests no record names, chunks no manifest lists.
-    /// Only safe while no writer is between storing chunks and committing their manifest, which
-    /// callers guarantee with the store's exclusive lock.
+    /// Removes content nothing refers to: manifests no record names, chunks no manifest lists;
+    /// then rewrites packs that are mostly dead (`compactPacks`). Only safe while no writer is
+    /// between storing chunks and committing their manifest, which callers guarantee with the
+    /// store's exclusive lock.
     @discardableResult
-    public func collectGarbage() throws -> (manifests: Int, chunks: Int) {
+    public func collectGarbage() throws -> (manifests: Int, chunks: Int, compactedPacks: Int) {
         try pool.writeWithoutTransaction { db in
             try commitGroup(db)
-            var result = (manifests: 0, chunks: 0)
+            var result = (manifests: 0, chunks: 0, compactedPacks: 0)
             var doomedFiles: [[UInt8]] = []
             try db.inTransaction(.immediate) {
                 try db.execute(sql: """
@@ -321,8 +322,65 @@ public final class Store: Sendable {
             for id in files.allIDs() where !listed.contains(id) { files.remove(id) }
             let packs = Set(try Data.fetchAll(db, sql: "SELECT DISTINCT substr(sealed, 1, \(PackLocator.packIDBytes)) FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)").map { [UInt8]($0) })
             for pack in files.allPackIDs() where !packs.contains(pack) { files.removePack(pack) }
+            result.compactedPacks = try compactPacks(db)
             return result
         }
+    }
+
+    /// Packs at least this much of which is dead, and more than half, are rewritten.
+    static let compactionMinimumDeadBytes = 1 << 20
+
+    /// Rewrites packs whose chunks are mostly garbage: their live chunks are copied, still
+    /// sealed, into new packs, their rows pointed there, and the old packs deleted. Without
+    /// this a pack one live chunk still names keeps all of its dead ones on disk forever (a
+    /// large file partly rewritten, again and again). Returns how many packs were rewritten.
+    ///
+    /// Crash safety: the new pack is synced before the transaction that names it commits; a
+    /// crash before that commit leaves a pack no row names, one after it leaves the old pack
+    /// unnamed, and the next collection sweeps either. A pack that cannot be read stays as it is.
+    private func compactPacks(_ db: Database) throws -> Int {
+        var byPack: [[UInt8]: [(id: Data, locator: PackLocator)]] = [:]
+        for row in try Row.fetchAll(db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)") {
+            let id: Data = row[0]
+            let sealed: Data = row[1]
+            guard let locator = try? PackLocator(decoding: [UInt8](sealed)) else { continue }
+            byPack[locator.pack, default: []].append((id, locator))
+        }
+        var compacted = 0
+        var batch: [(id: Data, old: PackLocator, sealed: [UInt8])] = []
+        var batchPacks: [[UInt8]] = []
+        var batchBytes = 0
+        func rewrite() throws {
+            guard !batch.isEmpty else { return }
+            let locators = try files.writePack(batch.map(\.sealed))
+            try files.syncPending()
+            try db.inTransaction(.immediate) {
+                for (item, locator) in zip(batch, locators) {
+                    try db.execute(sql: "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = \(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
+                                   arguments: [Data(locator.encoded), item.id, Data(item.old.encoded)])
+                }
+                return .commit
+            }
+            for pack in batchPacks { files.removePack(pack) }
+            compacted += batchPacks.count
+            batch = []
+            batchPacks = []
+            batchBytes = 0
+        }
+        // Sorted so a run rewrites packs in a stable order (and tests see the same packs).
+        for (pack, chunks) in byPack.sorted(by: { $0.key.lexicographicallyPrecedes($1.key) }) {
+            guard let size = files.packSize(pack) else { continue }
+            let live = chunks.reduce(0) { $0 + Int($1.locator.length) }
+            guard size - live >= Self.compactionMinimumDeadBytes, live * 2 < size else { continue }
+            guard let read = try? chunks.map({ c in (id: c.id, old: c.locator, sealed: try files.readPacked(c.locator)) }) else { continue }
+            batch += read
+            batchPacks.append(pack)
+            batchBytes += live
+            // New packs of up to 64 MiB: the batch is held in memory until it is written.
+            if batchBytes >= 64 << 20 { try rewrite() }
+        }
+        try rewrite()
+        return compacted
     }
 
     public func vacuum() throws {

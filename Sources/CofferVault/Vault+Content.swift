@@ -174,7 +174,7 @@ extension Vault {
     }
 
     /// Runs garbage collection if no other process has the store open; returns nil if it is busy.
-    public func collectGarbage() throws -> (manifests: Int, chunks: Int)? {
+    public func collectGarbage() throws -> (manifests: Int, chunks: Int, compactedPacks: Int)? {
         // Open documents may hold chunks no manifest names yet (spilled writes, unlinked files).
         guard openDocuments.withLock({ $0.isEmpty }) else { return nil }
         return try locks.exclusively { try store.collectGarbage() }

@@ -43,7 +43,7 @@ struct Mount: ParsableCommand {
         try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) { logger.log($0) }
         let vault = try Vault.open(dataDirectory: dataDir)
         // Reclaim what interrupted writes left, while no other process has the store open.
-        if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests") }
+        if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs rewritten") }
         lock.record(mountPoint: mountPoint, pid: getpid())
         if readyFD == nil { print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.") }
         var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil
