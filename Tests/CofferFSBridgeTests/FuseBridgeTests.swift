@@ -177,80 +177,68 @@ struct FuseBridgeTests {
         #expect(fs.state.withLock { $0.destroyCount } == 1)
     }
 
+    /// Holds the request `start` sends (on a thread of its own) inside its handler through
+    /// `hold`, and checks that the calls in `meanwhile` (each 0 or an errno) are all answered
+    /// within `limit` seconds; then lets the held request finish and checks it succeeded. On
+    /// threads, so a regression shows as a failure after a timeout, not a hang.
+    func expectServedWhileHeld(_ hold: RequestHold, _ what: String, limit: Double,
+                               start: @escaping @Sendable () -> Int32,
+                               meanwhile: @escaping @Sendable () -> [Int32]) {
+        hold.hold()
+        let heldResult = Mutex<Int32>(-1)
+        let heldDone = DispatchSemaphore(value: 0)
+        Thread { let rc = start(); heldResult.withLock { $0 = rc }; heldDone.signal() }.start()
+        #expect(hold.awaitHandler(), "the \(what) reached its handler")
+
+        let results = Mutex<[Int32]>([])
+        let served = DispatchSemaphore(value: 0)
+        Thread { let r = meanwhile(); results.withLock { $0 = r }; served.signal() }.start()
+        let inTime = served.wait(timeout: .now() + limit) == .success
+        #expect(inTime, "requests were not served while the \(what) was held")
+        #expect(heldDone.wait(timeout: .now()) == .timedOut, "the \(what) is still held")
+        hold.release()
+        #expect(heldDone.wait(timeout: .now() + 10) == .success)
+        if !inTime { _ = served.wait(timeout: .now() + 10) }
+        #expect(heldResult.withLock { $0 } == 0, "the \(what) itself")
+        #expect(results.withLock { $0 }.allSatisfy { $0 == 0 }, "\(results.withLock { $0 })")
+    }
+
     /// One worker at a time reads requests (`coffer_fuse_use_spinning_reader`), keeping that
     /// right while it handles a short request. Before a long one it must hand it on, or every
     /// other request would wait: here an fsync stays in its handler while a mkdir, a create and
     /// a stat are served.
     @Test func shortRequestsAreServedWhileALongOneRuns() throws {
+        // No takeover within the test's time: only handing on can serve the others.
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
         defer { mount.cleanUp() }
         try mount.start()
         try writeFile(mount.path("held"), [1, 2, 3])
-        let gate = DispatchSemaphore(value: 0)
-        mount.filesystem.fsyncGate.withLock { $0 = gate }
         let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
-        let synced = DispatchSemaphore(value: 0)
-        Thread { _ = Glibc.fsync(fd); synced.signal() }.start()
-        var waited = 0
-        while mount.filesystem.fsyncsWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
-        #expect(mount.filesystem.fsyncsWaiting.load(ordering: .relaxed) == 1, "the fsync reached its handler")
-
-        // On another thread, so a regression shows as a failure after a timeout, not a hang.
-        let served = DispatchSemaphore(value: 0)
-        let results = Mutex<[Int32]>([])
-        Thread {
-            let a = mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno
-            let b: Int32 = (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO
-            let c = (try? statPath(mount.path("created-meanwhile"))) != nil ? 0 : ENOENT
-            results.withLock { $0 = [a, b, c] }
-            served.signal()
-        }.start()
-        let inTime = served.wait(timeout: .now() + 10) == .success
-        #expect(inTime, "mkdir, create and stat were not served while the fsync was held")
-        #expect(synced.wait(timeout: .now()) == .timedOut, "the fsync is still held")
-        gate.signal()
-        #expect(synced.wait(timeout: .now() + 10) == .success)
-        if !inTime { _ = served.wait(timeout: .now() + 10) }
-        #expect(results.withLock { $0 } == [0, 0, 0])
-        close(fd)
+        defer { close(fd) }
+        expectServedWhileHeld(mount.filesystem.fsyncHold, "fsync", limit: 10, start: { Glibc.fsync(fd) == 0 ? 0 : errno }) {
+            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+             (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
+             (try? statPath(mount.path("created-meanwhile"))) != nil ? 0 : ENOENT]
+        }
     }
 
     /// A close is a short request to the reader; the filesystem says when its flush may take
     /// long (`closeMayTakeLong`) and the bridge then hands reading on itself. Here a flush stays
-    /// in its handler while a mkdir, a create and a stat are served.
+    /// in its handler while a mkdir, a stat and a readdir are served.
     @Test func aCloseThatMayTakeLongHandsOnReading() throws {
+        // No takeover within the test's time: only handing on can serve the others.
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
         defer { mount.cleanUp() }
         try mount.start()
         try writeFile(mount.path("held"), [1, 2, 3])
         let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
-        let gate = DispatchSemaphore(value: 0)
-        mount.filesystem.flushGate.withLock { $0 = gate }
-        let closed = DispatchSemaphore(value: 0)
-        Thread { _ = Glibc.close(fd); closed.signal() }.start()
-        var waited = 0
-        while mount.filesystem.flushesWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
-        #expect(mount.filesystem.flushesWaiting.load(ordering: .relaxed) == 1, "the flush reached its handler")
-
-        let served = DispatchSemaphore(value: 0)
-        let results = Mutex<[Int32]>([])
-        Thread {
-            let a = mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno
-            let b: Int32 = (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT
-            let c = (try? listDirectory(mount.path(""))) != nil ? 0 : EIO
-            results.withLock { $0 = [a, b, c] }
-            served.signal()
-        }.start()
-        let inTime = served.wait(timeout: .now() + 10) == .success
-        #expect(inTime, "mkdir, stat and readdir were not served while the flush was held")
-        #expect(closed.wait(timeout: .now()) == .timedOut, "the close is still held")
-        mount.filesystem.flushGate.withLock { $0 = nil }
-        gate.signal()
-        #expect(closed.wait(timeout: .now() + 10) == .success)
-        if !inTime { _ = served.wait(timeout: .now() + 10) }
-        #expect(results.withLock { $0 } == [0, 0, 0])
+        expectServedWhileHeld(mount.filesystem.flushHold, "close", limit: 10, start: { Glibc.close(fd) == 0 ? 0 : errno }) {
+            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        }
         // With nothing held, closes are short again and the session keeps serving.
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
         #expect(try readFile(mount.path("after-49")) == [49])
@@ -268,39 +256,13 @@ struct FuseBridgeTests {
         // The stuck mkdir goes in its own folder: the kernel holds that folder's lock meanwhile.
         try posix("mkdir") { mkdir(mount.path("sub"), 0o755) }
         #expect(mount.session.readerTakeovers == 0)
-        let gate = DispatchSemaphore(value: 0)
-        mount.filesystem.mkdirGate.withLock { $0 = gate }
-        let made = Mutex<Int32>(-1)
-        let madeDone = DispatchSemaphore(value: 0)
-        Thread {
-            let rc = mkdir(mount.path("sub/stuck"), 0o755) == 0 ? 0 : errno
-            made.withLock { $0 = rc }
-            madeDone.signal()
-        }.start()
-        var waited = 0
-        while mount.filesystem.mkdirsWaiting.load(ordering: .relaxed) == 0 && waited < 500 { usleep(10_000); waited += 1 }
-        #expect(mount.filesystem.mkdirsWaiting.load(ordering: .relaxed) == 1, "the mkdir reached its handler")
-
-        let served = DispatchSemaphore(value: 0)
-        let results = Mutex<[Int32]>([])
-        Thread {
-            let a = (try? statPath(mount.path("before"))) != nil ? 0 : ENOENT
-            let b: Int32 = (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO
-            let c = (try? listDirectory(mount.path(""))) != nil ? 0 : EIO
-            results.withLock { $0 = [a, b, c] }
-            served.signal()
-        }.start()
         // An idle mount's waiters look once a second; the first look after the stall takes over.
-        let inTime = served.wait(timeout: .now() + 5) == .success
-        #expect(inTime, "stat, create and readdir were not served while a mkdir was stuck")
+        expectServedWhileHeld(mount.filesystem.mkdirHold, "mkdir", limit: 5, start: { mkdir(mount.path("sub/stuck"), 0o755) == 0 ? 0 : errno }) {
+            [(try? statPath(mount.path("before"))) != nil ? 0 : ENOENT,
+             (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
+             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        }
         #expect(mount.session.readerTakeovers >= 1)
-        #expect(madeDone.wait(timeout: .now()) == .timedOut, "the mkdir is still stuck")
-        mount.filesystem.mkdirGate.withLock { $0 = nil }
-        gate.signal()
-        #expect(madeDone.wait(timeout: .now() + 10) == .success)
-        if !inTime { _ = served.wait(timeout: .now() + 10) }
-        #expect(made.withLock { $0 } == 0)
-        #expect(results.withLock { $0 } == [0, 0, 0])
         // The worker that was stuck gives way to the one reading now; both keep serving.
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
         #expect(try readFile(mount.path("after-49")) == [49])

@@ -34,31 +34,24 @@ final class MemoryFileSystem: FileSystemOperations {
     }
 
     let state = Mutex(State())
-    /// While set, `fsync` waits on it: a request that stays in its handler as long as a test
-    /// wants. `fsyncsWaiting` counts the handlers waiting.
-    let fsyncGate = Mutex<DispatchSemaphore?>(nil)
-    let fsyncsWaiting = Atomic<Int>(0)
+    /// Requests that stay in their handlers as long as a test wants (see `RequestHold`).
+    let fsyncHold = RequestHold()
+    /// Flush (close(2)) is a short request to the reader; `closeMayTakeLong` tells the bridge
+    /// that a held one takes long.
+    let flushHold = RequestHold()
+    /// Mkdir is short too, and nothing tells the bridge: a handler stuck on a lock.
+    let mkdirHold = RequestHold()
 
     func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {
-        guard let gate = fsyncGate.withLock({ $0 }) else { return }
-        fsyncsWaiting.add(1, ordering: .relaxed)
-        gate.wait()
-        fsyncsWaiting.subtract(1, ordering: .relaxed)
+        fsyncHold.pass()
     }
 
-    /// The same for `flush` (close(2)); `closeMayTakeLong` tells the bridge it does.
-    let flushGate = Mutex<DispatchSemaphore?>(nil)
-    let flushesWaiting = Atomic<Int>(0)
-
     func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {
-        guard let gate = flushGate.withLock({ $0 }) else { return }
-        flushesWaiting.add(1, ordering: .relaxed)
-        gate.wait()
-        flushesWaiting.subtract(1, ordering: .relaxed)
+        flushHold.pass()
     }
 
     func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool {
-        flushGate.withLock { $0 } != nil
+        flushHold.isHeld
     }
 
     init() {
@@ -231,16 +224,8 @@ final class MemoryFileSystem: FileSystemOperations {
         }
     }
 
-    /// While set, `mkdir` (a short request to the reader) waits on it: a handler stuck on a lock.
-    let mkdirGate = Mutex<DispatchSemaphore?>(nil)
-    let mkdirsWaiting = Atomic<Int>(0)
-
     func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
-        if let gate = mkdirGate.withLock({ $0 }) {
-            mkdirsWaiting.add(1, ordering: .relaxed)
-            gate.wait()
-            mkdirsWaiting.subtract(1, ordering: .relaxed)
-        }
+        mkdirHold.pass()
         return try state.withLock { state in
             let ino = try Self.create(
                 &state, parent: parent, name: name, mode: UInt32(S_IFDIR) | (mode & 0o7777), context: context)
@@ -469,5 +454,37 @@ final class MemoryFileSystem: FileSystemOperations {
             guard state.nodes[inode] != nil else { throw FSError.notFound }
             guard state.nodes[inode]!.xattrs.removeValue(forKey: name) != nil else { throw FSError.noAttribute }
         }
+    }
+}
+
+/// Keeps a request inside its handler until the test lets it go: the handler calls `pass()`,
+/// which waits while the hold is on.
+final class RequestHold: Sendable {
+    private let gate = Mutex<DispatchSemaphore?>(nil)
+    private let waiting = Atomic<Int>(0)
+
+    var isHeld: Bool { gate.withLock { $0 != nil } }
+    /// Handlers waiting in `pass()` right now.
+    var waitingCount: Int { waiting.load(ordering: .relaxed) }
+
+    /// From now on handlers wait in `pass()`.
+    func hold() { gate.withLock { $0 = DispatchSemaphore(value: 0) } }
+
+    /// Ends the hold and lets the handler waiting in `pass()` go (the tests hold one at a time).
+    func release() {
+        gate.withLock { g in defer { g = nil }; return g }?.signal()
+    }
+
+    /// Waits up to 5 s for a handler to arrive; whether one did.
+    func awaitHandler() -> Bool {
+        for _ in 0..<500 where waitingCount == 0 { usleep(10_000) }
+        return waitingCount > 0
+    }
+
+    func pass() {
+        guard let g = gate.withLock({ $0 }) else { return }
+        waiting.add(1, ordering: .relaxed)
+        g.wait()
+        waiting.subtract(1, ordering: .relaxed)
     }
 }
