@@ -171,6 +171,10 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
     case 15: /* READ */
     case 16: /* WRITE */
     case 20: /* FSYNC */
+    case 22: /* GETXATTR: quick itself, but the kernel asks for security.capability
+                right before each write and chown; handing on here has the next
+                reader polling when that write arrives (untar faster in 9 of 10
+                A/B pairs, by about 3%) */
     case 30: /* FSYNCDIR */
     case 39: /* IOCTL */
     case 40: /* POLL */
