@@ -28,4 +28,35 @@ import Testing
         #expect(readKiB > 0 && readKiB < 200 * 1024, "read peak RSS \(readKiB) KiB")
         #expect(sh("cmp '\(source)' '\(tmp.path)/out.bin'").status == 0)
     }
+
+    /// A large file rewritten in part leaves old packs mostly dead; `coffer gc` rewrites them
+    /// down to their live chunks, and the file reads back byte for byte.
+    @Test func gcShrinksPacksAPartialRewriteLeftMostlyDead() throws {
+        let tmp = TemporaryDirectory()
+        let data = tmp.sub("data")
+        #expect(coffer(data, ["init", "ivy"]).status == 0)
+        let first = pseudoRandomBytes(count: 32 << 20, seed: 1)
+        #expect(coffer(data, ["write", "big.bin"], stdin: first).status == 0)
+        // The same file with its first 28 MiB replaced: the last 4 MiB are the same chunks.
+        let second = pseudoRandomBytes(count: 28 << 20, seed: 2) + first[(28 << 20)...]
+        #expect(coffer(data, ["write", "big.bin"], stdin: second).status == 0)
+        func packBytes() -> Int {
+            let dir = data + "/chunks/packs"
+            return ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).reduce(0) { sum, name in
+                sum + ((try? FileManager.default.attributesOfItem(atPath: dir + "/" + name)[.size] as? Int) ?? 0)
+            }
+        }
+        let before = packBytes()
+        #expect(before > 59 << 20, "both versions are in packs: \(before) bytes")
+        let gc = coffer(data, ["gc"])
+        #expect(gc.status == 0, "\(gc.err)")
+        #expect(gc.out.contains("rewrote 1 mostly unused pack") || gc.out.range(of: "rewrote [1-9][0-9]* mostly unused packs", options: .regularExpression) != nil,
+                "\(gc.out)")
+        // Without the rewrite the pack holding the old last 16 MiB would stay whole (44 MiB).
+        let after = packBytes()
+        #expect(after < 33 << 20, "only the live 32 MiB (and seals) are left: \(after) bytes")
+        let same = coffer(data, ["cat", "big.bin"]).stdout == second
+        #expect(same, "the file after the rewrite")
+        #expect(coffer(data, ["fsck"]).status == 0)
+    }
 }
