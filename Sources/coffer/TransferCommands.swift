@@ -232,7 +232,7 @@ struct GarbageCollect: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             guard let r = try vault.collectGarbage() else { throw CLIError("the store is in use (mounted or another command is running); try again later") }
-            print("removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused packs")
+            print("removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused pack\(r.compactedPacks == 1 ? "" : "s")")
         }
     }
 }
