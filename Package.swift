@@ -89,6 +89,6 @@ let package = Package(
         .testTarget(name: "CofferSyncTests", dependencies: [
             "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferTestSupport",
         ]),
-        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS"]),
+        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault"]),
     ]
 )
