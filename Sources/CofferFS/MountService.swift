@@ -148,6 +148,10 @@ public enum MountService {
         } catch {
             throw MountError("cannot mount at \(mountPoint): \(error)")
         }
+        // A request that blocked for 10 ms or more while holding the reader (see CFuse/shim.h):
+        // worth knowing when looking into a slow mount.
+        let takeovers = session.readerTakeovers
+        if takeovers > 0 { log("reading was taken over from a worker stuck in a request \(takeovers) times") }
     }
 }
 

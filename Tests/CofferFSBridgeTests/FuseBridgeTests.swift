@@ -262,10 +262,15 @@ struct FuseBridgeTests {
              (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
              (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
         }
-        #expect(mount.session.readerTakeovers >= 1)
+        let takeovers = mount.session.readerTakeovers
+        #expect(takeovers >= 1)
         // The worker that was stuck gives way to the one reading now; both keep serving.
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
         #expect(try readFile(mount.path("after-49")) == [49])
+        // The count outlives the session, for the daemon's log.
+        #expect(try runCommand("/usr/bin/fusermount3", ["-u", mount.mountPoint]) == 0)
+        _ = try mount.join()
+        #expect(mount.session.readerTakeovers >= takeovers)
     }
 
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).

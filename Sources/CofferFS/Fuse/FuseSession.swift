@@ -112,9 +112,13 @@ public final class FuseSession: Sendable {
 
     /// How many times a waiting worker took reading over from one stuck in a short request
     /// (0 without the spinning reader).
+    /// After the session ended, the count it ended with.
     public var readerTakeovers: Int {
-        Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: bridge.reader.load(ordering: .acquiring))))
+        let reader = bridge.reader.load(ordering: .acquiring)
+        return reader == 0 ? finalTakeovers.load(ordering: .relaxed)
+            : Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: reader)))
     }
+    private let finalTakeovers = Atomic<Int>(0)
     private let state = Mutex(State())
 
     /// `struct fuse_session *` is only touched under `state`'s lock or by
@@ -202,6 +206,7 @@ public final class FuseSession: Sendable {
             }
             loopResult = coffer_fuse_session_loop_mt(
                 se, configuration.maxThreads, configuration.maxIdleThreads, 0)
+            finalTakeovers.store(readerTakeovers, ordering: .relaxed)
             bridge.reader.store(0, ordering: .releasing)
         }
 
