@@ -203,18 +203,28 @@ struct FuseBridgeTests {
         #expect(results.withLock { $0 }.allSatisfy { $0 == 0 }, "\(results.withLock { $0 })")
     }
 
+    /// A mount whose reader is never taken over within a test's time (so only handing on can
+    /// serve other requests while one is held), with a file "held" open for writing.
+    func mountWithOpenFile() throws -> (MountHarness, Int32) {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
+        do {
+            try mount.start()
+            try writeFile(mount.path("held"), [1, 2, 3])
+            return (mount, try posix("open") { open(mount.path("held"), O_WRONLY) })
+        } catch {
+            mount.cleanUp()
+            throw error
+        }
+    }
+
     /// One worker at a time reads requests (`coffer_fuse_use_spinning_reader`), keeping that
     /// right while it handles a short request. Before a long one it must hand it on, or every
     /// other request would wait: here an fsync stays in its handler while a mkdir, a create and
     /// a stat are served.
     @Test func shortRequestsAreServedWhileALongOneRuns() throws {
-        // No takeover within the test's time: only handing on can serve the others.
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
+        let (mount, fd) = try mountWithOpenFile()
         defer { mount.cleanUp() }
-        try mount.start()
-        try writeFile(mount.path("held"), [1, 2, 3])
-        let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
         defer { close(fd) }
         expectServedWhileHeld(mount.filesystem.fsyncHold, "fsync", limit: 10, start: { Glibc.fsync(fd) == 0 ? 0 : errno }) {
             [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
@@ -227,13 +237,8 @@ struct FuseBridgeTests {
     /// long (`closeMayTakeLong`) and the bridge then hands reading on itself. Here a flush stays
     /// in its handler while a mkdir, a stat and a readdir are served.
     @Test func aCloseThatMayTakeLongHandsOnReading() throws {
-        // No takeover within the test's time: only handing on can serve the others.
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
+        let (mount, fd) = try mountWithOpenFile()
         defer { mount.cleanUp() }
-        try mount.start()
-        try writeFile(mount.path("held"), [1, 2, 3])
-        let fd = try posix("open") { open(mount.path("held"), O_WRONLY) }
         expectServedWhileHeld(mount.filesystem.flushHold, "close", limit: 10, start: { Glibc.close(fd) == 0 ? 0 : errno }) {
             [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
              (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,

@@ -41,6 +41,12 @@ final class FuseBridge: Sendable {
         coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
+    /// Before a flush or release (short to the reader): hands reading on if the filesystem says
+    /// this close may take long.
+    func handOnIfCloseMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) {
+        if operations.closeMayTakeLong(inode: inode, handle: handle, releasing: releasing) { handOnReading() }
+    }
+
     // MARK: Reply helpers
 
     func entryParam(_ entry: Entry) -> fuse_entry_param {

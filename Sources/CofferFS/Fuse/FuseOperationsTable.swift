@@ -178,9 +178,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.flush = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            if bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: false) {
-                bridge.handOnReading()
-            }
+            bridge.handOnIfCloseMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: false)
             try bridge.operations.flush(
                 inode: ino, handle: coffer_fi_get_fh(fi), lockOwner: coffer_fi_get_lock_owner(fi))
             fuse_reply_err(req, 0)
@@ -190,9 +188,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.release = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            if bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: true) {
-                bridge.handOnReading()
-            }
+            bridge.handOnIfCloseMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: true)
             try bridge.operations.release(inode: ino, handle: coffer_fi_get_fh(fi), flags: coffer_fi_get_flags(fi))
             fuse_reply_err(req, 0)
         }

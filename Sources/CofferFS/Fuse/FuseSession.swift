@@ -111,8 +111,7 @@ public final class FuseSession: Sendable {
     private let bridge: FuseBridge
 
     /// How many times a waiting worker took reading over from one stuck in a short request
-    /// (0 without the spinning reader).
-    /// After the session ended, the count it ended with.
+    /// (0 without the spinning reader); after the session ended, the count it ended with.
     public var readerTakeovers: Int {
         let reader = bridge.reader.load(ordering: .acquiring)
         return reader == 0 ? finalTakeovers.load(ordering: .relaxed)

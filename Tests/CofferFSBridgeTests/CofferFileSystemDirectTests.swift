@@ -6,11 +6,11 @@ import Testing
 import Glibc
 #endif
 
-/// Orders of requests the kernel can produce but a test through a mount cannot time: the
-/// kernel looks a name up, another process replaces or removes that name, and then the open
-/// for the inode it found arrives. `CofferFileSystem`'s operations are called directly here, in
-/// that order, on a real vault.
-@Suite struct CofferFileSystemRaceTests {
+/// `CofferFileSystem`'s operations called directly on a real vault, for what a test through a
+/// mount cannot time or see: orders of requests the kernel can produce (it looks a name up,
+/// another process replaces or removes that name, then the open for the inode it found
+/// arrives), and the answers the FUSE reader asks for before a close.
+@Suite struct CofferFileSystemDirectTests {
     let context = RequestContext(uid: 0, gid: 0, pid: 1, umask: 0o022)
 
     final class Fixture {
@@ -36,6 +36,21 @@ import Glibc
         fs.forget(inode: entry.inode, lookups: 1)
     }
 
+    /// `name` holding "old" and `name.new` holding "new", and the kernel's lookup of `name`
+    /// (the one an open for it starts with).
+    func oldAndNew(_ fs: CofferFileSystem, _ name: String) throws -> Entry {
+        try file(fs, name, Array("old".utf8))
+        try file(fs, name + ".new", Array("new".utf8))
+        return try fs.lookup(parent: FuseRootInode, name: name)
+    }
+
+    /// Opens the inode, reads up to 100 bytes and closes it again.
+    func contents(_ fs: CofferFileSystem, _ inode: InodeNumber) throws -> [UInt8] {
+        let reply = try fs.open(inode: inode, flags: O_RDONLY, context: context)
+        defer { try? fs.release(inode: inode, handle: reply.handle, flags: O_RDONLY) }
+        return try fs.read(inode: inode, handle: reply.handle, offset: 0, size: 100)
+    }
+
     func isStale(_ body: () throws -> Void) -> Bool {
         do { try body(); return false } catch let e as FSError { return e.errno == ESTALE } catch { return false }
     }
@@ -46,19 +61,13 @@ import Glibc
     @Test func anOpenRacingARenameOverGetsTheOldContent() throws {
         let f = try Fixture()
         let fs = f.fs
-        try file(fs, "notes.txt", Array("old".utf8))
-        try file(fs, "notes.txt.tmp", Array("new".utf8))
-        let looked = try fs.lookup(parent: FuseRootInode, name: "notes.txt")
-        try fs.rename(parent: FuseRootInode, name: "notes.txt.tmp", newParent: FuseRootInode, newName: "notes.txt", flags: [])
-        let reply = try fs.open(inode: looked.inode, flags: O_RDONLY, context: context)
-        #expect(try fs.read(inode: looked.inode, handle: reply.handle, offset: 0, size: 100) == Array("old".utf8))
-        try fs.release(inode: looked.inode, handle: reply.handle, flags: O_RDONLY)
+        let looked = try oldAndNew(fs, "notes.txt")
+        try fs.rename(parent: FuseRootInode, name: "notes.txt.new", newParent: FuseRootInode, newName: "notes.txt", flags: [])
+        #expect(try contents(fs, looked.inode) == Array("old".utf8))
         // The name leads to the new file; the old inode stays openable until the kernel forgets it.
         let now = try fs.lookup(parent: FuseRootInode, name: "notes.txt")
         #expect(now.inode != looked.inode)
-        let again = try fs.open(inode: now.inode, flags: O_RDONLY, context: context)
-        #expect(try fs.read(inode: now.inode, handle: again.handle, offset: 0, size: 100) == Array("new".utf8))
-        try fs.release(inode: now.inode, handle: again.handle, flags: O_RDONLY)
+        #expect(try contents(fs, now.inode) == Array("new".utf8))
         fs.forget(inode: now.inode, lookups: 1)
         fs.forget(inode: looked.inode, lookups: 1)
         #expect(isStale { _ = try fs.open(inode: looked.inode, flags: O_RDONLY, context: self.context) },
@@ -83,9 +92,7 @@ import Glibc
     @Test func aReplacedOpenFileKeepsItsContentUntilClosed() throws {
         let f = try Fixture()
         let fs = f.fs
-        try file(fs, "db", Array("old".utf8))
-        try file(fs, "db.new", Array("new".utf8))
-        let looked = try fs.lookup(parent: FuseRootInode, name: "db")
+        let looked = try oldAndNew(fs, "db")
         let held = try fs.open(inode: looked.inode, flags: O_RDWR, context: context)
         try fs.rename(parent: FuseRootInode, name: "db.new", newParent: FuseRootInode, newName: "db", flags: [])
         #expect(try fs.write(inode: looked.inode, handle: held.handle, offset: 3, data: Array("er".utf8)) == 2)
@@ -94,9 +101,33 @@ import Glibc
         try fs.release(inode: looked.inode, handle: held.handle, flags: O_RDWR)
         fs.forget(inode: looked.inode, lookups: 1)
         let now = try fs.lookup(parent: FuseRootInode, name: "db")
-        let reply = try fs.open(inode: now.inode, flags: O_RDONLY, context: context)
-        #expect(try fs.read(inode: now.inode, handle: reply.handle, offset: 0, size: 100) == Array("new".utf8))
-        try fs.release(inode: now.inode, handle: reply.handle, flags: O_RDONLY)
+        #expect(try contents(fs, now.inode) == Array("new".utf8))
         fs.forget(inode: now.inode, lookups: 1)
+    }
+
+    /// What the bridge asks before a flush or release: a close with a megabyte buffered may
+    /// take long, one with a few bytes or none does not, and a read-only handle's flush never
+    /// does (it commits nothing), while its release may be the last and commit others' writes.
+    @Test func closeMayTakeLongFollowsWhatTheCloseWillCommit() throws {
+        let f = try Fixture()
+        let fs = f.fs
+        try file(fs, "big", [])
+        let inode = try fs.lookup(parent: FuseRootInode, name: "big").inode
+        let writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
+        let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)
+        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "nothing written")
+        _ = try fs.write(inode: inode, handle: writer.handle, offset: 0, data: Array("small".utf8))
+        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "a few bytes")
+        _ = try fs.write(inode: inode, handle: writer.handle, offset: 5, data: [UInt8](repeating: 7, count: 1 << 20))
+        #expect(fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "a megabyte buffered")
+        #expect(!fs.closeMayTakeLong(inode: inode, handle: reader.handle, releasing: false), "a read-only flush")
+        #expect(fs.closeMayTakeLong(inode: inode, handle: reader.handle, releasing: true), "a release that may commit")
+        #expect(!fs.closeMayTakeLong(inode: inode, handle: 987_654, releasing: true), "an unknown handle")
+        try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
+        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: true), "flushed")
+        try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
+        try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
+        #expect(try contents(fs, inode).prefix(5) == Array("small".utf8)[...])
+        fs.forget(inode: inode, lookups: 1)
     }
 }
