@@ -79,7 +79,7 @@ extension CofferFileSystem {
         }
     }
 
-    public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
+    public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int {
         try op {
             let h = try handle(fh)
             guard h.writable else { throw FSError.badHandle }

@@ -338,7 +338,7 @@ final class MemoryFileSystem: FileSystemOperations {
         }
     }
 
-    func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
+    func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int {
         try state.withLock { state in
             guard state.nodes[inode] != nil else { throw FSError.notFound }
             let start = Int(offset)

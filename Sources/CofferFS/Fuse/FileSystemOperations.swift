@@ -132,7 +132,11 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// (anything but `data.count` is reported to the writer as a short
     /// write). For `O_APPEND` opens without direct I/O the kernel already
     /// turned the offset into the current end of file.
-    func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: [UInt8]) throws -> Int
+    ///
+    /// `data` points into the request's buffer and is valid only during the
+    /// call: a 256 MiB `dd` used to copy every byte into a fresh array first
+    /// (and fault in that array's pages) before the filesystem copied it again.
+    func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int
 
     /// Called on every close(2) of a descriptor for this open file (there
     /// can be several per open, after dup/fork). The place to report
@@ -223,6 +227,11 @@ public protocol FileSystemOperations: AnyObject, Sendable {
 /// that reads or changes the tree or data is a requirement: a filesystem decides its own answer
 /// (including "not offered") instead of inheriting ENOSYS by accident.
 extension FileSystemOperations {
+    /// `write` from an array (tests, callers outside FUSE).
+    public func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
+        try data.withUnsafeBytes { try write(inode: inode, handle: handle, offset: offset, data: $0) }
+    }
+
     public func initialize(connection: ConnectionInfo) {}
     public func destroy() {}
     public func forget(inode: InodeNumber, lookups: UInt64) {}
