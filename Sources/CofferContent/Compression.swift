@@ -2,13 +2,45 @@ import CZstd
 import Synchronization
 
 /// zstd before sealing. A chunk whose compressed form is not smaller is stored raw, so random or
-/// already-compressed data costs one flag byte instead of a failed compression's overhead.
+/// already-compressed data costs one flag byte instead of a failed compression's overhead, and a
+/// large chunk whose samples do not compress is not even tried (`worthCompressing`).
 enum Compression {
     static let raw: UInt8 = 0
     static let zstd: UInt8 = 1
     static let level: Int32 = 1
 
+    /// Inputs at least this long are sampled before zstd sees all of them.
+    static let sampledFrom = 64 * 1024
+    static let sampleLength = 4096
+
+    /// Whether compressing all of `plaintext` is worth trying: three 4 KiB samples (start,
+    /// middle, end) compressed together must shrink by 3% or more. Media, archives and
+    /// encrypted files (most large files) then cost 12 KiB of zstd per 256 KiB chunk instead of
+    /// a whole failed pass (zstd is 3% of the daemon's CPU writing 256 MiB of random data). A
+    /// chunk whose samples all miss its compressible parts is stored raw: bigger, never wrong.
+    static func worthCompressing(_ plaintext: UnsafeRawBufferPointer) -> Bool {
+        guard plaintext.count >= sampledFrom, let src = plaintext.baseAddress else { return true }
+        let n = sampleLength
+        let starts = [0, plaintext.count / 2 - n / 2, plaintext.count - n]
+        let sample = [UInt8](unsafeUninitializedCapacity: 3 * n) { b, initialized in
+            guard let base = b.baseAddress else { initialized = 0; return }
+            for (i, start) in starts.enumerated() {
+                UnsafeMutableRawPointer(base + i * n).copyMemory(from: src + start, byteCount: n)
+            }
+            initialized = 3 * n
+        }
+        let bound = ZSTD_compressBound(sample.count)
+        var out = [UInt8](repeating: 0, count: bound)
+        let packed = sample.withUnsafeBytes { i in
+            out.withUnsafeMutableBytes { o in
+                ContextPool.compression.with { ZSTD_compressCCtx($0, o.baseAddress, bound, i.baseAddress, i.count, level) }
+            }
+        }
+        return ZSTD_isError(packed) == 0 && packed < sample.count * 97 / 100
+    }
+
     static func pack(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
+        if !worthCompressing(plaintext) { return stored(plaintext) }
         let bound = ZSTD_compressBound(plaintext.count)
         // One uninitialized buffer serves both outcomes (the bound is at least the input size):
         // no zero fill, and a raw chunk is one copy instead of two.
@@ -20,12 +52,25 @@ enum Compression {
                 initialized = n + 1
                 return
             }
-            base[0] = raw
-            if let src = plaintext.baseAddress {
-                UnsafeMutableRawPointer(base + 1).copyMemory(from: src, byteCount: plaintext.count)
-            }
-            initialized = plaintext.count + 1
+            initialized = storeRaw(plaintext, at: base)
         }
+    }
+
+    /// The raw form: the flag byte, then the plaintext.
+    static func stored(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
+        [UInt8](unsafeUninitializedCapacity: plaintext.count + 1) { o, initialized in
+            guard let base = o.baseAddress else { initialized = 0; return }
+            initialized = storeRaw(plaintext, at: base)
+        }
+    }
+
+    /// Writes the raw form at `base` (room for `plaintext.count + 1` bytes); returns its length.
+    private static func storeRaw(_ plaintext: UnsafeRawBufferPointer, at base: UnsafeMutablePointer<UInt8>) -> Int {
+        base[0] = raw
+        if let src = plaintext.baseAddress {
+            UnsafeMutableRawPointer(base + 1).copyMemory(from: src, byteCount: plaintext.count)
+        }
+        return plaintext.count + 1
     }
 
     static func unpack(_ packed: [UInt8], expectedLength: Int) throws -> [UInt8] {

@@ -144,6 +144,37 @@ struct CompressionTests {
         #expect(try Compression.unpack(empty, expectedLength: 0) == [])
     }
 
+    @Test func largeChunksAreSampledFirst() throws {
+        let chunk = 256 * 1024
+        let text = Array(String(repeating: "all work and no play makes jack a dull boy. ", count: 6000).utf8.prefix(chunk))
+        let random = noise(chunk)
+        #expect(text.withUnsafeBytes { Compression.worthCompressing($0) })
+        #expect(!random.withUnsafeBytes { Compression.worthCompressing($0) })
+        // Below the sampling size everything is tried (small files are mostly text).
+        let smallRandom = noise(Compression.sampledFrom - 1)
+        #expect(smallRandom.withUnsafeBytes { Compression.worthCompressing($0) })
+
+        // One incompressible sample (a binary header) does not stop the rest from compressing.
+        let headed = Array(random.prefix(Compression.sampleLength)) + Array(text.dropFirst(Compression.sampleLength))
+        let packedHeaded = headed.withUnsafeBytes { Compression.pack($0) }
+        #expect(packedHeaded[0] == Compression.zstd)
+        #expect(packedHeaded.count < chunk / 4)
+        let headedBack = try Compression.unpack(packedHeaded, expectedLength: chunk) == headed
+        #expect(headedBack)
+
+        // The price of sampling: compressible bytes only between the samples are stored raw,
+        // and still come back intact.
+        let n = Compression.sampleLength
+        var hidden = [UInt8](repeating: 0, count: chunk)
+        for (i, start) in [0, chunk / 2 - n / 2, chunk - n].enumerated() {
+            hidden.replaceSubrange(start..<(start + n), with: random[(i * n)..<((i + 1) * n)])
+        }
+        let packedHidden = hidden.withUnsafeBytes { Compression.pack($0) }
+        #expect(packedHidden[0] == Compression.raw)
+        let hiddenBack = try Compression.unpack(packedHidden, expectedLength: chunk) == hidden
+        #expect(hiddenBack)
+    }
+
     @Test func emptyAndTinyInputs() throws {
         for n in [0, 1, 5] {
             let d = noise(n)
