@@ -128,7 +128,7 @@ extension CofferFileSystem {
         try op {
             guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
             let folder = try folderID(parent)
-            let node = try vault.create(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: context.gid)
+            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: context.gid)
             return try entry(node)
         }
     }
@@ -136,7 +136,7 @@ extension CofferFileSystem {
     public func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
         try op {
             let folder = try folderID(parent)
-            let node = try vault.create(in: folder, name: name, type: .folder, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
+            let node = try createNode(in: folder, name: name, type: .folder, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
             return try entry(node)
         }
     }
@@ -194,7 +194,7 @@ extension CofferFileSystem {
     public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try op {
             let folder = try folderID(parent)
-            let node = try vault.create(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: context.gid, symlinkTarget: target)
+            let node = try createNode(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: context.gid, symlinkTarget: target)
             return try entry(node)
         }
     }

@@ -59,7 +59,7 @@ extension CofferFileSystem {
                 let e = try entry(existing)
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
-            let node = try vault.create(in: folder, name: name, type: .document, mode: mode & 0o7777,
+            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777,
                                         uid: context.uid, gid: groupFor(folder, context))
             let e = try entry(node)
             let doc = try vault.openDocument(node.id)

@@ -90,6 +90,15 @@ public final class CofferFileSystem: FileSystemOperations {
                           accessTime: atime, modificationTime: mtime, changeTime: max(ctime, mtime))
     }
 
+    /// Creates a file through the vault and learns its inode from the same transaction.
+    func createNode(in folder: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32, gid: UInt32,
+                symlinkTarget: String? = nil) throws -> Node {
+        let (node, ino) = try vault.createWithInode(in: folder, name: name, type: type, mode: mode, uid: uid, gid: gid,
+                                                    symlinkTarget: symlinkTarget)
+        inodes.learn(ino, for: node.id)
+        return node
+    }
+
     func entry(_ node: Node) throws -> Entry {
         let ino = try inodes.inode(for: node.id)
         inodes.remember(ino, parent: node.parent, name: node.name)
@@ -208,6 +217,11 @@ final class InodeTable: Sendable {
     }
 
     func knownInode(for id: FileID) -> InodeNumber? { state.withLock { $0.byID[id] } }
+
+    /// Records the inode the store just assigned a new file (saves reading it back).
+    func learn(_ ino: InodeNumber, for id: FileID) {
+        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+    }
 
     func addLookup(_ ino: InodeNumber) { state.withLock { $0.lookups[ino, default: 0] += 1 } }
 

@@ -109,6 +109,15 @@ extension Vault {
     public func create(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
                        gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
                        atime: Timespec? = nil) throws -> Node {
+        try createWithInode(in: parent, name: name, type: type, mode: mode, uid: uid, gid: gid,
+                            symlinkTarget: symlinkTarget, mtime: mtime, atime: atime).node
+    }
+
+    /// `create`, also returning the inode number the store assigned the new file, which the
+    /// mount would otherwise read back with a query of its own (one per file in untar).
+    public func createWithInode(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
+                                gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
+                                atime: Timespec? = nil) throws -> (node: Node, inode: UInt64) {
         do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
         if type == .symlink {
             guard let t = symlinkTarget, !t.isEmpty, t.utf8.count <= 4095 else {
@@ -137,12 +146,12 @@ extension Vault {
                 let p = self.path(parent, &c)
                 return (p == "/" ? "" : p) + "/" + name
             })
-            _ = try w.newInode(for: id)
+            let inode = try w.newInode(for: id)
             s.keys[id] = fileKey
             s.names[id] = name
             s.attrs[id] = attrs
             try touchParent(parent, &batch, &s)
-            return Node(id: id, type: type, parent: parent, name: name, attributes: attrs)
+            return (Node(id: id, type: type, parent: parent, name: name, attributes: attrs), inode)
         }
     }
 
