@@ -60,7 +60,7 @@ extension CofferFileSystem {
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
             let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777,
-                                        uid: context.uid, gid: groupFor(folder, context))
+                                      uid: context.uid, gid: groupFor(folder, context))
             let e = try entry(node)
             let doc = try vault.openDocument(node.id)
             return (e, register(inode: e.inode, document: doc, flags: flags))

@@ -92,7 +92,7 @@ public final class CofferFileSystem: FileSystemOperations {
 
     /// Creates a file through the vault and learns its inode from the same transaction.
     func createNode(in folder: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32, gid: UInt32,
-                symlinkTarget: String? = nil) throws -> Node {
+                    symlinkTarget: String? = nil) throws -> Node {
         let (node, ino) = try vault.createWithInode(in: folder, name: name, type: type, mode: mode, uid: uid, gid: gid,
                                                     symlinkTarget: symlinkTarget)
         inodes.learn(ino, for: node.id)
