@@ -52,6 +52,10 @@ struct VaultTreeTests {
         let inodes = try [docs.id, note.id, link.id].map { id in try f.vault.store.read { try $0.inode(of: id) } }
         #expect(Set(inodes.compactMap { $0 }).count == 3)
         #expect(!inodes.contains(1))
+        // The mount takes a new file's inode from the create itself: it must be the stored one.
+        let (made, ino) = try f.vault.createWithInode(in: docs.id, name: "made", type: .document, mode: 0o600)
+        #expect(try f.vault.store.read { try $0.inode(of: made.id) } == ino)
+        #expect(!inodes.contains(ino))
     }
 
     @Test func creationErrors() throws {
