@@ -10,6 +10,7 @@
 #include <fuse_lowlevel.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h> /* mallopt, for the daemon's allocator setting (MountService) */
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>

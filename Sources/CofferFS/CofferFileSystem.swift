@@ -203,22 +203,23 @@ final class InodeTable: Sendable {
     func fileID(_ ino: InodeNumber) -> FileID? {
         if let id = state.withLock({ $0.byInode[ino] }) { return id }
         guard let id = try? vault.store.readOne({ try $0.fileID(ofInode: ino) }) else { return nil }
-        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+        learn(ino, for: id)
         return id
     }
 
     func inode(for id: FileID) throws -> InodeNumber {
         if let ino = state.withLock({ $0.byID[id] }) { return ino }
-        // A file the vault just created already has its inode row: read it without opening a
-        // write (a savepoint per create). Files that arrived by sync get theirs here.
+        // Files created through the mount are learned at their create (`createNode`). One
+        // another process created already has its inode row: read it without opening a write.
+        // Files that arrived by sync get theirs here.
         let ino = try vault.store.readOne { try $0.inode(of: id) } ?? vault.store.write { w in try w.inode(for: id) }
-        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+        learn(ino, for: id)
         return ino
     }
 
     func knownInode(for id: FileID) -> InodeNumber? { state.withLock { $0.byID[id] } }
 
-    /// Records the inode the store just assigned a new file (saves reading it back).
+    /// Records which inode a file has (assigned by the store, never changed).
     func learn(_ ino: InodeNumber, for id: FileID) {
         state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
     }

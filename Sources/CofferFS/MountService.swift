@@ -1,3 +1,4 @@
+import CFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -95,13 +96,10 @@ public enum MountService {
     /// Resident memory stays bounded by the peak in use (the write buffers' limits), plus that.
     /// Measured A/B, 256 MiB write, 8 pairs: daemon CPU 79-84 -> 71-76 ticks, wall 0.56-0.61 ->
     /// 0.52-0.57 s; peak resident memory writing 2 GiB of random data 132 -> 160 MB.
-    /// (`mallopt` is glibc's, declared in malloc.h, which the Glibc module does not include.)
+    /// (`mallopt` comes through CFuse's shim: the Glibc module does not include malloc.h.)
     static func keepChunkBuffersMapped() {
-        typealias Mallopt = @convention(c) (Int32, Int32) -> Int32
-        guard let handle = dlopen(nil, RTLD_NOW), let sym = dlsym(handle, "mallopt") else { return }
-        let mallopt = unsafeBitCast(sym, to: Mallopt.self)
-        _ = mallopt(-3, 32 << 20) // M_MMAP_THRESHOLD
-        _ = mallopt(-1, 64 << 20) // M_TRIM_THRESHOLD
+        _ = mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        _ = mallopt(M_TRIM_THRESHOLD, 64 << 20)
     }
 
     /// Whether the mount asks the kernel to check modes, uid and gid (`default_permissions`).

@@ -316,13 +316,17 @@ public final class Store: Sendable {
             }
             // Files go after the commit (a crash before leaves files no row names, swept next
             // time), together with files whose transaction never committed. A pack goes once
-            // no row names any of its chunks; one still partly in use is kept whole.
+            // no row names any of its chunks; one still partly in use is kept, or rewritten if
+            // it is mostly dead (`compactPacks`).
             for id in doomedFiles { files.remove(id) }
             let listed = Set(try Data.fetchAll(db, sql: "SELECT id FROM chunks WHERE in_file = 1").map { [UInt8]($0) })
             for id in files.allIDs() where !listed.contains(id) { files.remove(id) }
-            let packs = Set(try Data.fetchAll(db, sql: "SELECT DISTINCT substr(sealed, 1, \(PackLocator.packIDBytes)) FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)").map { [UInt8]($0) })
-            for pack in files.allPackIDs() where !packs.contains(pack) { files.removePack(pack) }
-            result.compactedPacks = try compactPacks(db)
+            // One pass over the packed chunks' rows serves both the sweep and the rewrite. A
+            // row's pack id is its locator's first bytes, readable even if the rest is damaged.
+            let packRows = try Row.fetchAll(db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)")
+            let named = Set(packRows.map { row -> [UInt8] in let sealed: Data = row[1]; return [UInt8](sealed.prefix(PackLocator.packIDBytes)) })
+            for pack in files.allPackIDs() where !named.contains(pack) { files.removePack(pack) }
+            result.compactedPacks = try compactPacks(db, packRows)
             return result
         }
     }
@@ -338,9 +342,10 @@ public final class Store: Sendable {
     /// Crash safety: the new pack is synced before the transaction that names it commits; a
     /// crash before that commit leaves a pack no row names, one after it leaves the old pack
     /// unnamed, and the next collection sweeps either. A pack that cannot be read stays as it is.
-    private func compactPacks(_ db: Database) throws -> Int {
+    /// `packRows` are the rows (id, sealed locator) of every packed chunk.
+    private func compactPacks(_ db: Database, _ packRows: [Row]) throws -> Int {
         var byPack: [[UInt8]: [(id: Data, locator: PackLocator)]] = [:]
-        for row in try Row.fetchAll(db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)") {
+        for row in packRows {
             let id: Data = row[0]
             let sealed: Data = row[1]
             guard let locator = try? PackLocator(decoding: [UInt8](sealed)) else { continue }

@@ -34,17 +34,12 @@ final class FuseBridge: Sendable {
         return Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
     }
 
-    /// Lets another worker read requests while this one does something that may block. Only
-    /// needed for requests the reader counts as short (see `coffer_fuse_request_may_take_long`);
-    /// harmless otherwise.
-    func handOnReading() {
-        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
-    }
-
-    /// Before a flush or release (short to the reader): hands reading on if the filesystem says
-    /// this close may take long.
+    /// Before a flush or release, which the reader counts as short (see
+    /// `coffer_fuse_request_may_take_long`): if the filesystem says this close may take long,
+    /// another worker reads requests meanwhile.
     func handOnIfCloseMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) {
-        if operations.closeMayTakeLong(inode: inode, handle: handle, releasing: releasing) { handOnReading() }
+        guard operations.closeMayTakeLong(inode: inode, handle: handle, releasing: releasing) else { return }
+        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
     // MARK: Reply helpers

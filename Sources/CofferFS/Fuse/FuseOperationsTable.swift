@@ -167,7 +167,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.write = { req, ino, buf, size, offset, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            let data = UnsafeRawBufferPointer(start: size == 0 ? nil : buf, count: buf == nil ? 0 : size)
+            let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
             let written = try bridge.operations.write(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), data: data)
             guard written >= 0, written <= size else { throw FSError(EIO) }
