@@ -28,6 +28,23 @@ static inline int coffer_blake2b_keyed(EVP_MAC *mac, const uint8_t *key, size_t 
     return ok;
 }
 
+/// HMAC-SHA-256 (RFC 2104) of `in` under `key`: 32 bytes to `out`. `mac` comes from
+/// EVP_MAC_fetch(NULL, "HMAC", NULL). Returns 1 on success.
+static inline int coffer_hmac_sha256(EVP_MAC *mac, const uint8_t *key, size_t keylen,
+                                     const uint8_t *in, size_t inlen, uint8_t out[32]) {
+    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(mac);
+    if (ctx == NULL) return 0;
+    char digest[] = "SHA256";
+    OSSL_PARAM params[] = { OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_END };
+    size_t written = 0;
+    int ok = EVP_MAC_init(ctx, key, keylen, params)
+        && EVP_MAC_update(ctx, in, inlen)
+        && EVP_MAC_final(ctx, out, &written, 32)
+        && written == 32;
+    EVP_MAC_CTX_free(ctx);
+    return ok;
+}
+
 /// ChaCha20-Poly1305 IETF (RFC 8439): `in` -> `out` (same length), then the 16-byte `tag`.
 /// Returns 1 on success.
 static inline int coffer_chacha20poly1305_seal(const uint8_t key[32], const uint8_t nonce[12],

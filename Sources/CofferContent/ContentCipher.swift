@@ -3,10 +3,15 @@ import CofferModel
 
 /// Seals and opens one document's chunks and manifests with that document's key.
 ///
-/// Chunk ids are BLAKE2b of the plaintext keyed by a subkey of the file key: equal chunks in one
-/// file share an id (zero-filled gaps cost one chunk), but ids reveal nothing to anyone without
-/// the key. Each chunk's AEAD binds file id and chunk id, and the manifest binds the file id, so
-/// neither can be moved to another file or position.
+/// Chunk ids are HMAC-SHA-256 of the plaintext keyed by a subkey of the file key: equal chunks
+/// in one file share an id (zero-filled gaps cost one chunk), but ids reveal nothing to anyone
+/// without the key. Each chunk's AEAD binds file id and chunk id, and the manifest binds the file
+/// id, so neither can be moved to another file or position.
+///
+/// Stores written before 2026-11-24 named chunks by keyed BLAKE2b (subkey 2) instead. Their ids
+/// stay valid names (nothing recomputes an id to find a chunk), and the id check accepts either
+/// construction; the switch was for speed, since hashing was most of a large write's CPU and
+/// SHA-256 runs on the CPU's SHA extensions (see docs/CRYPTOGRAPHY.md).
 public struct ContentCipher: Sendable {
     public let fileID: FileID
     package let key: SymmetricKey
@@ -15,11 +20,17 @@ public struct ContentCipher: Sendable {
     public init(fileID: FileID, key: SymmetricKey) {
         self.fileID = fileID
         self.key = key
-        self.idKey = key.derive(subkeyID: 2, context: "cfchunk")
+        self.idKey = key.derive(subkeyID: 3, context: "cfchunk")
     }
 
     public func chunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
-        keyedBlake2b(plaintext, key: idKey.bytes)
+        hmacSHA256(plaintext, key: idKey.bytes)
+    }
+
+    /// The id older stores gave this plaintext: keyed BLAKE2b under subkey 2. Only the id check
+    /// computes it, and only for a chunk whose id is not the current one.
+    func legacyChunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
+        keyedBlake2b(plaintext, key: key.derive(subkeyID: 2, context: "cfchunk").bytes)
     }
 
     /// Compresses, then seals. Returns the reference for the manifest and the sealed bytes.
@@ -44,13 +55,13 @@ public struct ContentCipher: Sendable {
     /// Only a holder of the file key can produce a chunk that opens, so the id check guards
     /// against a key holder who lies about a chunk's content (what arrives by sync, and `fsck`),
     /// not against the server or the disk. Reads of chunks this device stored or already checked
-    /// skip it: it is a full BLAKE2b pass over every byte read.
+    /// skip it: it is a full hash pass over every byte read.
     public func openChunk(_ sealed: [UInt8], ref: ChunkRef, verifyingID: Bool = true) throws -> [UInt8] {
         let packed = try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
         let plain = try Compression.unpack(packed, expectedLength: Int(ref.length))
         guard verifyingID else { return plain }
-        let check = plain.withUnsafeBytes { chunkID($0) }
-        guard check == ref.id else { throw ContentError.corrupt("chunk id does not match its content") }
+        let matches = plain.withUnsafeBytes { chunkID($0) == ref.id || legacyChunkID($0) == ref.id }
+        guard matches else { throw ContentError.corrupt("chunk id does not match its content") }
         return plain
     }
 

@@ -20,6 +20,21 @@ enum Bulk {
     /// counted by libcrypto, so sharing it between threads is safe.
     nonisolated(unsafe) static let blake2bMAC: OpaquePointer? = EVP_MAC_fetch(nil, "BLAKE2BMAC", nil)
 
+    nonisolated(unsafe) static let hmacMAC: OpaquePointer? = EVP_MAC_fetch(nil, "HMAC", nil)
+
+    /// HMAC-SHA-256, or nil if libcrypto could not do it (the caller falls back to libsodium).
+    static func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8]? {
+        guard let mac = hmacMAC else { return nil }
+        var out = [UInt8](repeating: 0, count: 32)
+        let ok = out.withUnsafeMutableBufferPointer { o in
+            key.withUnsafeBufferPointer { k in
+                coffer_hmac_sha256(mac, k.baseAddress, k.count, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
+                                   data.count, o.baseAddress)
+            }
+        }
+        return ok == 1 ? out : nil
+    }
+
     /// Keyed BLAKE2b, or nil if libcrypto could not do it (the caller falls back to libsodium).
     static func keyedBlake2b(_ data: UnsafeRawBufferPointer, key: [UInt8], outputLength: Int) -> [UInt8]? {
         guard let mac = blake2bMAC, !key.isEmpty, key.count <= 64, (1...64).contains(outputLength) else { return nil }
@@ -92,4 +107,21 @@ public func keyedBlake2b(_ data: UnsafeRawBufferPointer, key: [UInt8], outputLen
     let h = Blake2bHasher(key: key, outputLength: outputLength)
     h.update(data)
     return h.finalize()
+}
+
+/// HMAC-SHA-256 (RFC 2104) of `data`, as libsodium's `crypto_auth_hmacsha256` computes it.
+/// libcrypto does the work at every size: it uses the CPU's SHA extensions, about 1.5 GB/s on a
+/// 256 KiB input against 0.3 GB/s for libsodium's portable SHA-256 (and 0.8 GB/s for keyed
+/// BLAKE2b), and its per-call setup costs about as much as libsodium's on a 100-byte input.
+public func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8] {
+    if let out = Bulk.hmacSHA256(data, key: key) { return out }
+    ensureSodium()
+    var state = crypto_auth_hmacsha256_state()
+    var out = [UInt8](repeating: 0, count: 32)
+    _ = crypto_auth_hmacsha256_init(&state, key, key.count)
+    if let base = data.baseAddress?.assumingMemoryBound(to: UInt8.self) {
+        _ = crypto_auth_hmacsha256_update(&state, base, UInt64(data.count))
+    }
+    _ = crypto_auth_hmacsha256_final(&state, &out)
+    return out
 }

@@ -122,6 +122,8 @@ struct AEADTests {
                 == "f2b926cb68efed82da101503d5b3c00c51ecb58ce72c044cf7fff2a61e8d2834")
         #expect(hex(key32to63.derive(subkeyID: 2, context: "cfchunk").bytes)
                 == "47688b68977b74532ec0333ea506214ab4942dae7bea3a1e31afbbde7820b4cd")
+        #expect(hex(key32to63.derive(subkeyID: 3, context: "cfchunk").bytes)
+                == "4c996bd72299d886acfe4ae6c5d573808d59546256f87ef59c5dad81db684e6a")
         let seedKey = try! SymmetricKey(bytes: seed0to31)
         #expect(hex(seedKey.derive(subkeyID: 1, context: "cfsign").bytes)
                 == "243f38cfe8adf10415fbbbafe167da265e0e39a49f788b392684f6bb66ed8232")

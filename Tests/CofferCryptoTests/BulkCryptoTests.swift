@@ -62,6 +62,27 @@ struct BulkCryptoTests {
         }
     }
 
+    @Test func hmacSHA256MatchesLibsodium() throws {
+        for n in Self.lengths {
+            let data = randomBytes(n)
+            for keyLength in [32, 16, 64, 100] {
+                let key = randomBytes(keyLength)
+                var state = crypto_auth_hmacsha256_state()
+                var expected = [UInt8](repeating: 0, count: 32)
+                _ = crypto_auth_hmacsha256_init(&state, key, key.count)
+                _ = crypto_auth_hmacsha256_update(&state, data, UInt64(data.count))
+                _ = crypto_auth_hmacsha256_final(&state, &expected)
+                let viaAPI = data.withUnsafeBytes { hmacSHA256($0, key: key) }
+                let direct = try #require(data.withUnsafeBytes { Bulk.hmacSHA256($0, key: key) })
+                let same = viaAPI == expected && direct == expected
+                #expect(same, "length \(n), key \(keyLength)")
+            }
+        }
+        // RFC 4231, test case 2.
+        let rfc = Array("what do ya want for nothing?".utf8).withUnsafeBytes { hmacSHA256($0, key: Array("Jefe".utf8)) }
+        #expect(hex(rfc) == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    }
+
     @Test func xchachaMatchesLibsodiumBothWays() throws {
         for n in Self.lengths {
             let key = randomBytes(32), nonce = randomBytes(AEAD.nonceBytes), plain = randomBytes(n)
