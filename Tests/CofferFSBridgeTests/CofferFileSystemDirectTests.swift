@@ -130,4 +130,35 @@ import Glibc
         #expect(try contents(fs, inode).prefix(5) == Array("small".utf8)[...])
         fs.forget(inode: inode, lookups: 1)
     }
+
+    /// Only read-only handles skip the kernel's FLUSH: a writable handle's close commits there.
+    /// What the last release of a read-only handle commits (another handle's writes, if that
+    /// handle is gone) still reaches the store.
+    @Test func readOnlyHandlesAskForNoFlush() throws {
+        let f = try Fixture()
+        let fs = f.fs
+        let (entry, created) = try fs.create(parent: FuseRootInode, name: "f", mode: UInt32(S_IFREG) | 0o644,
+                                             flags: O_WRONLY | O_CREAT, context: context)
+        #expect(!created.noFlush)
+        let inode = entry.inode
+        let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)
+        #expect(reader.noFlush)
+        for flags in [O_WRONLY, O_RDWR, O_RDWR | O_APPEND] {
+            let h = try fs.open(inode: inode, flags: flags, context: context)
+            #expect(!h.noFlush, "flags \(flags)")
+            try fs.release(inode: inode, handle: h.handle, flags: flags)
+        }
+        _ = try fs.write(inode: inode, handle: created.handle, offset: 0, data: Array("written".utf8))
+        // The writer goes without a flush (as after a crash of its process); the reader's
+        // release is the last one and commits.
+        try fs.release(inode: inode, handle: created.handle, flags: O_WRONLY)
+        try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
+        // No handle is left, so the vault reads the store, not a document in memory.
+        #expect(fs.vault.registeredDocument(try #require(try fs.vault.lookup(fs.vault.rootID, "f")).id) == nil)
+        let node = try #require(try fs.vault.lookup(fs.vault.rootID, "f"))
+        var stored: [UInt8] = []
+        try fs.vault.readContents(node.id) { stored += $0 }
+        #expect(stored == Array("written".utf8))
+        fs.forget(inode: inode, lookups: 1)
+    }
 }

@@ -278,6 +278,30 @@ struct FuseBridgeTests {
         #expect(mount.session.readerTakeovers >= takeovers)
     }
 
+    /// `OpenReply.noFlush` reaches the kernel: closing a read-only descriptor sends no FLUSH,
+    /// closing a writable one still does.
+    @Test func noFlushOpensCloseWithoutAFlush() throws {
+        let mount = try MountHarness(configuration: .init(mountOptions: Self.options, handleSignals: false))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("f"), [1, 2, 3])
+        func flushes() -> Int { mount.filesystem.state.withLock { $0.flushCalls } }
+        let afterCreate = flushes()
+        #expect(afterCreate >= 1, "the created file's close")
+        for _ in 0..<3 {
+            let fd = open(mount.path("f"), O_RDONLY)
+            #expect(fd >= 0)
+            var buffer = [UInt8](repeating: 0, count: 8)
+            #expect(read(fd, &buffer, 8) == 3)
+            #expect(close(fd) == 0)
+        }
+        #expect(flushes() == afterCreate, "read-only closes")
+        let fd = open(mount.path("f"), O_RDWR)
+        #expect(fd >= 0)
+        #expect(close(fd) == 0)
+        #expect(flushes() == afterCreate + 1, "a writable close")
+    }
+
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
     @Test func longRequestsAreRecognised() {
         func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {

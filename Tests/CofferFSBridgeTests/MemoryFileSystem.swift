@@ -31,6 +31,7 @@ final class MemoryFileSystem: FileSystemOperations {
         var readdirCalls = 0
         var readdirPlusCalls = 0
         var renameFlagsSeen: [RenameFlags] = []
+        var flushCalls = 0
     }
 
     let state = Mutex(State())
@@ -47,6 +48,7 @@ final class MemoryFileSystem: FileSystemOperations {
     }
 
     func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {
+        state.withLock { $0.flushCalls += 1 }
         flushHold.pass()
     }
 
@@ -325,7 +327,8 @@ final class MemoryFileSystem: FileSystemOperations {
             state.nodes[inode]!.openCount += 1
             let handle = state.nextHandle
             state.nextHandle += 1
-            return OpenReply(handle: handle)
+            // As Coffer does: a read-only close needs no FLUSH.
+            return OpenReply(handle: handle, noFlush: flags & O_ACCMODE == O_RDONLY)
         }
     }
 

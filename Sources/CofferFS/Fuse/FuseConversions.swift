@@ -96,6 +96,7 @@ extension OpenReply {
         coffer_fi_set_direct_io(fi, directIO ? 1 : 0)
         coffer_fi_set_nonseekable(fi, nonSeekable ? 1 : 0)
         coffer_fi_set_cache_readdir(fi, cacheDirectory ? 1 : 0)
+        coffer_fi_set_noflush(fi, noFlush ? 1 : 0)
     }
 }
 

@@ -266,19 +266,24 @@ public struct OpenReply: Sendable, Equatable {
     public var nonSeekable: Bool
     /// opendir only: let the kernel cache this directory's listing.
     public var cacheDirectory: Bool
+    /// The kernel sends no FLUSH when this open file is closed (FOPEN_NOFLUSH); the
+    /// filesystem learns of the last close from RELEASE, which the caller does not wait for.
+    public var noFlush: Bool
 
     public init(
         handle: UInt64 = 0,
         keepCache: Bool = false,
         directIO: Bool = false,
         nonSeekable: Bool = false,
-        cacheDirectory: Bool = false
+        cacheDirectory: Bool = false,
+        noFlush: Bool = false
     ) {
         self.handle = handle
         self.keepCache = keepCache
         self.directIO = directIO
         self.nonSeekable = nonSeekable
         self.cacheDirectory = cacheDirectory
+        self.noFlush = noFlush
     }
 }
 
