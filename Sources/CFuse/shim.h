@@ -122,6 +122,13 @@ struct coffer_reader_state {
     long handling_since;   /* when the holder began its current request; 0 while it reads */
     unsigned long served;  /* requests read, the waiters' sign that the mount is busy */
     unsigned long takeovers;
+    /* FUSE_HANDLE_KILLPRIV_V2 (see `coffer_note_request`). Written only while
+       INIT is handled, before the kernel sends any other request. */
+    int grant_killpriv_v2;    /* asked for by the session */
+    int killpriv_v2_offered;  /* the kernel's INIT offered it */
+    uint64_t init_unique;
+    int killpriv_v2;          /* granted in the INIT reply */
+    pthread_key_t kill_key;   /* per worker: the request it read asks to kill suid/sgid */
 };
 
 /* Each session's state, by its /dev/fuse descriptor (tests run several
@@ -185,6 +192,82 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
     default:
         return 0;
     }
+}
+
+/* FUSE_HANDLE_KILLPRIV_V2, which libfuse 3.14 cannot negotiate.
+
+   Without it the kernel clears setuid and setgid itself, and to know whether
+   it must, it asks the filesystem for `security.capability` before every
+   write and chown and refreshes the attributes before every chown: about
+   1.7 of the 13 requests untar sends per file. With it, the kernel marks the
+   requests that must drop the bits and leaves the dropping to the
+   filesystem: WRITE (`write_flags` bit 2) and a truncating SETATTR from a
+   caller without CAP_FSETID, every chown of a non-folder (SETATTR `valid`
+   bit 11), OPEN and CREATE with O_TRUNC from a caller without CAP_FSETID
+   (`open_flags` bit 0). libfuse parses those bits away, so the reader notes
+   them here, per worker (the worker that reads a request handles it), and
+   the bridge asks `coffer_fuse_request_kills_suidgid`. The grant is set in
+   the INIT reply on its way out, and only if the kernel offered it. */
+#define COFFER_FUSE_HANDLE_KILLPRIV_V2 (1u << 28)
+
+static inline void coffer_note_request(struct coffer_reader_state *r, const void *buf, ssize_t n) {
+    if (n < (ssize_t)sizeof(struct coffer_fuse_in_header)) return;
+    const struct coffer_fuse_in_header *h = (const struct coffer_fuse_in_header *)buf;
+    const char *body = (const char *)buf + sizeof(*h);
+    ssize_t length = n - (ssize_t)sizeof(*h);
+    uint32_t word = 0;
+    int kill = 0;
+    switch (h->opcode) {
+    case 26: /* INIT: fuse_init_in.flags */
+        if (r->grant_killpriv_v2 && length >= 16) {
+            memcpy(&word, body + 12, sizeof(word));
+            r->init_unique = h->unique;
+            r->killpriv_v2_offered = (word & COFFER_FUSE_HANDLE_KILLPRIV_V2) != 0;
+        }
+        return;
+    case 16: /* WRITE: fuse_write_in.write_flags, FUSE_WRITE_KILL_SUIDGID */
+        if (length >= 24) { memcpy(&word, body + 20, sizeof(word)); kill = (word & (1u << 2)) != 0; }
+        break;
+    case 4: /* SETATTR: fuse_setattr_in.valid, FATTR_KILL_SUIDGID */
+        if (length >= 4) { memcpy(&word, body, sizeof(word)); kill = (word & (1u << 11)) != 0; }
+        break;
+    case 14: /* OPEN: fuse_open_in.open_flags, FUSE_OPEN_KILL_SUIDGID */
+        if (length >= 8) { memcpy(&word, body + 4, sizeof(word)); kill = (word & 1u) != 0; }
+        break;
+    case 35: /* CREATE: fuse_create_in.open_flags */
+        if (length >= 16) { memcpy(&word, body + 12, sizeof(word)); kill = (word & 1u) != 0; }
+        break;
+    default:
+        return;
+    }
+    if (r->killpriv_v2) pthread_setspecific(r->kill_key, kill ? (void *)1 : NULL);
+}
+
+/* Sets the grant in the INIT reply (fuse_init_out.flags, after the 16-byte
+   fuse_out_header in libfuse's first iovec). */
+static inline void coffer_grant_killpriv_v2(struct coffer_reader_state *r, struct iovec *iov, int count) {
+    if (count < 2 || iov[0].iov_len < 16 || iov[1].iov_len < 16) return;
+    uint64_t unique;
+    int32_t error;
+    memcpy(&error, (const char *)iov[0].iov_base + 4, sizeof(error));
+    memcpy(&unique, (const char *)iov[0].iov_base + 8, sizeof(unique));
+    if (unique != r->init_unique || error != 0) return;
+    uint32_t flags;
+    memcpy(&flags, (const char *)iov[1].iov_base + 12, sizeof(flags));
+    flags |= COFFER_FUSE_HANDLE_KILLPRIV_V2;
+    memcpy((char *)iov[1].iov_base + 12, &flags, sizeof(flags));
+    r->killpriv_v2 = 1;
+}
+
+/* Whether the request this worker is handling asks the filesystem to drop
+   setuid and setgid (only ever true once FUSE_HANDLE_KILLPRIV_V2 is granted). */
+static inline int coffer_fuse_request_kills_suidgid(struct coffer_reader_state *r) {
+    return r != NULL && r->killpriv_v2 && pthread_getspecific(r->kill_key) != NULL;
+}
+
+/* Whether FUSE_HANDLE_KILLPRIV_V2 was granted. */
+static inline int coffer_fuse_killpriv_v2_granted(struct coffer_reader_state *r) {
+    return r != NULL && r->killpriv_v2;
 }
 
 /* Gives the token up if this worker holds it. Called with `r->lock` held. */
@@ -267,6 +350,7 @@ static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdat
     for (;;) {
         ssize_t n = read(fd, buf, len);
         if (n >= 0) {
+            coffer_note_request(r, buf, n);
             int may_take_long = coffer_fuse_request_may_take_long(buf, n);
             pthread_mutex_lock(&r->lock);
             r->served += 1;
@@ -298,15 +382,19 @@ static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdat
 
 static ssize_t coffer_plain_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;
+    struct coffer_reader_state *r = coffer_reader(fd);
+    if (r != NULL && r->killpriv_v2_offered && !r->killpriv_v2) coffer_grant_killpriv_v2(r, iov, count);
     return writev(fd, iov, count);
 }
 
-/* Installs the reader above on a mounted session, before its loop runs.
-   Returns 0 and sets `*state` (for `coffer_fuse_reader_hand_on`; valid
-   until the session's loop has returned), or a negative errno (the session
-   then keeps libfuse's reader). */
+/* Installs the reader above on a mounted session, before its loop runs
+   (so it also reads INIT). With `grant_killpriv_v2`, FUSE_HANDLE_KILLPRIV_V2
+   is granted if the kernel offers it (see `coffer_note_request`). Returns 0
+   and sets `*state` (for `coffer_fuse_reader_hand_on`; valid until the
+   session's loop has returned), or a negative errno (the session then keeps
+   libfuse's reader). */
 static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long spin_ns, long stall_ns,
-                                                  struct coffer_reader_state **state) {
+                                                  int grant_killpriv_v2, struct coffer_reader_state **state) {
     *state = NULL;
     int fd = fuse_session_fd(se);
     if (fd < 0 || fd >= COFFER_MAX_READER_FD) return -EBADF;
@@ -316,6 +404,7 @@ static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long 
     if (old != NULL) {
         sem_destroy(&old->token);
         pthread_mutex_destroy(&old->lock);
+        pthread_key_delete(old->kill_key);
         free(old);
         coffer_readers()[fd] = NULL;
     }
@@ -323,6 +412,10 @@ static inline int coffer_fuse_use_spinning_reader(struct fuse_session *se, long 
     if (r == NULL) return -ENOMEM;
     if (sem_init(&r->token, 0, 1) != 0) { int e = errno; free(r); return -e; }
     if (pthread_mutex_init(&r->lock, NULL) != 0) { sem_destroy(&r->token); free(r); return -ENOMEM; }
+    if (pthread_key_create(&r->kill_key, NULL) != 0) {
+        pthread_mutex_destroy(&r->lock); sem_destroy(&r->token); free(r); return -ENOMEM;
+    }
+    r->grant_killpriv_v2 = grant_killpriv_v2;
     r->spin_ns = spin_ns;
     r->stall_ns = stall_ns > 0 ? stall_ns : 1;
     coffer_readers()[fd] = r;

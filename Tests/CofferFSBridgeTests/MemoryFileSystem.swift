@@ -32,6 +32,7 @@ final class MemoryFileSystem: FileSystemOperations {
         var readdirPlusCalls = 0
         var renameFlagsSeen: [RenameFlags] = []
         var flushCalls = 0
+        var getxattrNames: [String] = []
     }
 
     let state = Mutex(State())
@@ -439,6 +440,7 @@ final class MemoryFileSystem: FileSystemOperations {
 
     func getxattr(inode: InodeNumber, name: String) throws -> [UInt8] {
         try state.withLock { state in
+            state.getxattrNames.append(name)
             guard let node = state.nodes[inode] else { throw FSError.notFound }
             guard let value = node.xattrs[name] else { throw FSError.noAttribute }
             return value

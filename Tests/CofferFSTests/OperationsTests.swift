@@ -158,6 +158,74 @@ import Testing
         #expect(lstatOf(root + "/sticky/roots") != nil)
     }
 
+    /// Set-user-id and set-group-id bits are dropped as on a local filesystem: by any chown of a
+    /// file, and by a write or truncate from someone without CAP_FSETID. Set-group-id without
+    /// group execute (a locking mark, not a privilege) stays, and so do root's own writes.
+    @Test func setIDBitsAreClearedLikeALocalFilesystem() throws {
+        let m = try MountFixture("coffer-fs-setid", options: ["allow_other"])
+        let root = m.mountPoint
+        chmod(root, 0o755)
+        func make(_ name: String, _ mode: mode_t) {
+            #expect(writeFile(root + "/" + name, "x") == 0)
+            #expect(chmod(root + "/" + name, mode) == 0)
+            #expect(statOf(root + "/" + name).map { $0.st_mode & 0o7777 } == mode, "\(name) set up")
+        }
+        func mode(_ name: String) -> mode_t? { statOf(root + "/" + name).map { $0.st_mode & 0o7777 } }
+        let probe = """
+        import os, sys, errno
+        op, p = sys.argv[1], sys.argv[2]
+        try:
+            if op == 'write':
+                fd = os.open(p, os.O_WRONLY)
+                os.write(fd, b'more')
+                os.close(fd)
+            elif op == 'truncate': os.truncate(p, 1)
+            elif op == 'trunc-open': os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+            print('OK')
+        except OSError as e:
+            print(errno.errorcode[e.errno])
+        """
+        func asUser(_ op: String, _ name: String) -> String {
+            let r = py(probe, [op, root + "/" + name], uid: 1000, gid: 1000)
+            return r.out.trimmingCharacters(in: .whitespacesAndNewlines) + (r.status == 0 ? "" : " status \(r.status): \(r.err)")
+        }
+
+        // chown, even by root: both bits go (group execute is set).
+        make("chowned", 0o6755)
+        #expect(chown(root + "/chowned", 1000, 1000) == 0)
+        #expect(mode("chowned") == 0o755)
+        // A write by another user (the file is writable by all).
+        make("written", 0o6777)
+        #expect(asUser("write", "written") == "OK")
+        #expect(mode("written") == 0o777)
+        #expect(text(readFile(root + "/written")) == "more")
+        // truncate(2) and open(O_TRUNC) by another user.
+        make("truncated", 0o6777)
+        #expect(asUser("truncate", "truncated") == "OK")
+        #expect(mode("truncated") == 0o777)
+        make("opened", 0o6777)
+        #expect(asUser("trunc-open", "opened") == "OK")
+        #expect(mode("opened") == 0o777)
+        // Set-group-id without group execute is kept; set-user-id still goes.
+        make("locking", 0o6767)
+        #expect(asUser("write", "locking") == "OK")
+        #expect(mode("locking") == 0o2767)
+        // Root (CAP_FSETID) writes and truncates without losing them.
+        make("roots", 0o6777)
+        #expect(writeFile(root + "/roots", "root rewrote it") == 0)
+        #expect(truncate(root + "/roots", 2) == 0)
+        #expect(mode("roots") == 0o6777)
+        // What stat showed is what the store holds: the same modes after a remount.
+        try m.unmount()
+        try m.mount()
+        #expect(mode("chowned") == 0o755)
+        #expect(mode("written") == 0o777)
+        #expect(mode("truncated") == 0o777)
+        #expect(mode("opened") == 0o777)
+        #expect(mode("locking") == 0o2767)
+        #expect(mode("roots") == 0o6777)
+    }
+
     /// Mounted by root without allow_other, only root's processes get in and the kernel is not
     /// asked to check modes (see `MountService.kernelChecksPermissions`); what root sees must
     /// still be what it sees on a local filesystem.

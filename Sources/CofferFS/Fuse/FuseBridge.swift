@@ -42,6 +42,32 @@ final class FuseBridge: Sendable {
         coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
+    // MARK: Setuid and setgid (FUSE_HANDLE_KILLPRIV_V2)
+
+    /// Whether the request this worker is handling asks for setuid and setgid to be dropped
+    /// (see `FuseSession.Configuration.handleKillPrivV2`).
+    var requestKillsSetIDBits: Bool {
+        coffer_fuse_request_kills_suidgid(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
+    }
+
+    /// The mode `inode` has once setuid and setgid are dropped the way the VFS drops them
+    /// (setgid only together with group execute: without it the bit marks mandatory locking,
+    /// not a privilege), or nil if that changes nothing. Folders keep theirs.
+    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?) throws -> UInt32? {
+        let mode = try operations.getattr(inode: inode, handle: handle).mode
+        guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
+        var cleared = mode & ~UInt32(Glibc.S_ISUID)
+        if mode & UInt32(Glibc.S_IXGRP) != 0 { cleared &= ~UInt32(Glibc.S_ISGID) }
+        return cleared == mode ? nil : cleared
+    }
+
+    /// Drops setuid and setgid before a write, or after an open that truncated, when the
+    /// kernel asks for it: the filesystem's own setattr, as a chmod would.
+    func dropSetIDBitsIfAsked(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws {
+        guard requestKillsSetIDBits, let mode = try modeWithoutSetIDBits(inode: inode, handle: handle) else { return }
+        _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
+    }
+
     // MARK: Reply helpers
 
     func entryParam(_ entry: Entry) -> fuse_entry_param {
@@ -118,8 +144,10 @@ final class FuseBridge: Sendable {
         // Write-back caching would let the kernel own mtime and size between
         // flushes; the vault must be the single source of truth for both.
         want(FUSE_CAP_WRITEBACK_CACHE, false)
-        // Let the kernel clear suid/sgid on write/chown via setattr instead
-        // of every implementation having to remember to.
+        // Version 1 of "the filesystem clears suid/sgid" gains nothing on this
+        // kernel (it still refreshes attributes before each chown); version 2
+        // is granted by the spinning reader itself, which libfuse 3.14 cannot
+        // negotiate (see `Configuration.handleKillPrivV2`).
         want(FUSE_CAP_HANDLE_KILLPRIV, false)
         want(FUSE_CAP_EXPORT_SUPPORT, false)
         // Locks stay in the kernel (see FileSystemOperations).

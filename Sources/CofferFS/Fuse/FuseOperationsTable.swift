@@ -64,7 +64,13 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.setattr = { req, ino, attr, toSet, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let attr else { throw FSError(EINVAL) }
-            let changes = AttributeChanges(attr, toSet: toSet)
+            var changes = AttributeChanges(attr, toSet: toSet)
+            // A chown, or a truncate by a caller without CAP_FSETID: the kernel left dropping
+            // setuid and setgid to us, in the same change.
+            if changes.mode == nil, bridge.requestKillsSetIDBits,
+               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }) {
+                changes.mode = mode
+            }
             let attributes = try bridge.operations.setattr(
                 inode: ino, changes: changes, handle: fi.map { coffer_fi_get_fh($0) },
                 context: RequestContext(req))
@@ -143,8 +149,15 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.open = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EINVAL) }
-            let reply = try bridge.operations.open(
-                inode: ino, flags: coffer_fi_get_flags(fi), context: RequestContext(req))
+            let context = RequestContext(req)
+            let reply = try bridge.operations.open(inode: ino, flags: coffer_fi_get_flags(fi), context: context)
+            do {
+                // O_TRUNC from a caller without CAP_FSETID.
+                try bridge.dropSetIDBitsIfAsked(inode: ino, handle: reply.handle, context: context)
+            } catch {
+                try? bridge.operations.release(inode: ino, handle: reply.handle, flags: coffer_fi_get_flags(fi))
+                throw error
+            }
             reply.apply(to: fi)
             if fuse_reply_open(req, fi) != 0 {
                 // The opener is gone; nobody will ever close this handle.
@@ -168,6 +181,8 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
+            // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
+            try bridge.dropSetIDBitsIfAsked(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             let written = try bridge.operations.write(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), data: data)
             guard written >= 0, written <= size else { throw FSError(EIO) }
@@ -206,12 +221,20 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EINVAL) }
             let flags = coffer_fi_get_flags(fi)
+            let context = RequestContext(req)
             let (entry, reply) = try bridge.operations.create(
-                parent: parent, name: try decodeName(name), mode: UInt32(mode), flags: flags,
-                context: RequestContext(req))
+                parent: parent, name: try decodeName(name), mode: UInt32(mode), flags: flags, context: context)
             guard entry.inode != 0 else {
                 try? bridge.operations.release(inode: entry.inode, handle: reply.handle, flags: flags)
                 throw FSError(EIO)
+            }
+            do {
+                // O_TRUNC of a file that already existed, from a caller without CAP_FSETID.
+                try bridge.dropSetIDBitsIfAsked(inode: entry.inode, handle: reply.handle, context: context)
+            } catch {
+                try? bridge.operations.release(inode: entry.inode, handle: reply.handle, flags: flags)
+                bridge.operations.forget(inode: entry.inode, lookups: 1)
+                throw error
             }
             reply.apply(to: fi)
             var e = bridge.entryParam(entry)

@@ -76,6 +76,11 @@ public final class FuseSession: Sendable {
         /// hold up the others). Checked this often while requests flow, once
         /// a second when the mount is idle.
         public var stallMicroseconds: Int
+        /// Leave clearing setuid and setgid to the filesystem side (the bridge does it, see
+        /// `FuseBridge.dropSetIDBits`) so the kernel stops asking for `security.capability`
+        /// before every write and chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
+        /// which sees the kernel's per-request flags; without it the kernel keeps the job.
+        public var handleKillPrivV2: Bool
 
         public init(
             mountOptions: [String] = [],
@@ -89,7 +94,8 @@ public final class FuseSession: Sendable {
             handleSignals: Bool = true,
             debug: Bool = false,
             spinMicroseconds: Int = 50,
-            stallMicroseconds: Int = 10_000
+            stallMicroseconds: Int = 10_000,
+            handleKillPrivV2: Bool = true
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
@@ -103,6 +109,7 @@ public final class FuseSession: Sendable {
             self.debug = debug
             self.spinMicroseconds = spinMicroseconds
             self.stallMicroseconds = stallMicroseconds
+            self.handleKillPrivV2 = handleKillPrivV2
         }
     }
 
@@ -118,6 +125,12 @@ public final class FuseSession: Sendable {
             : Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: reader)))
     }
     private let finalTakeovers = Atomic<Int>(0)
+
+    /// Whether the kernel let the filesystem side clear setuid and setgid
+    /// (FUSE_HANDLE_KILLPRIV_V2); known once the mount is up, false after the session ended.
+    public var handlesKillPrivV2: Bool {
+        coffer_fuse_killpriv_v2_granted(UnsafeMutablePointer(bitPattern: bridge.reader.load(ordering: .acquiring))) != 0
+    }
     private let state = Mutex(State())
 
     /// `struct fuse_session *` is only touched under `state`'s lock or by
@@ -199,7 +212,8 @@ public final class FuseSession: Sendable {
             if configuration.spinMicroseconds > 0 {
                 var reader: UnsafeMutablePointer<coffer_reader_state>?
                 if coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000,
-                                                   configuration.stallMicroseconds * 1000, &reader) == 0 {
+                                                   configuration.stallMicroseconds * 1000,
+                                                   configuration.handleKillPrivV2 ? 1 : 0, &reader) == 0 {
                     bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
                 }
             }
