@@ -302,9 +302,10 @@ struct FuseBridgeTests {
         #expect(flushes() == afterCreate + 1, "a writable close")
     }
 
-    /// With the spinning reader the kernel grants FUSE_HANDLE_KILLPRIV_V2 and stops asking for
-    /// `security.capability` before each chown (it still asks before writes: on kernel 6.18,
-    /// 6 queries here against 9 with libfuse's own reader, which cannot grant it). That the bits
+    /// With the spinning reader the kernel grants FUSE_HANDLE_KILLPRIV_V2 and asks for
+    /// `security.capability` only before a file's first write (and each chown) instead of
+    /// before every write: on kernel 6.18, 6 queries here against 9 with libfuse's own reader,
+    /// which cannot grant it. That the bits
     /// are still dropped is `OperationsMatrixTests.setIDBitsAreClearedLikeALocalFilesystem`.
     @Test func killPrivV2SparesCapabilityQueries() throws {
         func capabilityQueries(spin: Int) throws -> (granted: Bool, queries: Int) {

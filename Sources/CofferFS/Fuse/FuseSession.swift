@@ -77,8 +77,9 @@ public final class FuseSession: Sendable {
         /// a second when the mount is idle.
         public var stallMicroseconds: Int
         /// Leave clearing setuid and setgid to the filesystem side (the bridge does it, see
-        /// `FuseBridge.dropSetIDBits`) so the kernel stops asking for `security.capability`
-        /// before every write and chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
+        /// `FuseBridge.dropSetIDBitsIfAsked`) so the kernel stops asking for
+        /// `security.capability` before every write and refreshing attributes before every
+        /// chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
         /// which sees the kernel's per-request flags; without it the kernel keeps the job.
         public var handleKillPrivV2: Bool
 
