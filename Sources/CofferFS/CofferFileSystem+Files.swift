@@ -84,6 +84,13 @@ extension CofferFileSystem {
         }
     }
 
+    public func readPieces(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) throws -> [ArraySlice<UInt8>] {
+        try op {
+            guard offset >= 0 else { throw FSError.invalid }
+            return try handle(fh).document.readPieces(offset: UInt64(offset), count: size)
+        }
+    }
+
     public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int {
         try op {
             let h = try handle(fh)

@@ -123,73 +123,70 @@ public final class OpenDocument: Sendable {
     // MARK: Reading
 
     /// Reads up to `count` bytes at `offset`; fewer at the end of the file.
+    public func read(offset: UInt64, count: Int) throws -> [UInt8] {
+        let pieces = try readPieces(offset: offset, count: count)
+        if pieces.count == 1 { return Array(pieces[0]) }
+        var out: [UInt8] = []
+        out.reserveCapacity(pieces.reduce(0) { $0 + $1.count })
+        for piece in pieces { out.append(contentsOf: piece) }
+        return out
+    }
+
+    /// What `read` returns, as consecutive pieces of the chunks' own plaintext (and zeros for
+    /// gaps), without copying them into one buffer: the FUSE bridge replies with the pieces as
+    /// they are. A 1 MiB read-ahead request spans four chunks, and building one zero-filled
+    /// buffer and copying each chunk into it cost a memset and a memcpy of every byte read.
     ///
     /// The lock is held only to plan the read: chunks still to be loaded are fetched, opened
     /// and decompressed outside it, so parallel reads (the kernel's read-ahead) proceed side by
     /// side instead of queueing behind one another's decryption.
-    public func read(offset: UInt64, count: Int) throws -> [UInt8] {
-        var out: [UInt8] = []
-        var loads: [(ref: ChunkRef, at: Int, within: Int, take: Int)] = []
+    public func readPieces(offset: UInt64, count: Int) throws -> [ArraySlice<UInt8>] {
+        var pieces: [ArraySlice<UInt8>] = []
+        var loads: [(ref: ChunkRef, piece: Int, within: Int, take: Int)] = []
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
-            let length = Int(end - offset)
-            // A read of exactly one whole chunk (a small file read at once, as md5sum or cat
-            // do) returns the chunk's plaintext itself: no zeroed buffer, no copy.
-            let first = Int(offset / UInt64(s.chunkSize))
-            if UInt64(first) * UInt64(s.chunkSize) == offset {
-                if let d = s.buffered(first) {
-                    if d.count == length { out = d; return }
-                } else if first < s.refs.count, let ref = s.refs[first], Int(ref.length) == length {
-                    if let plain = s.cache[ref.id] { out = plain } else { loads = [(ref, 0, 0, length)] }
-                    return
-                }
-            }
-            out = [UInt8](repeating: 0, count: length)
             var pos = offset
             while pos < end {
                 let index = Int(pos / UInt64(s.chunkSize))
                 let within = Int(pos - UInt64(index) * UInt64(s.chunkSize))
                 let take = min(s.chunkSize - within, Int(end - pos))
-                let at = Int(pos - offset)
                 if let d = s.buffered(index) {
-                    copy(d, within, take, into: &out, at: at)
+                    pieces.append(Self.piece(of: d, within, take))
                 } else if index < s.refs.count, let ref = s.refs[index] {
                     if let plain = s.cache[ref.id] {
-                        copy(plain, within, take, into: &out, at: at)
+                        pieces.append(Self.piece(of: plain, within, take))
                     } else {
-                        loads.append((ref, at, within, take))
+                        loads.append((ref, pieces.count, within, take))
+                        pieces.append([])
                     }
-                } // else a gap: zeros, already there
+                } else {
+                    pieces.append(ArraySlice(repeating: 0, count: take)) // a gap
+                }
                 pos += UInt64(take)
             }
         }
-        guard !loads.isEmpty else { return out }
+        guard !loads.isEmpty else { return pieces }
         var unique: [ChunkRef] = []
         var seen: Set<[UInt8]> = []
         for load in loads where seen.insert(load.ref.id).inserted { unique.append(load.ref) }
         let opened = try ParallelChunks.open(unique, with: cipher) { try vault.store.chunk($0) }
         state.withLock { s in for (id, plain) in opened { s.cache.insert(id, plain) } }
-        // Only the whole-chunk plan leaves `out` empty; an opened chunk has its ref's length.
-        if out.isEmpty { return opened[loads[0].ref.id] ?? [] }
         for load in loads {
-            if let plain = opened[load.ref.id] { copy(plain, load.within, load.take, into: &out, at: load.at) }
+            // An opened chunk has its ref's length; a missing one cannot happen (open throws).
+            pieces[load.piece] = Self.piece(of: opened[load.ref.id] ?? [], load.within, load.take)
         }
-        return out
+        return pieces
     }
 
-    /// Copies `take` bytes of a chunk's plaintext from `within`; past the plaintext's end (a
-    /// chunk stored before a truncate up) the bytes stay zero.
-    private func copy(_ plain: [UInt8], _ within: Int, _ take: Int, into out: inout [UInt8], at: Int) {
-        let available = min(take, max(0, plain.count - within))
-        guard available > 0 else { return }
-        out.withUnsafeMutableBytes { dst in
-            plain.withUnsafeBytes { src in
-                guard let d = dst.baseAddress, let s = src.baseAddress else { return }
-                (d + at).copyMemory(from: s + within, byteCount: available)
-            }
-        }
+    /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's
+    /// end (a chunk stored before a truncate up) the bytes read as zeros.
+    static func piece(of plain: [UInt8], _ within: Int, _ take: Int) -> ArraySlice<UInt8> {
+        if within + take <= plain.count { return plain[within..<(within + take)] }
+        var padded = Array(plain[min(within, plain.count)...])
+        padded.append(contentsOf: repeatElement(0, count: take - padded.count))
+        return padded[...]
     }
 
     static func checkSize(_ offset: UInt64, plus count: UInt64) throws {

@@ -128,6 +128,10 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// so short reads in the middle of a file read as zeros).
     func read(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) throws -> [UInt8]
 
+    /// `read`'s bytes as consecutive pieces, which the bridge replies with as they are (one
+    /// iovec each) instead of a copy into one buffer. The default returns `read`'s array.
+    func readPieces(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) throws -> [ArraySlice<UInt8>]
+
     /// Write `data` at `offset` and return how many bytes were written
     /// (anything but `data.count` is reported to the writer as a short
     /// write). For `O_APPEND` opens without direct I/O the kernel already
@@ -230,6 +234,10 @@ extension FileSystemOperations {
     /// `write` from an array (tests, callers outside FUSE).
     public func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: [UInt8]) throws -> Int {
         try data.withUnsafeBytes { try write(inode: inode, handle: handle, offset: offset, data: $0) }
+    }
+
+    public func readPieces(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) throws -> [ArraySlice<UInt8>] {
+        [try read(inode: inode, handle: handle, offset: offset, size: size)[...]]
     }
 
     public func initialize(connection: ConnectionInfo) {}

@@ -94,6 +94,32 @@ final class FuseBridge: Sendable {
         }
     }
 
+    /// Replies to a read with `pieces` as they are, one iovec each (at most `limit` bytes).
+    func replyData(_ req: fuse_req_t, _ pieces: [ArraySlice<UInt8>], limit: Int) {
+        if pieces.count <= 1 {
+            (pieces.first ?? []).withUnsafeBytes { raw in
+                _ = fuse_reply_buf(req, raw.baseAddress?.assumingMemoryBound(to: CChar.self), min(raw.count, limit))
+            }
+            return
+        }
+        var vectors = [iovec](repeating: iovec(), count: pieces.count)
+        var left = limit
+        // Each piece's storage is pinned only inside its closure, so the closures nest.
+        func pin(_ i: Int) {
+            guard i < pieces.count else {
+                _ = fuse_reply_iov(req, vectors, Int32(vectors.count))
+                return
+            }
+            pieces[i].withUnsafeBytes { raw in
+                let length = min(raw.count, left)
+                left -= length
+                vectors[i] = iovec(iov_base: UnsafeMutableRawPointer(mutating: raw.baseAddress), iov_len: length)
+                pin(i + 1)
+            }
+        }
+        pin(0)
+    }
+
     func replyAttributes(_ req: fuse_req_t, _ attributes: Attributes, inode: InodeNumber) {
         var st = attributes.statValue(inode: inode)
         fuse_reply_attr(req, &st, configuration.attributeTimeout)

@@ -169,11 +169,9 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.read = { req, ino, size, offset, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            let bytes = try bridge.operations.read(
+            let pieces = try bridge.operations.readPieces(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
-            bytes.withUnsafeBytes { raw in
-                _ = fuse_reply_buf(req, raw.baseAddress?.assumingMemoryBound(to: CChar.self), min(raw.count, size))
-            }
+            bridge.replyData(req, pieces, limit: size)
         }
     }
 
