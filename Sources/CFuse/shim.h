@@ -200,15 +200,16 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
    Without it the kernel clears setuid and setgid itself, and to know whether
    it must, it asks the filesystem for `security.capability` before every
    write and chown and refreshes the attributes before every chown. With it,
-   it asks only before a file's first write and each chown, and refreshes
-   nothing: untar sends about 1.7 requests fewer per file, of about 13. With it, the kernel marks the
-   requests that must drop the bits and leaves the dropping to the
+   it asks only before a file's first write and each chown and refreshes
+   nothing (untar sends about 1.7 requests fewer per file, of about 13); it
+   marks the requests that must drop the bits and leaves the dropping to the
    filesystem: WRITE (`write_flags` bit 2) and a truncating SETATTR from a
    caller without CAP_FSETID, every chown of a non-folder (SETATTR `valid`
    bit 11), OPEN and CREATE with O_TRUNC from a caller without CAP_FSETID
-   (`open_flags` bit 0). libfuse parses those bits away, so the reader notes
-   them here, per worker (the worker that reads a request handles it), and
-   the bridge asks `coffer_fuse_request_kills_suidgid`. The grant is set in
+   (`open_flags` bit 0; the daemon drops them only if the file existed).
+   libfuse parses those bits away, so the reader notes them here, per worker
+   (the worker that reads a request handles it), and the bridge asks
+   `coffer_fuse_request_kills_suidgid`. The grant is set in
    the INIT reply on its way out, and only if the kernel offered it. */
 #define COFFER_FUSE_HANDLE_KILLPRIV_V2 (1u << 28)
 

@@ -12,13 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/// Keyed BLAKE2b (RFC 7693) with an `outlen`-byte digest, as libsodium's crypto_generichash.
-/// `mac` comes from EVP_MAC_fetch(NULL, "BLAKE2BMAC", NULL). Returns 1 on success.
-static inline int coffer_blake2b_keyed(EVP_MAC *mac, const uint8_t *key, size_t keylen,
-                                       const uint8_t *in, size_t inlen, uint8_t *out, size_t outlen) {
+/// One MAC over `in` under `key`, `outlen` bytes to `out`: a context from `mac` (fetched once by
+/// the caller), set up with `params`. Returns 1 on success.
+static inline int coffer_mac(EVP_MAC *mac, const OSSL_PARAM *params, const uint8_t *key, size_t keylen,
+                             const uint8_t *in, size_t inlen, uint8_t *out, size_t outlen) {
     EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(mac);
     if (ctx == NULL) return 0;
-    OSSL_PARAM params[] = { OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &outlen), OSSL_PARAM_END };
     size_t written = 0;
     int ok = EVP_MAC_init(ctx, key, keylen, params)
         && EVP_MAC_update(ctx, in, inlen)
@@ -28,21 +27,21 @@ static inline int coffer_blake2b_keyed(EVP_MAC *mac, const uint8_t *key, size_t 
     return ok;
 }
 
+/// Keyed BLAKE2b (RFC 7693) with an `outlen`-byte digest, as libsodium's crypto_generichash.
+/// `mac` comes from EVP_MAC_fetch(NULL, "BLAKE2BMAC", NULL). Returns 1 on success.
+static inline int coffer_blake2b_keyed(EVP_MAC *mac, const uint8_t *key, size_t keylen,
+                                       const uint8_t *in, size_t inlen, uint8_t *out, size_t outlen) {
+    OSSL_PARAM params[] = { OSSL_PARAM_construct_size_t(OSSL_MAC_PARAM_SIZE, &outlen), OSSL_PARAM_END };
+    return coffer_mac(mac, params, key, keylen, in, inlen, out, outlen);
+}
+
 /// HMAC-SHA-256 (RFC 2104) of `in` under `key`: 32 bytes to `out`. `mac` comes from
 /// EVP_MAC_fetch(NULL, "HMAC", NULL). Returns 1 on success.
 static inline int coffer_hmac_sha256(EVP_MAC *mac, const uint8_t *key, size_t keylen,
                                      const uint8_t *in, size_t inlen, uint8_t out[32]) {
-    EVP_MAC_CTX *ctx = EVP_MAC_CTX_new(mac);
-    if (ctx == NULL) return 0;
     char digest[] = "SHA256";
     OSSL_PARAM params[] = { OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_END };
-    size_t written = 0;
-    int ok = EVP_MAC_init(ctx, key, keylen, params)
-        && EVP_MAC_update(ctx, in, inlen)
-        && EVP_MAC_final(ctx, out, &written, 32)
-        && written == 32;
-    EVP_MAC_CTX_free(ctx);
-    return ok;
+    return coffer_mac(mac, params, key, keylen, in, inlen, out, 32);
 }
 
 /// ChaCha20-Poly1305 IETF (RFC 8439): `in` -> `out` (same length), then the 16-byte `tag`.

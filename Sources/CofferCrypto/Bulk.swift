@@ -25,24 +25,25 @@ enum Bulk {
     /// HMAC-SHA-256, or nil if libcrypto could not do it (the caller falls back to libsodium).
     static func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8]? {
         guard let mac = hmacMAC else { return nil }
-        var out = [UInt8](repeating: 0, count: 32)
-        let ok = out.withUnsafeMutableBufferPointer { o in
-            key.withUnsafeBufferPointer { k in
-                coffer_hmac_sha256(mac, k.baseAddress, k.count, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                   data.count, o.baseAddress)
-            }
-        }
-        return ok == 1 ? out : nil
+        return digest(of: data, key: key, length: 32) { coffer_hmac_sha256(mac, $0, $1, $2, $3, $4) }
     }
 
     /// Keyed BLAKE2b, or nil if libcrypto could not do it (the caller falls back to libsodium).
     static func keyedBlake2b(_ data: UnsafeRawBufferPointer, key: [UInt8], outputLength: Int) -> [UInt8]? {
         guard let mac = blake2bMAC, !key.isEmpty, key.count <= 64, (1...64).contains(outputLength) else { return nil }
-        var out = [UInt8](repeating: 0, count: outputLength)
+        return digest(of: data, key: key, length: outputLength) {
+            coffer_blake2b_keyed(mac, $0, $1, $2, $3, $4, outputLength)
+        }
+    }
+
+    /// Runs one of the shim's MAC calls (key, key length, input, input length, output) into a
+    /// fresh `length`-byte array; nil unless it returned 1.
+    private static func digest(of data: UnsafeRawBufferPointer, key: [UInt8], length: Int,
+                               _ call: (UnsafePointer<UInt8>?, Int, UnsafePointer<UInt8>?, Int, UnsafeMutablePointer<UInt8>?) -> Int32) -> [UInt8]? {
+        var out = [UInt8](repeating: 0, count: length)
         let ok = out.withUnsafeMutableBufferPointer { o in
             key.withUnsafeBufferPointer { k in
-                coffer_blake2b_keyed(mac, k.baseAddress, k.count, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                     data.count, o.baseAddress, outputLength)
+                call(k.baseAddress, k.count, data.baseAddress?.assumingMemoryBound(to: UInt8.self), data.count, o.baseAddress)
             }
         }
         return ok == 1 ? out : nil

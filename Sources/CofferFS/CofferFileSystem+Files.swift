@@ -32,7 +32,15 @@ extension CofferFileSystem {
             }
             let writable = flags & O_ACCMODE != O_RDONLY
             if flags & O_TRUNC != 0 && writable {
-                do { try doc.truncate(to: 0) } catch { try? vault.release(doc); throw error }
+                do {
+                    try doc.truncate(to: 0)
+                    // As the VFS's truncate does for a caller without CAP_FSETID (the kernel
+                    // says which). Reached only for a file that existed: `create` opens the
+                    // existing file through here, a new one not.
+                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode) {
+                        _ = try setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: nil, context: context)
+                    }
+                } catch { try? vault.release(doc); throw error }
             }
             return register(inode: inode, document: doc, flags: flags)
         }

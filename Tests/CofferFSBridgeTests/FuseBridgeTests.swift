@@ -330,6 +330,17 @@ struct FuseBridgeTests {
         #expect(spinning.queries + 3 <= plain.queries, "one query fewer per chown: \(spinning.queries) against \(plain.queries)")
     }
 
+    /// The VFS's rule for dropping setuid and setgid, which the bridge and the filesystem share.
+    @Test func setIDBitsDropLikeTheVFS() {
+        let file = UInt32(Glibc.S_IFREG), folder = UInt32(Glibc.S_IFDIR)
+        #expect(modeDroppingSetIDBits(file | 0o6755) == file | 0o755)
+        #expect(modeDroppingSetIDBits(file | 0o4700) == file | 0o700)
+        #expect(modeDroppingSetIDBits(file | 0o6745) == file | 0o2745, "setgid without group execute stays")
+        #expect(modeDroppingSetIDBits(file | 0o2745) == nil)
+        #expect(modeDroppingSetIDBits(file | 0o755) == nil)
+        #expect(modeDroppingSetIDBits(folder | 0o6755) == nil, "folders keep theirs")
+    }
+
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
     @Test func longRequestsAreRecognised() {
         func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {

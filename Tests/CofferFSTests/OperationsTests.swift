@@ -181,6 +181,9 @@ import Testing
                 os.close(fd)
             elif op == 'truncate': os.truncate(p, 1)
             elif op == 'trunc-open': os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+            elif op == 'create-setuid':
+                os.umask(0o022)
+                os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o4755))
             print('OK')
         except OSError as e:
             print(errno.errorcode[e.errno])
@@ -210,6 +213,12 @@ import Testing
         make("locking", 0o6767)
         #expect(asUser("write", "locking") == "OK")
         #expect(mode("locking") == 0o2767)
+        // A file the same open creates keeps the bits its creator asked for: O_TRUNC truncates
+        // only a file that was already there.
+        #expect(mkdir(root + "/open", 0o777) == 0)
+        #expect(chmod(root + "/open", 0o777) == 0)
+        #expect(asUser("create-setuid", "open/new") == "OK")
+        #expect(mode("open/new") == 0o4755)
         // Root (CAP_FSETID) writes and truncates without losing them.
         make("roots", 0o6777)
         #expect(writeFile(root + "/roots", "root rewrote it") == 0)
@@ -224,6 +233,7 @@ import Testing
         #expect(mode("opened") == 0o777)
         #expect(mode("locking") == 0o2767)
         #expect(mode("roots") == 0o6777)
+        #expect(mode("open/new") == 0o4755)
     }
 
     /// Mounted by root without allow_other, only root's processes get in and the kernel is not

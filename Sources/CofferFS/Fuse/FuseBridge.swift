@@ -50,22 +50,28 @@ final class FuseBridge: Sendable {
         coffer_fuse_request_kills_suidgid(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
     }
 
-    /// The mode `inode` has once setuid and setgid are dropped the way the VFS drops them
-    /// (setgid only together with group execute: without it the bit marks mandatory locking,
-    /// not a privilege), or nil if that changes nothing. Folders keep theirs.
+    /// The mode `inode` has once setuid and setgid are dropped (`modeDroppingSetIDBits`), or
+    /// nil if that changes nothing.
     func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?) throws -> UInt32? {
-        let mode = try operations.getattr(inode: inode, handle: handle).mode
-        guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
-        var cleared = mode & ~UInt32(Glibc.S_ISUID)
-        if mode & UInt32(Glibc.S_IXGRP) != 0 { cleared &= ~UInt32(Glibc.S_ISGID) }
-        return cleared == mode ? nil : cleared
+        modeDroppingSetIDBits(try operations.getattr(inode: inode, handle: handle).mode)
     }
 
-    /// Drops setuid and setgid before a write, or after an open that truncated, when the
-    /// kernel asks for it: the filesystem's own setattr, as a chmod would.
-    func dropSetIDBitsIfAsked(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws {
+    /// Drops setuid and setgid before a write when the kernel asks for it: the filesystem's own
+    /// setattr, as a chmod would. (A truncating setattr folds the change into itself; an
+    /// O_TRUNC open leaves it to the filesystem, which alone knows whether the file existed:
+    /// `RequestContext.dropsSetIDBits`.)
+    func dropSetIDBitsBeforeWriteIfAsked(inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
         guard requestKillsSetIDBits, let mode = try modeWithoutSetIDBits(inode: inode, handle: handle) else { return }
         _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
+    }
+
+    /// The request's context; for open and create, with the kernel's "drop setuid and setgid"
+    /// flag (only those and setattr and write have it: on any other request the worker's note
+    /// is a previous request's).
+    func openContext(_ req: fuse_req_t) -> RequestContext {
+        var context = RequestContext(req)
+        context.dropsSetIDBits = requestKillsSetIDBits
+        return context
     }
 
     // MARK: Reply helpers

@@ -149,15 +149,8 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.open = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EINVAL) }
-            let context = RequestContext(req)
-            let reply = try bridge.operations.open(inode: ino, flags: coffer_fi_get_flags(fi), context: context)
-            do {
-                // O_TRUNC from a caller without CAP_FSETID.
-                try bridge.dropSetIDBitsIfAsked(inode: ino, handle: reply.handle, context: context)
-            } catch {
-                try? bridge.operations.release(inode: ino, handle: reply.handle, flags: coffer_fi_get_flags(fi))
-                throw error
-            }
+            let reply = try bridge.operations.open(
+                inode: ino, flags: coffer_fi_get_flags(fi), context: bridge.openContext(req))
             reply.apply(to: fi)
             if fuse_reply_open(req, fi) != 0 {
                 // The opener is gone; nobody will ever close this handle.
@@ -180,7 +173,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
             // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
-            try bridge.dropSetIDBitsIfAsked(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
+            try bridge.dropSetIDBitsBeforeWriteIfAsked(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             let written = try bridge.operations.write(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), data: data)
             guard written >= 0, written <= size else { throw FSError(EIO) }
@@ -219,20 +212,12 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EINVAL) }
             let flags = coffer_fi_get_flags(fi)
-            let context = RequestContext(req)
             let (entry, reply) = try bridge.operations.create(
-                parent: parent, name: try decodeName(name), mode: UInt32(mode), flags: flags, context: context)
+                parent: parent, name: try decodeName(name), mode: UInt32(mode), flags: flags,
+                context: bridge.openContext(req))
             guard entry.inode != 0 else {
                 try? bridge.operations.release(inode: entry.inode, handle: reply.handle, flags: flags)
                 throw FSError(EIO)
-            }
-            do {
-                // O_TRUNC of a file that already existed, from a caller without CAP_FSETID.
-                try bridge.dropSetIDBitsIfAsked(inode: entry.inode, handle: reply.handle, context: context)
-            } catch {
-                try? bridge.operations.release(inode: entry.inode, handle: reply.handle, flags: flags)
-                bridge.operations.forget(inode: entry.inode, lookups: 1)
-                throw error
             }
             reply.apply(to: fi)
             var e = bridge.entryParam(entry)

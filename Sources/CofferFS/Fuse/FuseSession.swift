@@ -76,8 +76,8 @@ public final class FuseSession: Sendable {
         /// hold up the others). Checked this often while requests flow, once
         /// a second when the mount is idle.
         public var stallMicroseconds: Int
-        /// Leave clearing setuid and setgid to the filesystem side (the bridge does it, see
-        /// `FuseBridge.dropSetIDBitsIfAsked`) so the kernel stops asking for
+        /// Leave clearing setuid and setgid to the filesystem side (the bridge, and the
+        /// filesystem's open for O_TRUNC: `RequestContext.dropsSetIDBits`) so the kernel stops asking for
         /// `security.capability` before every write and refreshing attributes before every
         /// chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
         /// which sees the kernel's per-request flags; without it the kernel keeps the job.

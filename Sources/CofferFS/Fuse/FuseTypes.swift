@@ -57,13 +57,29 @@ public struct RequestContext: Sendable, Equatable {
     /// arguments (FUSE_CAP_DONT_MASK is not requested); it is here for
     /// implementations that apply it to something else, such as default ACLs.
     public var umask: UInt32
+    /// open and create only: the kernel asks that a truncation this open makes (O_TRUNC of a
+    /// file that already exists) drop setuid and setgid, as the VFS does for a caller without
+    /// CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2; see `modeDroppingSetIDBits`). A file the open
+    /// creates keeps the mode it was created with.
+    public var dropsSetIDBits: Bool
 
-    public init(uid: UInt32, gid: UInt32, pid: Int32, umask: UInt32) {
+    public init(uid: UInt32, gid: UInt32, pid: Int32, umask: UInt32, dropsSetIDBits: Bool = false) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
         self.umask = umask
+        self.dropsSetIDBits = dropsSetIDBits
     }
+}
+
+/// `mode` with setuid and setgid dropped the way the VFS drops them (setgid only together with
+/// group execute: without it the bit marks mandatory locking, not a privilege), or nil if that
+/// changes nothing. Folders keep theirs.
+public func modeDroppingSetIDBits(_ mode: UInt32) -> UInt32? {
+    guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
+    var cleared = mode & ~UInt32(Glibc.S_ISUID)
+    if mode & UInt32(Glibc.S_IXGRP) != 0 { cleared &= ~UInt32(Glibc.S_ISGID) }
+    return cleared == mode ? nil : cleared
 }
 
 /// A point in time with nanosecond resolution, as `struct timespec` carries it.
