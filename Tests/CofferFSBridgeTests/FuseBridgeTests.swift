@@ -41,7 +41,7 @@ struct FuseBridgeTests {
         #expect(try FileManager.default.contentsOfDirectory(atPath: mount.path("dir")) == ["a.txt"])
 
         // Writes beyond the end leave a zero-filled hole.
-        let fd = try posix("open") { open(mount.path("dir/a.txt"), O_WRONLY) }
+        let fd = try posix("open") { open(mount.path("dir/a.txt"), O_WRONLY | O_CLOEXEC) }
         try posix("pwrite") { [UInt8]("!".utf8).withUnsafeBytes { pwrite(fd, $0.baseAddress, 1, 20) } }
         close(fd)
         let holed = try readFile(mount.path("dir/a.txt"))
@@ -211,7 +211,7 @@ struct FuseBridgeTests {
         do {
             try mount.start()
             try writeFile(mount.path("held"), [1, 2, 3])
-            return (mount, try posix("open") { open(mount.path("held"), O_WRONLY) })
+            return (mount, try posix("open") { open(mount.path("held"), O_WRONLY | O_CLOEXEC) })
         } catch {
             mount.cleanUp()
             throw error
@@ -289,14 +289,14 @@ struct FuseBridgeTests {
         let afterCreate = flushes()
         #expect(afterCreate >= 1, "the created file's close")
         for _ in 0..<3 {
-            let fd = open(mount.path("f"), O_RDONLY)
+            let fd = open(mount.path("f"), O_RDONLY | O_CLOEXEC)
             #expect(fd >= 0)
             var buffer = [UInt8](repeating: 0, count: 8)
             #expect(read(fd, &buffer, 8) == 3)
             #expect(close(fd) == 0)
         }
         #expect(flushes() == afterCreate, "read-only closes")
-        let fd = open(mount.path("f"), O_RDWR)
+        let fd = open(mount.path("f"), O_RDWR | O_CLOEXEC)
         #expect(fd >= 0)
         #expect(close(fd) == 0)
         #expect(flushes() == afterCreate + 1, "a writable close")
@@ -314,7 +314,7 @@ struct FuseBridgeTests {
             defer { mount.cleanUp() }
             try mount.start()
             for i in 0..<3 {
-                let fd = open(mount.path("f\(i)"), O_WRONLY | O_CREAT, 0o644)
+                let fd = open(mount.path("f\(i)"), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
                 #expect(fd >= 0)
                 for _ in 0..<2 { #expect(write(fd, "data", 4) == 4) }
                 #expect(fchown(fd, 0, 0) == 0)

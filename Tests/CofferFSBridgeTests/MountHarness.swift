@@ -108,7 +108,7 @@ func posixErrno<T: BinaryInteger>(_ body: () -> T) -> Int32 {
 }
 
 func writeFile(_ path: String, _ bytes: [UInt8], flags: Int32 = O_WRONLY | O_CREAT | O_TRUNC) throws {
-    let fd = try posix("open \(path)") { open(path, flags, 0o644) }
+    let fd = try posix("open \(path)") { open(path, flags | O_CLOEXEC, 0o644) }
     defer { close(fd) }
     var written = 0
     while written < bytes.count {
@@ -120,7 +120,7 @@ func writeFile(_ path: String, _ bytes: [UInt8], flags: Int32 = O_WRONLY | O_CRE
 }
 
 func readFile(_ path: String) throws -> [UInt8] {
-    let fd = try posix("open \(path)") { open(path, O_RDONLY) }
+    let fd = try posix("open \(path)") { open(path, O_RDONLY | O_CLOEXEC) }
     defer { close(fd) }
     var result: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 1 << 16)

@@ -34,6 +34,7 @@ public final class ServerProcess: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 2, dataDirectory + "/../server-\(UInt32.random(in: 0...UInt32.max)).log", O_WRONLY | O_CREAT | O_APPEND, 0o600)
         posix_spawn_file_actions_addclose(&actions, outPipe[0])
         posix_spawn_file_actions_addclose(&actions, outPipe[1])
+        closeInheritedDescriptors(&actions)
         // Tests create many accounts; the per-address creation limit would refuse them.
         let args = [binary, "--data", dataDirectory, "--host", "127.0.0.1", "--port", String(port), "--accounts-per-minute", "0"] + extraArguments
         let argv = args.map { strdup($0) } + [nil]

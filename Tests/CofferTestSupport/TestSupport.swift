@@ -135,6 +135,7 @@ public func spawn(_ executable: String, _ arguments: [String], environment: [Str
     posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
     posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2)
     for fd in inPipe + outPipe + errPipe { posix_spawn_file_actions_addclose(&actions, fd) }
+    closeInheritedDescriptors(&actions)
     var env = ProcessInfo.processInfo.environment
     for (k, v) in environment { env[k] = v }
     let argv = ([executable] + arguments).map { strdup($0) } + [nil]
@@ -152,6 +153,16 @@ public func spawn(_ executable: String, _ arguments: [String], environment: [Str
 /// Held from creating a child's pipes until it is spawned, so no other test's spawn in between
 /// can inherit them (pipe2 with O_CLOEXEC is not importable from Swift here).
 public let spawnLock = NSLock()
+
+/// Has the child close every descriptor above stderr. Close-on-exec pipes are not enough: tests
+/// run in parallel in one process, and a file another test holds open on a mount (opened without
+/// O_CLOEXEC) would live on in a long-lived child, so that mount's unmount fails with EBUSY.
+/// `posix_spawn_file_actions_addclosefrom_np` (glibc 2.34) is not imported into Swift; looked up.
+public func closeInheritedDescriptors(_ actions: inout posix_spawn_file_actions_t) {
+    typealias F = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+    guard let p = dlsym(dlopen(nil, RTLD_NOW), "posix_spawn_file_actions_addclosefrom_np") else { return }
+    _ = unsafeBitCast(p, to: F.self)(&actions, 3)
+}
 
 public func makeCloseOnExecPipe(_ fds: inout [Int32]) {
     pipe(&fds)
