@@ -16,6 +16,9 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
     @Argument(help: "An existing, empty folder.") var mountPoint: String
 
+    /// Where the daemon finds the pipe it reports readiness on (`COFFER_READY_FD`).
+    static let readyDescriptor: Int32 = 3
+
     func run() throws {
         try guarded {
             let dataDir = store.resolvedDataDir
@@ -80,6 +83,11 @@ struct Mount: ParsableCommand {
         posix_spawn_file_actions_addopen(&actions, 1, logPath, O_WRONLY | O_CREAT | O_APPEND, 0o600)
         posix_spawn_file_actions_addopen(&actions, 2, logPath, O_WRONLY | O_CREAT | O_APPEND, 0o600)
         posix_spawn_file_actions_addclose(&actions, fds[0])
+        // The daemon outlives this command: it keeps only stdio and the ready pipe (moved to 3),
+        // never descriptors its caller left open (a script's lock file, a pipe someone waits
+        // to see closed, a file on another mount that could then not be unmounted).
+        posix_spawn_file_actions_adddup2(&actions, fds[1], Self.readyDescriptor)
+        closeDescriptors(from: Self.readyDescriptor + 1, in: &actions)
         var attr = posix_spawnattr_t()
         posix_spawnattr_init(&attr)
         posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
@@ -88,7 +96,7 @@ struct Mount: ParsableCommand {
         args += ["--sync-interval", String(syncInterval), "--sync-quiet", String(syncQuiet)]
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
-        env["COFFER_READY_FD"] = String(fds[1])
+        env["COFFER_READY_FD"] = String(Self.readyDescriptor)
         let argv = args.map { strdup($0) } + [nil]
         let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
         var pid: pid_t = 0
@@ -133,4 +141,13 @@ struct Unmount: ParsableCommand {
             }
         }
     }
+}
+
+/// Has a spawned child close every descriptor from `first` up. glibc 2.34's
+/// `posix_spawn_file_actions_addclosefrom_np` is not imported into Swift, so it is looked up;
+/// on an older libc the child keeps them, as before.
+private func closeDescriptors(from first: Int32, in actions: inout posix_spawn_file_actions_t) {
+    typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+    guard let symbol = dlsym(dlopen(nil, RTLD_NOW), "posix_spawn_file_actions_addclosefrom_np") else { return }
+    _ = unsafeBitCast(symbol, to: AddCloseFrom.self)(&actions, first)
 }

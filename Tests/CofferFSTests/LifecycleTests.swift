@@ -96,6 +96,28 @@ import Testing
         #expect(m.isMounted)
     }
 
+    /// The daemon keeps none of its caller's descriptors: a script that ran `coffer mount` with
+    /// a file open (here fd 7, as `exec 7<file` leaves it) must not find that file held for as
+    /// long as the mount lives.
+    @Test func theDaemonKeepsNoDescriptorOfItsCaller() throws {
+        let m = try MountFixture("coffer-fs-fds", mount: false)
+        let marker = m.tmp.path + "/held-by-the-caller"
+        #expect(writeFile(marker, "x") == 0)
+        let mounted = run("/bin/sh", ["-c", "exec 7<\"$0\"; exec \"$1\" mount \"$2\"", marker, cofferBinary, m.mountPoint],
+                          environment: ["COFFER_DATA_DIR": m.dataDir])
+        #expect(mounted.status == 0, "\(mounted.err)")
+        let pid = try #require(m.daemonPID)
+        let fdDir = "/proc/\(pid)/fd"
+        let targets = try FileManager.default.contentsOfDirectory(atPath: fdDir).compactMap {
+            try? FileManager.default.destinationOfSymbolicLink(atPath: fdDir + "/" + $0)
+        }
+        #expect(!targets.isEmpty, "the daemon's descriptors are readable")
+        #expect(targets.contains { $0.hasSuffix("/coffer.log") }, "\(targets)")
+        #expect(!targets.contains(marker), "\(targets)")
+        // The readiness pipe, moved to fd 3, still worked: mount returned once the mount was up.
+        #expect(m.isMounted)
+    }
+
     @Test func refusesASecondDaemonOnTheSameStore() throws {
         let m = try MountFixture("coffer-fs-second")
         #expect(writeFile(m.path("f"), "one") == 0)
