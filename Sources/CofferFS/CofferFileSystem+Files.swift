@@ -37,7 +37,7 @@ extension CofferFileSystem {
                     // As the VFS's truncate does for a caller without CAP_FSETID (the kernel
                     // says which). Reached only for a file that existed: `create` opens the
                     // existing file through here, a new one not.
-                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode) {
+                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode, callerInFileGroup: { context.isInGroup(n.attributes.gid.value) }) {
                         _ = try setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: nil, context: context)
                     }
                 } catch { try? vault.release(doc); throw error }

@@ -333,12 +333,39 @@ struct FuseBridgeTests {
     /// The VFS's rule for dropping setuid and setgid, which the bridge and the filesystem share.
     @Test func setIDBitsDropLikeTheVFS() {
         let file = UInt32(Glibc.S_IFREG), folder = UInt32(Glibc.S_IFDIR)
-        #expect(modeDroppingSetIDBits(file | 0o6755) == file | 0o755)
-        #expect(modeDroppingSetIDBits(file | 0o4700) == file | 0o700)
-        #expect(modeDroppingSetIDBits(file | 0o6745) == file | 0o2745, "setgid without group execute stays")
-        #expect(modeDroppingSetIDBits(file | 0o2745) == nil)
-        #expect(modeDroppingSetIDBits(file | 0o755) == nil)
-        #expect(modeDroppingSetIDBits(folder | 0o6755) == nil, "folders keep theirs")
+        func drop(_ mode: UInt32, inGroup: Bool) -> UInt32? { modeDroppingSetIDBits(mode) { inGroup } }
+        for inGroup in [true, false] {
+            #expect(drop(file | 0o6755, inGroup: inGroup) == file | 0o755, "group execute: setgid goes")
+            #expect(drop(file | 0o4700, inGroup: inGroup) == file | 0o700)
+            #expect(drop(file | 0o755, inGroup: inGroup) == nil)
+            #expect(drop(folder | 0o6755, inGroup: inGroup) == nil, "folders keep theirs")
+        }
+        // Without group execute, setgid stays only for a member of the file's group.
+        #expect(drop(file | 0o6745, inGroup: true) == file | 0o2745)
+        #expect(drop(file | 0o2745, inGroup: true) == nil)
+        #expect(drop(file | 0o6745, inGroup: false) == file | 0o745)
+        #expect(drop(file | 0o2745, inGroup: false) == file | 0o745)
+        // Membership is asked only when it decides something.
+        var asked = 0
+        _ = modeDroppingSetIDBits(file | 0o6755) { asked += 1; return false }
+        _ = modeDroppingSetIDBits(file | 0o4745) { asked += 1; return false }
+        #expect(asked == 0)
+    }
+
+    /// A caller's groups: its own gid, and the supplementary groups /proc lists for it.
+    @Test func callerGroupsComeFromProc() throws {
+        let own = try #require(RequestContext.supplementaryGroups(ofTask: getpid()))
+        var expected = [gid_t](repeating: 0, count: 256)
+        let n = getgroups(Int32(expected.count), &expected)
+        try #require(n >= 0)
+        #expect(Set(own) == Set(expected[..<Int(n)].map { UInt32($0) }))
+        let me = RequestContext(uid: getuid(), gid: 4242, pid: getpid(), umask: 0o022)
+        #expect(me.isInGroup(4242), "the request's own gid")
+        for g in own { #expect(me.isInGroup(g)) }
+        #expect(!me.isInGroup(4_000_000_000) || own.contains(4_000_000_000))
+        let unknown = RequestContext(uid: 0, gid: 7, pid: 0, umask: 0o022)
+        #expect(unknown.isInGroup(7) && !unknown.isInGroup(8), "no pid: only the request's gid")
+        #expect(RequestContext.supplementaryGroups(ofTask: Int32.max) == nil)
     }
 
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).

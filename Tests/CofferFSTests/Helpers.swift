@@ -6,10 +6,11 @@ let python = "/usr/bin/python3"
 
 /// Runs a Python snippet with arguments; `user` runs it as that uid/gid (no supplementary groups).
 @discardableResult
-func py(_ code: String, _ args: [String] = [], uid: Int? = nil, gid: Int? = nil, stdin: [UInt8]? = nil) -> ProcessResult {
+func py(_ code: String, _ args: [String] = [], uid: Int? = nil, gid: Int? = nil, groups: [Int] = [], stdin: [UInt8]? = nil) -> ProcessResult {
     if let uid {
         let g = gid ?? uid
-        return run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(g)", "--clear-groups", python, "-c", code] + args, stdin: stdin)
+        let supplementary = groups.isEmpty ? "--clear-groups" : "--groups=" + groups.map(String.init).joined(separator: ",")
+        return run("/usr/bin/setpriv", ["--reuid=\(uid)", "--regid=\(g)", supplementary, python, "-c", code] + args, stdin: stdin)
     }
     return run(python, ["-c", code] + args, stdin: stdin)
 }

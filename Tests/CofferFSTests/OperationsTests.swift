@@ -188,8 +188,8 @@ import Testing
         except OSError as e:
             print(errno.errorcode[e.errno])
         """
-        func asUser(_ op: String, _ name: String) -> String {
-            let r = py(probe, [op, root + "/" + name], uid: 1000, gid: 1000)
+        func asUser(_ op: String, _ name: String, groups: [Int] = []) -> String {
+            let r = py(probe, [op, root + "/" + name], uid: 1000, gid: 1000, groups: groups)
             return r.out.trimmingCharacters(in: .whitespacesAndNewlines) + (r.status == 0 ? "" : " status \(r.status): \(r.err)")
         }
 
@@ -209,10 +209,24 @@ import Testing
         make("opened", 0o6777)
         #expect(asUser("trunc-open", "opened") == "OK")
         #expect(mode("opened") == 0o777)
-        // Set-group-id without group execute is kept; set-user-id still goes.
-        make("locking", 0o6767)
+        // Set-group-id without group execute is kept for a member of the file's group (its own
+        // gid, or a supplementary group), and goes for anyone else; set-user-id always goes.
+        make("locking", 0o6767) // root's group: the writer is not in it
         #expect(asUser("write", "locking") == "OK")
-        #expect(mode("locking") == 0o2767)
+        #expect(mode("locking") == 0o767)
+        make("locking-own", 0o6767)
+        #expect(chown(root + "/locking-own", 0, 1000) == 0)
+        #expect(chmod(root + "/locking-own", 0o6767) == 0)
+        #expect(asUser("write", "locking-own") == "OK")
+        #expect(mode("locking-own") == 0o2767)
+        make("locking-member", 0o6767)
+        #expect(chown(root + "/locking-member", 0, 2000) == 0)
+        #expect(chmod(root + "/locking-member", 0o6767) == 0)
+        #expect(asUser("truncate", "locking-member", groups: [2000]) == "OK")
+        #expect(mode("locking-member") == 0o2767)
+        make("locking-trunc", 0o6767)
+        #expect(asUser("trunc-open", "locking-trunc") == "OK")
+        #expect(mode("locking-trunc") == 0o767)
         // A file the same open creates keeps the bits its creator asked for: O_TRUNC truncates
         // only a file that was already there.
         #expect(mkdir(root + "/open", 0o777) == 0)
@@ -231,7 +245,10 @@ import Testing
         #expect(mode("written") == 0o777)
         #expect(mode("truncated") == 0o777)
         #expect(mode("opened") == 0o777)
-        #expect(mode("locking") == 0o2767)
+        #expect(mode("locking") == 0o767)
+        #expect(mode("locking-own") == 0o2767)
+        #expect(mode("locking-member") == 0o2767)
+        #expect(mode("locking-trunc") == 0o767)
         #expect(mode("roots") == 0o6777)
         #expect(mode("open/new") == 0o4755)
     }

@@ -50,10 +50,11 @@ final class FuseBridge: Sendable {
         coffer_fuse_request_kills_suidgid(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
     }
 
-    /// The mode `inode` has once setuid and setgid are dropped (`modeDroppingSetIDBits`), or
-    /// nil if that changes nothing.
-    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?) throws -> UInt32? {
-        modeDroppingSetIDBits(try operations.getattr(inode: inode, handle: handle).mode)
+    /// The mode `inode` has once setuid and setgid are dropped for the caller
+    /// (`modeDroppingSetIDBits`), or nil if that changes nothing.
+    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws -> UInt32? {
+        let attributes = try operations.getattr(inode: inode, handle: handle)
+        return modeDroppingSetIDBits(attributes.mode) { context.isInGroup(attributes.gid) }
     }
 
     /// Drops setuid and setgid before a write when the kernel asks for it: the filesystem's own
@@ -61,7 +62,7 @@ final class FuseBridge: Sendable {
     /// O_TRUNC open leaves it to the filesystem, which alone knows whether the file existed:
     /// `RequestContext.dropsSetIDBits`.)
     func dropSetIDBitsBeforeWriteIfAsked(inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
-        guard requestKillsSetIDBits, let mode = try modeWithoutSetIDBits(inode: inode, handle: handle) else { return }
+        guard requestKillsSetIDBits, let mode = try modeWithoutSetIDBits(inode: inode, handle: handle, context: context) else { return }
         _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
     }
 

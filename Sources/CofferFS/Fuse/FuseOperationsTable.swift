@@ -65,15 +65,16 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let attr else { throw FSError(EINVAL) }
             var changes = AttributeChanges(attr, toSet: toSet)
+            let context = RequestContext(req)
             // A chown, or a truncate by a caller without CAP_FSETID: the kernel left dropping
             // setuid and setgid to us, in the same change.
             if changes.mode == nil, bridge.requestKillsSetIDBits,
-               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }) {
+               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context) {
                 changes.mode = mode
             }
             let attributes = try bridge.operations.setattr(
                 inode: ino, changes: changes, handle: fi.map { coffer_fi_get_fh($0) },
-                context: RequestContext(req))
+                context: context)
             bridge.replyAttributes(req, attributes, inode: ino)
         }
     }

@@ -72,13 +72,17 @@ public struct RequestContext: Sendable, Equatable {
     }
 }
 
-/// `mode` with setuid and setgid dropped the way the VFS drops them (setgid only together with
-/// group execute: without it the bit marks mandatory locking, not a privilege), or nil if that
-/// changes nothing. Folders keep theirs.
-public func modeDroppingSetIDBits(_ mode: UInt32) -> UInt32? {
+/// `mode` with setuid and setgid dropped the way the VFS drops them for a caller without
+/// CAP_FSETID (`setattr_should_drop_suidgid`): setuid always; setgid when group execute is set,
+/// or else only when the caller is not in the file's group (without group execute the bit marks
+/// mandatory locking, which a member of the group may keep). Nil if that changes nothing.
+/// Folders keep theirs. `callerInFileGroup` is asked only when the answer matters.
+public func modeDroppingSetIDBits(_ mode: UInt32, callerInFileGroup: () -> Bool) -> UInt32? {
     guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
     var cleared = mode & ~UInt32(Glibc.S_ISUID)
-    if mode & UInt32(Glibc.S_IXGRP) != 0 { cleared &= ~UInt32(Glibc.S_ISGID) }
+    if mode & UInt32(Glibc.S_ISGID) != 0, mode & UInt32(Glibc.S_IXGRP) != 0 || !callerInFileGroup() {
+        cleared &= ~UInt32(Glibc.S_ISGID)
+    }
     return cleared == mode ? nil : cleared
 }
 
