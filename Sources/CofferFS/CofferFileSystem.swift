@@ -87,7 +87,7 @@ public final class CofferFileSystem: FileSystemOperations {
         let ctime = FileTime(seconds: a.ctime.seconds, nanoseconds: a.ctime.nanoseconds)
         return Attributes(mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
                           blocks: (size + 511) / 512, blockSize: 128 * 1024,
-                          accessTime: atime, modificationTime: mtime, changeTime: max(ctime, mtime))
+                          accessTime: atime, modificationTime: mtime, changeTime: ctime)
     }
 
     /// Creates a file through the vault and learns its inode from the same transaction.

@@ -24,6 +24,10 @@ public final class OpenDocument: Sendable {
     let state: Mutex<DocumentState>
     let sizeAtomic: Atomic<UInt64>
     let mtimeAtomic: Atomic<Int64> // nanoseconds since the epoch of an unflushed write; 0 if none
+    /// When the unflushed changes were last made (a write, a truncate, or a time, mode or owner
+    /// set to ride along): the ctime the commit records, whatever mtime says (a `touch -d` into
+    /// the future moves mtime, not ctime). 0 if none.
+    let ctimeAtomic = Atomic<Int64>(0)
     /// chmod/chown made while writes are unflushed: they ride along with the content commit
     /// (tar creates a file 0600, writes it, then sets its mode). -1 if none.
     let pendingModeAtomic = Atomic<Int64>(-1)
@@ -115,9 +119,20 @@ public final class OpenDocument: Sendable {
         return (read(pendingModeAtomic), read(pendingUIDAtomic), read(pendingGIDAtomic))
     }
 
-    var pendingMtime: Timespec? {
-        let n = mtimeAtomic.load(ordering: .relaxed)
-        return n == 0 ? nil : Timespec(seconds: n / 1_000_000_000, nanoseconds: n % 1_000_000_000)
+    var pendingMtime: Timespec? { Self.timespec(mtimeAtomic.load(ordering: .relaxed)) }
+
+    /// The change time of the unflushed changes, if any (see `ctimeAtomic`).
+    var pendingCtime: Timespec? { Self.timespec(ctimeAtomic.load(ordering: .relaxed)) }
+
+    private static func timespec(_ n: Int64) -> Timespec? {
+        n == 0 ? nil : Timespec(seconds: n / 1_000_000_000, nanoseconds: n % 1_000_000_000)
+    }
+
+    private static func nanoseconds(_ t: Timespec) -> Int64 { t.seconds * 1_000_000_000 + t.nanoseconds }
+
+    /// Records that an unflushed change was made now.
+    private func changedNow() {
+        ctimeAtomic.store(Self.nanoseconds(vault.now()), ordering: .relaxed)
     }
 
     // MARK: Reading
@@ -257,7 +272,8 @@ public final class OpenDocument: Sendable {
             s.modified = true
             sizeAtomic.store(s.size, ordering: .relaxed)
             let t = vault.now()
-            mtimeAtomic.store(t.seconds * 1_000_000_000 + t.nanoseconds, ordering: .relaxed)
+            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
             if s.dirtyBytes > Vault.writeBufferLimit {
                 // One spill runs behind the writer at a time; past that, the writer seals
                 // itself, which bounds buffered memory at about two limits.
@@ -296,7 +312,8 @@ public final class OpenDocument: Sendable {
             s.modified = true
             sizeAtomic.store(s.size, ordering: .relaxed)
             let t = vault.now()
-            mtimeAtomic.store(t.seconds * 1_000_000_000 + t.nanoseconds, ordering: .relaxed)
+            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
         }
     }
 
@@ -454,8 +471,9 @@ public final class OpenDocument: Sendable {
         }
         // What is left (all of a small file) goes in the same commit as the manifest.
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
-        let mtime = pendingMtime ?? vault.now()
-        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, chunks: pending,
+        let now = vault.now()
+        let mtime = pendingMtime ?? now
+        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now, chunks: pending,
                                              ownership: pendingOwnership)
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.
@@ -466,6 +484,7 @@ public final class OpenDocument: Sendable {
         s.modified = false
         s.digest = digest ?? s.digest
         mtimeAtomic.store(0, ordering: .relaxed)
+        ctimeAtomic.store(0, ordering: .relaxed)
         pendingModeAtomic.store(-1, ordering: .relaxed)
         pendingUIDAtomic.store(-1, ordering: .relaxed)
         pendingGIDAtomic.store(-1, ordering: .relaxed)
@@ -493,6 +512,7 @@ public final class OpenDocument: Sendable {
             if let mode { pendingModeAtomic.store(Int64(mode & 0o7777), ordering: .relaxed) }
             if let uid { pendingUIDAtomic.store(Int64(uid), ordering: .relaxed) }
             if let gid { pendingGIDAtomic.store(Int64(gid), ordering: .relaxed) }
+            changedNow()
             return true
         }
     }
@@ -502,7 +522,8 @@ public final class OpenDocument: Sendable {
     public func setPendingModificationTime(_ t: Timespec) -> Bool {
         state.withLock { s in
             guard s.modified else { return false }
-            mtimeAtomic.store(t.seconds * 1_000_000_000 + t.nanoseconds, ordering: .relaxed)
+            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            changedNow()
             return true
         }
     }

@@ -71,7 +71,7 @@ extension Vault {
     /// (unlinked while open) is not resurrected: its content is simply dropped. Returns the new
     /// digest, or nil if nothing was committed.
     /// `chunks` (id → sealed) are stored in the same transaction, before the manifest.
-    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec,
+    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
                        chunks: [[UInt8]: [UInt8]] = [:],
                        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
@@ -89,7 +89,9 @@ extension Vault {
                 if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
                 if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
                 if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
-                a.ctime = max(mtime, now())
+                // When the content changed, not the commit's time nor mtime (which may be set
+                // anywhere); never before a change already recorded.
+                a.ctime = max(a.ctime, ctime)
                 let k = try key(id, &s)
                 let sealedAttrs = AEAD.seal(a.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
                 let snapshot = s.tree

@@ -255,7 +255,8 @@ public final class Vault: Sendable {
         var attrs = try attributes(id, &s)
         if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
             attrs.size = open.currentSize
-            if let mt = open.pendingMtime { attrs.mtime.value = mt; attrs.ctime = max(attrs.ctime, mt) }
+            if let mt = open.pendingMtime { attrs.mtime.value = mt }
+            if let ct = open.pendingCtime { attrs.ctime = max(attrs.ctime, ct) }
             let own = open.pendingOwnership
             if let mode = own.mode { attrs.mode.value = mode }
             if let uid = own.uid { attrs.uid.value = uid }

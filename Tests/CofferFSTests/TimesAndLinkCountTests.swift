@@ -92,6 +92,44 @@ let UTIME_OMIT_NS = (1 << 30) - 2
         #expect(statOf(m.path("copied"))?.st_atim.tv_nsec == 7 && lstatOf(m.path("l"))?.st_atim.tv_nsec == 1)
     }
 
+    /// ctime is when the file last changed: not its mtime (which `touch -d` sets anywhere, also
+    /// into the future) and not when the change was committed (at close), as on ext4. Found by
+    /// a differential run against ext4.
+    @Test func ctimeIsTheTimeOfTheChange() throws {
+        let m = try MountFixture("coffer-fs-ctime")
+        func ctimeNs(_ path: String) -> Int? { statOf(path).map { Int($0.st_ctim.tv_sec) * 1_000_000_000 + Int($0.st_ctim.tv_nsec) } }
+        func nowNs() -> Int { var t = timespec(); clock_gettime(CLOCK_REALTIME, &t); return t.tv_sec * 1_000_000_000 + t.tv_nsec }
+        let future = 4_102_444_800 // 2100-01-01
+        // A time set into the future moves mtime only.
+        #expect(writeFile(m.path("f"), "data") == 0)
+        #expect(setTimes(m.path("f"), atime: (future, 0), mtime: (future, 0)) == 0)
+        let f = try #require(statOf(m.path("f")))
+        #expect(f.st_mtim.tv_sec == future)
+        #expect(abs(f.st_ctim.tv_sec - time(nil)) <= 5, "ctime \(f.st_ctim.tv_sec)")
+        // The same through futimens while writes are unflushed (they commit together at close).
+        let fd = open(m.path("g"), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
+        #expect(fd >= 0)
+        let beforeWrite = nowNs()
+        #expect(write(fd, "written", 7) == 7)
+        var times = [timespec(tv_sec: future, tv_nsec: 0), timespec(tv_sec: future, tv_nsec: 0)]
+        #expect(futimens(fd, &times) == 0)
+        let afterChanges = nowNs()
+        let whileOpen = try #require(ctimeNs(m.path("g")))
+        #expect(whileOpen >= beforeWrite - 10_000_000 && whileOpen <= afterChanges + 10_000_000)
+        // Closed a while later: ctime stays the time of the changes, not of the close.
+        usleep(600_000)
+        #expect(close(fd) == 0)
+        let closed = try #require(ctimeNs(m.path("g")))
+        #expect(closed == whileOpen, "ctime \(closed) against \(whileOpen) before the close")
+        #expect(statOf(m.path("g"))?.st_mtim.tv_sec == future)
+        // Stored: the same after a remount.
+        let fBefore = ctimeNs(m.path("f"))
+        try m.unmount()
+        try m.mount()
+        #expect(ctimeNs(m.path("g")) == closed)
+        #expect(ctimeNs(m.path("f")) == fBefore)
+    }
+
     func links(_ path: String) -> Int? { statOf(path).map { Int($0.st_nlink) } }
 
     @Test func folderLinkCountIsTwoPlusSubfolders() throws {
