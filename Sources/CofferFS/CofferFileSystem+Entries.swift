@@ -66,7 +66,7 @@ extension CofferFileSystem {
                     try doc.flush()
                 }
             }
-            if unlinked { return attributes(try node(inode).0, unlinked: true) }
+            if unlinked { return setUnlinkedAttributes(n, changes) }
             var vc = CofferVault.AttributeChanges()
             // Changes that change nothing (tar and cp re-set the owner and mode they just created
             // with) cost no commit and no new clock stamp that could win a later merge.
@@ -107,6 +107,27 @@ extension CofferFileSystem {
         }
     }
 
+    /// A file unlinked while open has no record to change, but its descriptors still see
+    /// fchmod, fchown and futimens, as on a local filesystem: the snapshot they read changes.
+    func setUnlinkedAttributes(_ n: Node, _ changes: AttributeChanges) -> Attributes {
+        let now = FileTime.now()
+        func stamp(_ t: FileTime) -> Timespec { Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds) }
+        let node = handles.withLock { t -> Node? in
+            guard let last = t.unlinkedNodes[n.id] else { return nil }
+            var a = last.attributes
+            if let mode = changes.mode { a.mode.value = mode & 0o7777 }
+            if let uid = changes.uid { a.uid.value = uid }
+            if let gid = changes.gid { a.gid.value = gid }
+            if let at = changes.accessTime { a.atime.value = stamp(at.resolved(now: now)) }
+            if let mt = changes.modificationTime { a.mtime.value = stamp(mt.resolved(now: now)) }
+            a.ctime = stamp(now)
+            let changed = Node(id: last.id, type: last.type, parent: last.parent, name: last.name, attributes: a)
+            t.unlinkedNodes[n.id] = changed
+            return changed
+        }
+        return attributes(node ?? n, unlinked: true)
+    }
+
     /// From the vault, not the handle table: after the last close the document is still
     /// registered until its commit is done, and a time or mode set meanwhile must ride with it
     /// rather than be overwritten by it.
@@ -136,15 +157,25 @@ extension CofferFileSystem {
     public func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
         try op {
             let folder = try folderID(parent)
-            let node = try createNode(in: folder, name: name, type: .folder, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
+            // In a set-group-ID folder a new folder is set-group-ID too, so the rule carries on
+            // down the tree (`inode_init_owner`, which a FUSE filesystem must do itself).
+            let inherits = setGroupIDFolder(folder) != nil
+            let node = try createNode(in: folder, name: name, type: .folder, mode: mode & 0o7777 | (inherits ? 0o2000 : 0),
+                                      uid: context.uid, gid: groupFor(folder, context))
             return try entry(node)
         }
     }
 
-    /// BSD group semantics for set-group-ID folders, as ext4 does.
+    /// BSD group semantics for set-group-ID folders, as ext4 does: what is created in one
+    /// takes the folder's group.
     func groupFor(_ folder: FileID, _ context: RequestContext) -> UInt32 {
-        if let p = try? vault.node(folder), p.attributes.mode.value & 0o2000 != 0 { return p.attributes.gid.value }
-        return context.gid
+        setGroupIDFolder(folder) ?? context.gid
+    }
+
+    /// The folder's group if the folder is set-group-ID.
+    func setGroupIDFolder(_ folder: FileID) -> UInt32? {
+        guard let p = try? vault.node(folder), p.attributes.mode.value & 0o2000 != 0 else { return nil }
+        return p.attributes.gid.value
     }
 
     public func unlink(parent: InodeNumber, name: String) throws {
@@ -173,7 +204,13 @@ extension CofferFileSystem {
         let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in
             let open = t.files.values.contains(where: { $0.document.id == node.id })
-            if open || zombie != nil { t.unlinkedNodes[node.id] = node }
+            if open || zombie != nil {
+                // Losing its last name changes it (st_nlink), so its ctime moves, as on ext4.
+                var a = node.attributes
+                let now = FileTime.now()
+                a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
+                t.unlinkedNodes[node.id] = Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
+            }
             guard let zombie, let ino else { return nil }
             if t.zombies[ino] != nil { return zombie }
             t.zombies[ino] = zombie

@@ -30,14 +30,17 @@ extension CofferFileSystem {
                 if !vault.isLive(n.id) { throw FSError(ESTALE) }
                 throw error
             }
+            // O_TRUNC truncates whatever the access mode, as Linux does (the kernel has checked
+            // write permission for it). A read-only handle never commits, so it commits here.
             let writable = flags & O_ACCMODE != O_RDONLY
-            if flags & O_TRUNC != 0 && writable {
+            if flags & O_TRUNC != 0 {
                 do {
                     try doc.truncate(to: 0)
+                    if !writable { try doc.flush() }
                     // As the VFS's truncate does for a caller without CAP_FSETID (the kernel
                     // says which). Reached only for a file that existed: `create` opens the
                     // existing file through here, a new one not.
-                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode, callerInFileGroup: { context.isInGroup(n.attributes.gid.value) }) {
+                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode, callerMayKeepSetGID: { context.mayKeepSetGID(ofGroup: n.attributes.gid.value) }) {
                         _ = try setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: nil, context: context)
                     }
                 } catch { try? vault.release(doc); throw error }

@@ -81,10 +81,14 @@ public final class CofferFileSystem: FileSystemOperations {
     func attributes(_ node: Node, unlinked: Bool = false) -> Attributes {
         let a = node.attributes
         // An unlinked open document keeps changing through its handles; its snapshot does not.
-        let size = unlinked && node.type == .document ? (openDocumentHandle(for: node.id)?.currentSize ?? node.size) : node.size
-        let mtime = FileTime(seconds: a.mtime.value.seconds, nanoseconds: a.mtime.value.nanoseconds)
+        let open = unlinked && node.type == .document ? openDocumentHandle(for: node.id) : nil
+        let size = open?.currentSize ?? node.size
+        var mtimeValue = a.mtime.value, ctimeValue = a.ctime
+        // Written since its snapshot last changed: the write's time is its mtime and ctime.
+        if let written = open?.lastContentChange, written > ctimeValue { mtimeValue = written; ctimeValue = written }
+        let mtime = FileTime(seconds: mtimeValue.seconds, nanoseconds: mtimeValue.nanoseconds)
         let atime = FileTime(seconds: a.atime.value.seconds, nanoseconds: a.atime.value.nanoseconds)
-        let ctime = FileTime(seconds: a.ctime.seconds, nanoseconds: a.ctime.nanoseconds)
+        let ctime = FileTime(seconds: ctimeValue.seconds, nanoseconds: ctimeValue.nanoseconds)
         return Attributes(mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
                           blocks: (size + 511) / 512, blockSize: 128 * 1024,
                           accessTime: atime, modificationTime: mtime, changeTime: ctime)

@@ -28,6 +28,9 @@ public final class OpenDocument: Sendable {
     /// set to ride along): the ctime the commit records, whatever mtime says (a `touch -d` into
     /// the future moves mtime, not ctime). 0 if none.
     let ctimeAtomic = Atomic<Int64>(0)
+    /// The last write or truncate through any handle, kept across commits (0 if none): what a
+    /// file unlinked while open shows as its mtime, since no record takes it any more.
+    let lastContentChangeAtomic = Atomic<Int64>(0)
     /// chmod/chown made while writes are unflushed: they ride along with the content commit
     /// (tar creates a file 0600, writes it, then sets its mode). -1 if none.
     let pendingModeAtomic = Atomic<Int64>(-1)
@@ -120,6 +123,9 @@ public final class OpenDocument: Sendable {
     }
 
     var pendingMtime: Timespec? { Self.timespec(mtimeAtomic.load(ordering: .relaxed)) }
+
+    /// When content last changed through this document (see `lastContentChangeAtomic`).
+    public var lastContentChange: Timespec? { Self.timespec(lastContentChangeAtomic.load(ordering: .relaxed)) }
 
     /// The change time of the unflushed changes, if any (see `ctimeAtomic`).
     var pendingCtime: Timespec? { Self.timespec(ctimeAtomic.load(ordering: .relaxed)) }
@@ -274,6 +280,7 @@ public final class OpenDocument: Sendable {
             let t = vault.now()
             mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
             ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            lastContentChangeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
             if s.dirtyBytes > Vault.writeBufferLimit {
                 // One spill runs behind the writer at a time; past that, the writer seals
                 // itself, which bounds buffered memory at about two limits.
@@ -314,6 +321,7 @@ public final class OpenDocument: Sendable {
             let t = vault.now()
             mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
             ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            lastContentChangeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
         }
     }
 

@@ -51,6 +51,27 @@ import Testing
         #expect(ls.contains("1234") && ls.contains("5678"), "\(ls)")
     }
 
+    /// BSD group semantics in a set-group-ID folder, as on ext4: what is created there takes
+    /// the folder's group, and a folder created there is set-group-ID itself, so the rule
+    /// carries on down the tree.
+    @Test func setGroupIDFoldersPassOnTheirGroup() throws {
+        let m = try MountFixture("coffer-fs-sgid-folder")
+        #expect(mkdir(m.path("shared"), 0o755) == 0)
+        #expect(chown(m.path("shared"), 0, 1000) == 0)
+        #expect(chmod(m.path("shared"), 0o2775) == 0)
+        #expect(mkdir(m.path("shared/sub"), 0o700) == 0)
+        #expect(writeFile(m.path("shared/f"), "x") == 0)
+        #expect(mkdir(m.path("shared/sub/deeper"), 0o755) == 0)
+        #expect(mkdir(m.path("plain"), 0o755) == 0)
+        #expect(mkdir(m.path("plain/sub"), 0o755) == 0)
+        func modeAndGroup(_ p: String) -> String? { statOf(m.path(p)).map { String($0.st_mode & 0o7777, radix: 8) + " " + String($0.st_gid) } }
+        let expected = ["shared/sub": "2700 1000", "shared/f": "644 1000", "shared/sub/deeper": "2755 1000", "plain/sub": "755 0"]
+        for (p, want) in expected { #expect(modeAndGroup(p) == want, "\(p)") }
+        try m.unmount()
+        try m.mount()
+        for (p, want) in expected { #expect(modeAndGroup(p) == want, "\(p) after a remount") }
+    }
+
     @Test func toolsPreserveAttributes() throws {
         let m = try MountFixture("coffer-fs-attrtools")
         let src = m.tmp.sub("src")

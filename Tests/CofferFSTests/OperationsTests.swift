@@ -181,6 +181,10 @@ import Testing
                 os.close(fd)
             elif op == 'truncate': os.truncate(p, 1)
             elif op == 'trunc-open': os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+            elif op == 'fallocate':
+                fd = os.open(p, os.O_WRONLY)
+                os.posix_fallocate(fd, 0, 4096)
+                os.close(fd)
             elif op == 'create-setuid':
                 os.umask(0o022)
                 os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o4755))
@@ -197,6 +201,22 @@ import Testing
         make("chowned", 0o6755)
         #expect(chown(root + "/chowned", 1000, 1000) == 0)
         #expect(mode("chowned") == 0o755)
+        // Without group execute root keeps setgid (CAP_FSETID), though not in the file's group.
+        make("chowned-lock", 0o6745)
+        #expect(chown(root + "/chowned-lock", 1001, 1001) == 0)
+        #expect(chmod(root + "/chowned-lock", 0o6745) == 0)
+        #expect(chown(root + "/chowned-lock", 1000, gid_t.max) == 0) // gid -1: unchanged
+        #expect(mode("chowned-lock") == 0o2745)
+        // fallocate by another user, which carries no flag from the kernel.
+        make("fallocated", 0o6777)
+        #expect(asUser("fallocate", "fallocated") == "OK")
+        #expect(mode("fallocated") == 0o777)
+        #expect(statOf(root + "/fallocated")?.st_size == 4096)
+        make("fallocated-root", 0o6777)
+        let fd = open(root + "/fallocated-root", O_WRONLY | O_CLOEXEC)
+        #expect(fd >= 0 && posix_fallocate(fd, 0, 4096) == 0)
+        #expect(close(fd) == 0)
+        #expect(mode("fallocated-root") == 0o6777)
         // A write by another user (the file is writable by all).
         make("written", 0o6777)
         #expect(asUser("write", "written") == "OK")
@@ -242,6 +262,8 @@ import Testing
         try m.unmount()
         try m.mount()
         #expect(mode("chowned") == 0o755)
+        #expect(mode("chowned-lock") == 0o2745)
+        #expect(mode("fallocated") == 0o777)
         #expect(mode("written") == 0o777)
         #expect(mode("truncated") == 0o777)
         #expect(mode("opened") == 0o777)

@@ -108,8 +108,23 @@ import Testing
         #expect(fstat(fd, &st) == 0 && st.st_size == 11 && st.st_nlink == 0)
         #expect(ftruncate(fd, 4) == 0)
         #expect(text(readAll(fd: reader)) == "hell")
+        // Its attributes still change through a descriptor, as on ext4: a write moves mtime,
+        // fchmod, fchown and futimens take effect.
+        var before = stat()
+        #expect(fstat(fd, &before) == 0)
+        usleep(20_000)
+        #expect(pwrite(fd, "!", 1, 4) == 1)
+        #expect(fstat(fd, &st) == 0)
+        #expect((st.st_mtim.tv_sec, st.st_mtim.tv_nsec) > (before.st_mtim.tv_sec, before.st_mtim.tv_nsec))
+        #expect(fchmod(fd, 0o600) == 0 && fchown(fd, 1000, 1000) == 0)
+        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        #expect(futimens(fd, &times) == 0)
+        #expect(fstat(fd, &st) == 0)
+        #expect(st.st_mode & 0o7777 == 0o600 && st.st_uid == 1000 && st.st_gid == 1000)
+        #expect(st.st_mtim.tv_sec == 1_000_000_000 && st.st_size == 5)
+        #expect(fstat(reader, &st) == 0 && st.st_mode & 0o7777 == 0o600, "the other descriptor sees it")
         #expect(close(fd) == 0)
-        #expect(text(readAll(fd: reader)) == "hell", "readable until the last close")
+        #expect(text(readAll(fd: reader)) == "hell!", "readable until the last close")
         #expect(close(reader) == 0)
         // A new file under the same name is a different, empty file; nothing is left over.
         #expect(writeFile(p, "new") == 0)
@@ -136,6 +151,16 @@ import Testing
         #expect(t >= 0)
         #expect(statOf(p)?.st_size == 0)
         close(t)
+        #expect(readFile(p) == [])
+        // Also with O_RDONLY, as Linux does (write permission is still checked), and it stays.
+        #expect(writeFile(p, "abc") == 0)
+        let r = open(p, O_RDONLY | O_TRUNC | O_CLOEXEC)
+        #expect(r >= 0)
+        #expect(statOf(p)?.st_size == 0)
+        close(r)
+        #expect(readFile(p) == [])
+        try m.unmount()
+        try m.mount()
         #expect(readFile(p) == [])
         // truncate up reads zeros, down cuts.
         #expect(writeFile(p, "12345") == 0)

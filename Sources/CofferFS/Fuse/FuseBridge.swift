@@ -54,7 +54,18 @@ final class FuseBridge: Sendable {
     /// (`modeDroppingSetIDBits`), or nil if that changes nothing.
     func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws -> UInt32? {
         let attributes = try operations.getattr(inode: inode, handle: handle)
-        return modeDroppingSetIDBits(attributes.mode) { context.isInGroup(attributes.gid) }
+        return modeDroppingSetIDBits(attributes.mode) { context.mayKeepSetGID(ofGroup: attributes.gid) }
+    }
+
+    /// Drops setuid and setgid before a fallocate by a caller without CAP_FSETID, as the VFS
+    /// does before a local filesystem's (`file_modified`). FALLOCATE carries no kill flag, so
+    /// the capability is read from the caller, and only for a file that has one of the bits.
+    func dropSetIDBitsBeforeFallocate(inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
+        let attributes = try operations.getattr(inode: inode, handle: handle)
+        guard attributes.mode & UInt32(Glibc.S_ISUID | Glibc.S_ISGID) != 0,
+              !context.hasCapability(RequestContext.capabilityFSetID),
+              let mode = modeDroppingSetIDBits(attributes.mode, callerMayKeepSetGID: { context.isInGroup(attributes.gid) }) else { return }
+        _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
     }
 
     /// Drops setuid and setgid before a write when the kernel asks for it: the filesystem's own

@@ -232,6 +232,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.fallocate = { req, ino, mode, offset, length, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
+            try bridge.dropSetIDBitsBeforeFallocate(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             try bridge.operations.fallocate(
                 inode: ino, handle: coffer_fi_get_fh(fi), mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)

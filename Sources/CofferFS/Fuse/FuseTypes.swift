@@ -72,15 +72,15 @@ public struct RequestContext: Sendable, Equatable {
     }
 }
 
-/// `mode` with setuid and setgid dropped the way the VFS drops them for a caller without
-/// CAP_FSETID (`setattr_should_drop_suidgid`): setuid always; setgid when group execute is set,
-/// or else only when the caller is not in the file's group (without group execute the bit marks
-/// mandatory locking, which a member of the group may keep). Nil if that changes nothing.
-/// Folders keep theirs. `callerInFileGroup` is asked only when the answer matters.
-public func modeDroppingSetIDBits(_ mode: UInt32, callerInFileGroup: () -> Bool) -> UInt32? {
+/// `mode` with setuid and setgid dropped the way the VFS drops them (`setattr_should_drop_suidgid`
+/// and `setattr_should_drop_sgid`): setuid always; setgid when group execute is set, or else
+/// only when the caller may not keep it, being neither in the file's group nor holding
+/// CAP_FSETID (without group execute the bit marks mandatory locking, not a privilege). Nil if
+/// that changes nothing. Folders keep theirs. `callerMayKeepSetGID` is asked only when it decides.
+public func modeDroppingSetIDBits(_ mode: UInt32, callerMayKeepSetGID: () -> Bool) -> UInt32? {
     guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
     var cleared = mode & ~UInt32(Glibc.S_ISUID)
-    if mode & UInt32(Glibc.S_ISGID) != 0, mode & UInt32(Glibc.S_IXGRP) != 0 || !callerInFileGroup() {
+    if mode & UInt32(Glibc.S_ISGID) != 0, mode & UInt32(Glibc.S_IXGRP) != 0 || !callerMayKeepSetGID() {
         cleared &= ~UInt32(Glibc.S_ISGID)
     }
     return cleared == mode ? nil : cleared
