@@ -15,7 +15,9 @@ extension CofferFileSystem {
 
     public func forget(inode: InodeNumber, lookups: UInt64) {
         guard inodes.forget(inode, lookups) else { return }
+        let id = inodes.fileID(inode)
         let zombie = handles.withLock { t -> OpenDocument? in
+            if let id, t.unlinkedNodes[id]?.type == .folder { t.unlinkedNodes[id] = nil }
             guard let doc = t.zombies.removeValue(forKey: inode) else { return nil }
             if !t.files.values.contains(where: { $0.document.id == doc.id }) { t.unlinkedNodes[doc.id] = nil }
             return doc
@@ -149,7 +151,7 @@ extension CofferFileSystem {
         try op {
             guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
             let folder = try folderID(parent)
-            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: context.gid)
+            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
             return try entry(node)
         }
     }
@@ -196,6 +198,21 @@ extension CofferFileSystem {
     /// open even without handles. An unlink need not: an open that loses that race gets ESTALE,
     /// the kernel looks the name up again and reports ENOENT, as for any open after an unlink.
     /// Skipping it spares rm -rf loading every manifest it deletes (a tenth of unlink's CPU).
+    /// A removed folder the kernel still holds (a process's working directory, an open
+    /// descriptor) still answers fstat, with no links, as on ext4, until the kernel forgets it.
+    func keepIfReferenced(folder node: Node) {
+        guard let ino = inodes.knownInode(for: node.id), inodes.isReferenced(ino) else { return }
+        handles.withLock { t in t.unlinkedNodes[node.id] = Self.removed(node) }
+    }
+
+    /// `node` as it stands once it lost its name: that changes it, so its ctime moves.
+    static func removed(_ node: Node) -> Node {
+        var a = node.attributes
+        let now = FileTime.now()
+        a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
+        return Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
+    }
+
     func keepIfOpen(_ node: Node, racingOpens: Bool = true) {
         guard node.type == .document else { return }
         let ino = inodes.knownInode(for: node.id)
@@ -204,13 +221,7 @@ extension CofferFileSystem {
         let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in
             let open = t.files.values.contains(where: { $0.document.id == node.id })
-            if open || zombie != nil {
-                // Losing its last name changes it (st_nlink), so its ctime moves, as on ext4.
-                var a = node.attributes
-                let now = FileTime.now()
-                a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
-                t.unlinkedNodes[node.id] = Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
-            }
+            if open || zombie != nil { t.unlinkedNodes[node.id] = Self.removed(node) }
             guard let zombie, let ino else { return nil }
             if t.zombies[ino] != nil { return zombie }
             t.zombies[ino] = zombie
@@ -225,13 +236,14 @@ extension CofferFileSystem {
             guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
             guard node.type == .folder else { throw FSError.notDirectory }
             try vault.remove(node.id, recursive: false, expectFolder: true)
+            keepIfReferenced(folder: node)
         }
     }
 
     public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try op {
             let folder = try folderID(parent)
-            let node = try createNode(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: context.gid, symlinkTarget: target)
+            let node = try createNode(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context), symlinkTarget: target)
             return try entry(node)
         }
     }
@@ -255,6 +267,7 @@ extension CofferFileSystem {
                 keepIfOpen(target)
             }
             try vault.rename(source.id, to: to, name: newName, mode: flags.contains(.noReplace) ? .noReplace : .replace)
+            if let target, target.id != source.id, target.type == .folder { keepIfReferenced(folder: target) }
         }
     }
 

@@ -35,7 +35,7 @@ extension CofferFileSystem {
             let writable = flags & O_ACCMODE != O_RDONLY
             if flags & O_TRUNC != 0 {
                 do {
-                    try doc.truncate(to: 0)
+                    try doc.truncate(to: 0, touchingTimes: true)
                     if !writable { try doc.flush() }
                     // As the VFS's truncate does for a caller without CAP_FSETID (the kernel
                     // says which). Reached only for a file that existed: `create` opens the

@@ -13,7 +13,7 @@ extension CofferFileSystem {
             if name.utf8.count > 255 { throw FSError(ERANGE) }
             if value.count > 64 * 1024 { throw FSError(E2BIG) }
             let (n, unlinked) = try node(inode)
-            if unlinked { throw FSError.notFound }
+            if unlinked { return try setUnlinkedXattr(n, name, value, create: flags.contains(.create), replace: flags.contains(.replace)) }
             try vault.setXattr(n.id, name: name, value: value, create: flags.contains(.create), replace: flags.contains(.replace))
         }
     }
@@ -38,8 +38,24 @@ extension CofferFileSystem {
         try op {
             guard Self.isUserNamespace(name) else { throw FSError.noAttribute }
             let (n, unlinked) = try node(inode)
-            if unlinked { throw FSError.notFound }
+            if unlinked { return try setUnlinkedXattr(n, name, nil, create: false, replace: false) }
             try vault.setXattr(n.id, name: name, value: nil)
+        }
+    }
+
+    /// A file unlinked while open keeps taking xattr changes through its descriptors, in
+    /// memory (it has no record any more), with the errnos of a live file.
+    func setUnlinkedXattr(_ n: Node, _ name: String, _ value: [UInt8]?, create: Bool, replace: Bool) throws {
+        try handles.withLock { t in
+            guard let last = t.unlinkedNodes[n.id] else { throw FSError.notFound }
+            var a = last.attributes
+            let exists = a.xattrs[name]?.value != nil
+            if create && exists { throw FSError.exists }
+            if (replace || value == nil) && !exists { throw FSError.noAttribute }
+            a.xattrs[name] = Stamped(value, at: a.mtime.stamp)
+            let now = FileTime.now()
+            a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
+            t.unlinkedNodes[n.id] = Node(id: last.id, type: last.type, parent: last.parent, name: last.name, attributes: a)
         }
     }
 }

@@ -293,12 +293,14 @@ public final class OpenDocument: Sendable {
         try bytes.withUnsafeBytes { try write(offset: offset, bytes: $0) }
     }
 
-    /// Sets the size (truncate up or down).
-    public func truncate(to newSize: UInt64) throws {
+    /// Sets the size (truncate up or down). A truncate to the size the file has changes
+    /// nothing, unless `touchingTimes` (open's O_TRUNC, which POSIX says marks mtime and ctime
+    /// whatever the size was).
+    public func truncate(to newSize: UInt64, touchingTimes: Bool = false) throws {
         try Self.checkSize(newSize, plus: 0)
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
-            guard newSize != s.size else { return }
+            guard newSize != s.size || touchingTimes else { return }
             if newSize < s.size {
                 let keep = Int((newSize + UInt64(s.chunkSize) - 1) / UInt64(s.chunkSize))
                 let lastIndex = keep - 1

@@ -62,10 +62,12 @@ import Testing
         #expect(mkdir(m.path("shared/sub"), 0o700) == 0)
         #expect(writeFile(m.path("shared/f"), "x") == 0)
         #expect(mkdir(m.path("shared/sub/deeper"), 0o755) == 0)
+        #expect(symlink("f", m.path("shared/link")) == 0)
         #expect(mkdir(m.path("plain"), 0o755) == 0)
         #expect(mkdir(m.path("plain/sub"), 0o755) == 0)
-        func modeAndGroup(_ p: String) -> String? { statOf(m.path(p)).map { String($0.st_mode & 0o7777, radix: 8) + " " + String($0.st_gid) } }
-        let expected = ["shared/sub": "2700 1000", "shared/f": "644 1000", "shared/sub/deeper": "2755 1000", "plain/sub": "755 0"]
+        func modeAndGroup(_ p: String) -> String? { lstatOf(m.path(p)).map { String($0.st_mode & 0o7777, radix: 8) + " " + String($0.st_gid) } }
+        let expected = ["shared/sub": "2700 1000", "shared/f": "644 1000", "shared/sub/deeper": "2755 1000", "plain/sub": "755 0",
+                        "shared/link": "777 1000"]
         for (p, want) in expected { #expect(modeAndGroup(p) == want, "\(p)") }
         try m.unmount()
         try m.mount()

@@ -181,6 +181,7 @@ import Testing
                 os.close(fd)
             elif op == 'truncate': os.truncate(p, 1)
             elif op == 'trunc-open': os.close(os.open(p, os.O_WRONLY | os.O_TRUNC))
+            elif op == 'chown-none': os.chown(p, -1, -1)
             elif op == 'fallocate':
                 fd = os.open(p, os.O_WRONLY)
                 os.posix_fallocate(fd, 0, 4096)
@@ -207,6 +208,15 @@ import Testing
         #expect(chmod(root + "/chowned-lock", 0o6745) == 0)
         #expect(chown(root + "/chowned-lock", 1000, gid_t.max) == 0) // gid -1: unchanged
         #expect(mode("chowned-lock") == 0o2745)
+        // chown(f, -1, -1) drops them too, which is a mode change: by the owner or CAP_FOWNER
+        // only. (ext4 refuses another user with EPERM; here it succeeds changing nothing, see
+        // `FuseBridge.modeDroppingSetIDBitsForChown`.)
+        make("chowned-none", 0o6755)
+        #expect(chown(root + "/chowned-none", uid_t.max, gid_t.max) == 0)
+        #expect(mode("chowned-none") == 0o755)
+        make("chowned-none-by-other", 0o6755)
+        #expect(asUser("chown-none", "chowned-none-by-other") == "OK")
+        #expect(mode("chowned-none-by-other") == 0o6755)
         // fallocate by another user, which carries no flag from the kernel.
         make("fallocated", 0o6777)
         #expect(asUser("fallocate", "fallocated") == "OK")

@@ -123,6 +123,14 @@ import Testing
         #expect(st.st_mode & 0o7777 == 0o600 && st.st_uid == 1000 && st.st_gid == 1000)
         #expect(st.st_mtim.tv_sec == 1_000_000_000 && st.st_size == 5)
         #expect(fstat(reader, &st) == 0 && st.st_mode & 0o7777 == 0o600, "the other descriptor sees it")
+        // And its xattrs, with a live file's errnos (through /proc's links to the descriptors).
+        let viaFD = "/proc/self/fd/\(fd)", viaReader = "/proc/self/fd/\(reader)"
+        #expect(setXattr(viaFD, "user.k", [7]) == 0)
+        #expect(getXattr(viaReader, "user.k") == .success([7]))
+        #expect(errnoOf { setXattr(viaFD, "user.missing", [1], flags: 2 /* XATTR_REPLACE */) } == ENODATA)
+        #expect(errnoOf { setXattr(viaFD, "user.k", [1], flags: 1 /* XATTR_CREATE */) } == EEXIST)
+        #expect(removeXattr(viaFD, "user.k") == 0)
+        #expect(getXattr(viaFD, "user.k") == .failure(POSIXErrorBox(code: ENODATA)))
         #expect(close(fd) == 0)
         #expect(text(readAll(fd: reader)) == "hell!", "readable until the last close")
         #expect(close(reader) == 0)
@@ -131,6 +139,29 @@ import Testing
         #expect(text(readFile(p)) == "new")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: m.mountPoint)) ?? []) == ["doomed"])
         #expect(coffer(m.dataDir, ["fsck"]).status == 0)
+    }
+
+    /// A removed folder that a process still holds (its working directory, an open descriptor)
+    /// answers fstat with no links, as on ext4, and nothing can be created in it.
+    @Test func removedFolderStillAnswersFstat() throws {
+        let m = try MountFixture("coffer-fs-rmdir-open")
+        #expect(mkdir(m.path("gone"), 0o750) == 0)
+        #expect(mkdir(m.path("replaced"), 0o750) == 0)
+        #expect(mkdir(m.path("other"), 0o755) == 0)
+        let gone = open(m.path("gone"), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        let replaced = open(m.path("replaced"), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        #expect(gone >= 0 && replaced >= 0)
+        #expect(rmdir(m.path("gone")) == 0)
+        #expect(rename(m.path("other"), m.path("replaced")) == 0)
+        for fd in [gone, replaced] {
+            var st = stat()
+            #expect(fstat(fd, &st) == 0)
+            #expect(st.st_mode & S_IFMT == S_IFDIR && st.st_mode & 0o7777 == 0o750 && st.st_nlink == 0)
+            #expect(errnoOf { openat(fd, "new", O_WRONLY | O_CREAT | O_CLOEXEC, 0o644) } == ENOENT)
+            close(fd)
+        }
+        #expect(lstatOf(m.path("gone")) == nil)
+        #expect(statOf(m.path("replaced")).map { $0.st_mode & 0o7777 } == 0o755)
     }
 
     @Test func appendTruncateAndHoles() throws {
@@ -159,9 +190,17 @@ import Testing
         #expect(statOf(p)?.st_size == 0)
         close(r)
         #expect(readFile(p) == [])
+        // O_TRUNC of a file that is empty already still marks mtime and ctime (POSIX).
+        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, p, &times, 0) == 0)
+        let e = open(p, O_WRONLY | O_TRUNC | O_CLOEXEC)
+        #expect(e >= 0)
+        close(e)
+        #expect(statOf(p).map { abs(Int($0.st_mtim.tv_sec) - time(nil)) <= 5 } == true)
         try m.unmount()
         try m.mount()
         #expect(readFile(p) == [])
+        #expect(statOf(p).map { abs(Int($0.st_mtim.tv_sec) - time(nil)) <= 5 } == true)
         // truncate up reads zeros, down cuts.
         #expect(writeFile(p, "12345") == 0)
         #expect(truncate(p, 10) == 0)

@@ -57,6 +57,26 @@ final class FuseBridge: Sendable {
         return modeDroppingSetIDBits(attributes.mode) { context.mayKeepSetGID(ofGroup: attributes.gid) }
     }
 
+    /// Whether the kernel granted FUSE_HANDLE_KILLPRIV_V2 (then clearing the bits is ours).
+    var handlesKillPrivV2: Bool {
+        coffer_fuse_killpriv_v2_granted(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
+    }
+
+    /// The mode a chown that names no owner or group leaves (setuid and setgid dropped as any
+    /// chown drops them), or nil if it changes nothing.
+    ///
+    /// The same empty setattr also comes before a write by someone without CAP_FSETID (the
+    /// VFS's `file_remove_privs`, its kill request stripped by FUSE), and a writer need not own
+    /// the file. So a caller that is neither the owner nor holds CAP_FOWNER changes nothing
+    /// here: its write drops the bits itself (the WRITE carries the flag), and a chown(-1, -1)
+    /// by it, which ext4 refuses with EPERM, succeeds changing nothing.
+    func modeDroppingSetIDBitsForChown(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws -> UInt32? {
+        let attributes = try operations.getattr(inode: inode, handle: handle)
+        guard let mode = modeDroppingSetIDBits(attributes.mode, callerMayKeepSetGID: { context.mayKeepSetGID(ofGroup: attributes.gid) }),
+              context.uid == attributes.uid || context.hasCapability(RequestContext.capabilityFOwner) else { return nil }
+        return mode
+    }
+
     /// Drops setuid and setgid before a fallocate by a caller without CAP_FSETID, as the VFS
     /// does before a local filesystem's (`file_modified`). FALLOCATE carries no kill flag, so
     /// the capability is read from the caller, and only for a file that has one of the bits.

@@ -72,6 +72,12 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
                let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context) {
                 changes.mode = mode
             }
+            // chown(f, -1, -1) arrives as a setattr of nothing, without the kill flag (the
+            // kernel sets it only when uid or gid is given), yet drops the bits on ext4.
+            if changes.isEmpty, bridge.handlesKillPrivV2,
+               let mode = try bridge.modeDroppingSetIDBitsForChown(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context) {
+                changes.mode = mode
+            }
             let attributes = try bridge.operations.setattr(
                 inode: ino, changes: changes, handle: fi.map { coffer_fi_get_fh($0) },
                 context: context)

@@ -129,9 +129,7 @@ public final class FuseSession: Sendable {
 
     /// Whether the kernel let the filesystem side clear setuid and setgid
     /// (FUSE_HANDLE_KILLPRIV_V2); known once the mount is up, false after the session ended.
-    public var handlesKillPrivV2: Bool {
-        coffer_fuse_killpriv_v2_granted(UnsafeMutablePointer(bitPattern: bridge.reader.load(ordering: .acquiring))) != 0
-    }
+    public var handlesKillPrivV2: Bool { bridge.handlesKillPrivV2 }
     private let state = Mutex(State())
 
     /// `struct fuse_session *` is only touched under `state`'s lock or by

@@ -8,6 +8,8 @@ import Foundation
 extension RequestContext {
     /// CAP_FSETID: keeps setuid and setgid through writes, truncates and chowns.
     public static let capabilityFSetID = 4
+    /// CAP_FOWNER: acts as the owner of any file (here: may change its mode).
+    public static let capabilityFOwner = 3
 
     /// Whether the caller belongs to group `gid`: its filesystem gid, or a supplementary group.
     public func isInGroup(_ gid: UInt32) -> Bool {
