@@ -58,13 +58,14 @@ extension CofferFileSystem {
             let (n, unlinked) = try node(inode)
             if let size = changes.size {
                 guard n.type == .document else { throw n.type == .folder ? FSError.isDirectory : FSError.invalid }
+                // truncate(2) to the size the file has still marks mtime and ctime on Linux.
                 if let handle, let h = handles.withLock({ $0.files[handle] }) {
-                    try h.document.truncate(to: size)
+                    try h.document.truncate(to: size, touchingTimes: true)
                     try h.document.flush()
                 } else {
                     let doc = try vault.openDocument(n.id)
                     defer { try? vault.release(doc) }
-                    try doc.truncate(to: size)
+                    try doc.truncate(to: size, touchingTimes: true)
                     try doc.flush()
                 }
             }

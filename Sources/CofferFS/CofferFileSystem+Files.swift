@@ -161,7 +161,8 @@ extension CofferFileSystem {
             guard offset >= 0, length > 0 else { throw FSError.invalid }
             let doc = try handle(fh).document
             let end = UInt64(offset) + UInt64(length)
-            if end > doc.currentSize { try doc.truncate(to: end) }
+            // Inside the file it allocates nothing here, but marks mtime and ctime, as ext4 does.
+            try doc.truncate(to: max(end, doc.currentSize), touchingTimes: true)
         }
     }
 }

@@ -190,13 +190,26 @@ import Testing
         #expect(statOf(p)?.st_size == 0)
         close(r)
         #expect(readFile(p) == [])
-        // O_TRUNC of a file that is empty already still marks mtime and ctime (POSIX).
+        // O_TRUNC of a file that is empty already still marks mtime and ctime (POSIX), and so do
+        // a truncate to the size it has and a fallocate inside it (Linux).
         var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 0), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        func markedNow() -> Bool { statOf(p).map { abs(Int($0.st_mtim.tv_sec) - time(nil)) <= 5 } == true }
         #expect(utimensat(AT_FDCWD, p, &times, 0) == 0)
         let e = open(p, O_WRONLY | O_TRUNC | O_CLOEXEC)
         #expect(e >= 0)
         close(e)
-        #expect(statOf(p).map { abs(Int($0.st_mtim.tv_sec) - time(nil)) <= 5 } == true)
+        #expect(markedNow(), "O_TRUNC of an empty file")
+        #expect(writeFile(p, "12345") == 0)
+        #expect(utimensat(AT_FDCWD, p, &times, 0) == 0)
+        #expect(truncate(p, 5) == 0)
+        #expect(markedNow(), "truncate to the same size")
+        #expect(utimensat(AT_FDCWD, p, &times, 0) == 0)
+        let a = open(p, O_WRONLY | O_CLOEXEC)
+        #expect(a >= 0 && posix_fallocate(a, 1, 2) == 0)
+        close(a)
+        #expect(markedNow(), "fallocate inside the file")
+        #expect(statOf(p)?.st_size == 5 && text(readFile(p)) == "12345")
+        #expect(truncate(p, 0) == 0)
         try m.unmount()
         try m.mount()
         #expect(readFile(p) == [])
