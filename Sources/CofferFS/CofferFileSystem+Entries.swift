@@ -69,7 +69,7 @@ extension CofferFileSystem {
                     try doc.flush()
                 }
             }
-            if unlinked { return setUnlinkedAttributes(n, changes) }
+            if unlinked { return try setUnlinkedAttributes(n, changes) }
             var vc = CofferVault.AttributeChanges()
             // Changes that change nothing (tar and cp re-set the owner and mode they just created
             // with) cost no commit and no new clock stamp that could win a later merge.
@@ -80,13 +80,11 @@ extension CofferFileSystem {
             // One reading for both, so `touch` (UTIME_NOW twice) gives equal atime and mtime.
             let now = FileTime.now()
             if let at = changes.accessTime {
-                let t = at.resolved(now: now)
-                let ts = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+                let ts = Timespec(at.resolved(now: now))
                 vc.atime = ts == current.atime.value ? nil : ts
             }
             if let mt = changes.modificationTime {
-                let t = mt.resolved(now: now)
-                let ts = Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds)
+                let ts = Timespec(mt.resolved(now: now))
                 // utimens on a document with unflushed writes: the time rides along with the
                 // content commit at close (later writes move it again, as POSIX wants). An atime
                 // set with it is still committed now; the content commit keeps it.
@@ -112,21 +110,14 @@ extension CofferFileSystem {
 
     /// A file unlinked while open has no record to change, but its descriptors still see
     /// fchmod, fchown and futimens, as on a local filesystem: the snapshot they read changes.
-    func setUnlinkedAttributes(_ n: Node, _ changes: AttributeChanges) -> Attributes {
+    func setUnlinkedAttributes(_ n: Node, _ changes: AttributeChanges) throws -> Attributes {
         let now = FileTime.now()
-        func stamp(_ t: FileTime) -> Timespec { Timespec(seconds: t.seconds, nanoseconds: t.nanoseconds) }
-        let node = handles.withLock { t -> Node? in
-            guard let last = t.unlinkedNodes[n.id] else { return nil }
-            var a = last.attributes
+        let node = try changeUnlinked(n.id) { a in
             if let mode = changes.mode { a.mode.value = mode & 0o7777 }
             if let uid = changes.uid { a.uid.value = uid }
             if let gid = changes.gid { a.gid.value = gid }
-            if let at = changes.accessTime { a.atime.value = stamp(at.resolved(now: now)) }
-            if let mt = changes.modificationTime { a.mtime.value = stamp(mt.resolved(now: now)) }
-            a.ctime = stamp(now)
-            let changed = Node(id: last.id, type: last.type, parent: last.parent, name: last.name, attributes: a)
-            t.unlinkedNodes[n.id] = changed
-            return changed
+            if let at = changes.accessTime { a.atime.value = Timespec(at.resolved(now: now)) }
+            if let mt = changes.modificationTime { a.mtime.value = Timespec(mt.resolved(now: now)) }
         }
         return attributes(node ?? n, unlinked: true)
     }
@@ -199,21 +190,6 @@ extension CofferFileSystem {
     /// open even without handles. An unlink need not: an open that loses that race gets ESTALE,
     /// the kernel looks the name up again and reports ENOENT, as for any open after an unlink.
     /// Skipping it spares rm -rf loading every manifest it deletes (a tenth of unlink's CPU).
-    /// A removed folder the kernel still holds (a process's working directory, an open
-    /// descriptor) still answers fstat, with no links, as on ext4, until the kernel forgets it.
-    func keepIfReferenced(folder node: Node) {
-        guard let ino = inodes.knownInode(for: node.id), inodes.isReferenced(ino) else { return }
-        handles.withLock { t in t.unlinkedNodes[node.id] = Self.removed(node) }
-    }
-
-    /// `node` as it stands once it lost its name: that changes it, so its ctime moves.
-    static func removed(_ node: Node) -> Node {
-        var a = node.attributes
-        let now = FileTime.now()
-        a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
-        return Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
-    }
-
     func keepIfOpen(_ node: Node, racingOpens: Bool = true) {
         guard node.type == .document else { return }
         let ino = inodes.knownInode(for: node.id)
@@ -222,13 +198,21 @@ extension CofferFileSystem {
         let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in
             let open = t.files.values.contains(where: { $0.document.id == node.id })
-            if open || zombie != nil { t.unlinkedNodes[node.id] = Self.removed(node) }
+            if open || zombie != nil { t.unlinkedNodes[node.id] = Self.changed(node) } // its ctime moves
             guard let zombie, let ino else { return nil }
             if t.zombies[ino] != nil { return zombie }
             t.zombies[ino] = zombie
             return nil
         }
         if let unused { try? vault.release(unused) }
+    }
+
+    /// A removed folder the kernel still holds (a process's working directory, an open
+    /// descriptor) still answers fstat, with no links, as on ext4, until the kernel forgets it.
+    func keepIfReferenced(folder node: Node) {
+        guard let ino = inodes.knownInode(for: node.id), inodes.isReferenced(ino) else { return }
+        // Losing its name changes it: its ctime moves.
+        handles.withLock { t in t.unlinkedNodes[node.id] = Self.changed(node) }
     }
 
     public func rmdir(parent: InodeNumber, name: String) throws {

@@ -159,10 +159,7 @@ extension CofferFileSystem {
         try op {
             guard mode == 0 else { throw FSError.notSupported }
             guard offset >= 0, length > 0 else { throw FSError.invalid }
-            let doc = try handle(fh).document
-            let end = UInt64(offset) + UInt64(length)
-            // Inside the file it allocates nothing here, but marks mtime and ctime, as ext4 does.
-            try doc.truncate(to: max(end, doc.currentSize), touchingTimes: true)
+            try handle(fh).document.allocate(upTo: UInt64(offset) + UInt64(length))
         }
     }
 }

@@ -46,16 +46,13 @@ extension CofferFileSystem {
     /// A file unlinked while open keeps taking xattr changes through its descriptors, in
     /// memory (it has no record any more), with the errnos of a live file.
     func setUnlinkedXattr(_ n: Node, _ name: String, _ value: [UInt8]?, create: Bool, replace: Bool) throws {
-        try handles.withLock { t in
-            guard let last = t.unlinkedNodes[n.id] else { throw FSError.notFound }
-            var a = last.attributes
+        let changed = try changeUnlinked(n.id) { a in
             let exists = a.xattrs[name]?.value != nil
             if create && exists { throw FSError.exists }
             if (replace || value == nil) && !exists { throw FSError.noAttribute }
-            a.xattrs[name] = Stamped(value, at: a.mtime.stamp)
-            let now = FileTime.now()
-            a.ctime = max(a.ctime, Timespec(seconds: now.seconds, nanoseconds: now.nanoseconds))
-            t.unlinkedNodes[n.id] = Node(id: last.id, type: last.type, parent: last.parent, name: last.name, attributes: a)
+            // The snapshot never reaches a store or a merge, so the stamp decides nothing.
+            a.xattrs[name] = Stamped(value, at: .zero)
         }
+        if changed == nil { throw FSError.notFound }
     }
 }

@@ -86,12 +86,30 @@ public final class CofferFileSystem: FileSystemOperations {
         var mtimeValue = a.mtime.value, ctimeValue = a.ctime
         // Written since its snapshot last changed: the write's time is its mtime and ctime.
         if let written = open?.lastContentChange, written > ctimeValue { mtimeValue = written; ctimeValue = written }
-        let mtime = FileTime(seconds: mtimeValue.seconds, nanoseconds: mtimeValue.nanoseconds)
-        let atime = FileTime(seconds: a.atime.value.seconds, nanoseconds: a.atime.value.nanoseconds)
-        let ctime = FileTime(seconds: ctimeValue.seconds, nanoseconds: ctimeValue.nanoseconds)
         return Attributes(mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
                           blocks: (size + 511) / 512, blockSize: 128 * 1024,
-                          accessTime: atime, modificationTime: mtime, changeTime: ctime)
+                          accessTime: FileTime(a.atime.value), modificationTime: FileTime(mtimeValue), changeTime: FileTime(ctimeValue))
+    }
+
+    /// Changes the snapshot of a file that lost its name while held (`unlinkedNodes`): it has
+    /// no record any more, but its descriptors still see changes. Nil if there is none.
+    func changeUnlinked(_ id: FileID, _ body: (inout PosixAttributes) throws -> Void) throws -> Node? {
+        try handles.withLock { t in
+            guard let last = t.unlinkedNodes[id] else { return nil }
+            let node = try Self.changed(last, body)
+            t.unlinkedNodes[id] = node
+            return node
+        }
+    }
+
+    /// `node` with `body` applied to its attributes (or none); any change moves ctime to now.
+    static func changed(_ node: Node) -> Node { changed(node) { _ in } }
+
+    static func changed(_ node: Node, _ body: (inout PosixAttributes) throws -> Void) rethrows -> Node {
+        var a = node.attributes
+        try body(&a)
+        a.ctime = max(a.ctime, Timespec(FileTime.now()))
+        return Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
     }
 
     /// Creates a file through the vault and learns its inode from the same transaction.
@@ -279,4 +297,12 @@ final class OperationStats: Sendable {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
         return Int64(ts.tv_sec) * 1_000_000_000 + Int64(ts.tv_nsec)
     }
+}
+
+extension Timespec {
+    init(_ t: FileTime) { self.init(seconds: t.seconds, nanoseconds: t.nanoseconds) }
+}
+
+extension FileTime {
+    init(_ t: Timespec) { self.init(seconds: t.seconds, nanoseconds: t.nanoseconds) }
 }

@@ -136,6 +136,17 @@ public final class OpenDocument: Sendable {
 
     private static func nanoseconds(_ t: Timespec) -> Int64 { t.seconds * 1_000_000_000 + t.nanoseconds }
 
+    /// Under the lock, after a write, truncate or allocation: the content is unflushed, and its
+    /// mtime and ctime are now.
+    private func contentChanged(_ s: inout DocumentState) {
+        s.modified = true
+        sizeAtomic.store(s.size, ordering: .relaxed)
+        let t = Self.nanoseconds(vault.now())
+        mtimeAtomic.store(t, ordering: .relaxed)
+        ctimeAtomic.store(t, ordering: .relaxed)
+        lastContentChangeAtomic.store(t, ordering: .relaxed)
+    }
+
     /// Records that an unflushed change was made now.
     private func changedNow() {
         ctimeAtomic.store(Self.nanoseconds(vault.now()), ordering: .relaxed)
@@ -275,12 +286,7 @@ public final class OpenDocument: Sendable {
                 pos += UInt64(take)
                 consumed += take
             }
-            s.modified = true
-            sizeAtomic.store(s.size, ordering: .relaxed)
-            let t = vault.now()
-            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
-            ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
-            lastContentChangeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            contentChanged(&s)
             if s.dirtyBytes > Vault.writeBufferLimit {
                 // One spill runs behind the writer at a time; past that, the writer seals
                 // itself, which bounds buffered memory at about two limits.
@@ -318,12 +324,19 @@ public final class OpenDocument: Sendable {
             } else {
                 s.size = newSize
             }
-            s.modified = true
-            sizeAtomic.store(s.size, ordering: .relaxed)
-            let t = vault.now()
-            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
-            ctimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
-            lastContentChangeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            contentChanged(&s)
+        }
+    }
+
+    /// fallocate mode 0: the file grows to `end` if it is shorter (the new range reads as zeros),
+    /// and either way mtime and ctime are marked, as ext4's fallocate does. Decided under the
+    /// lock, so a write that extends the file meanwhile is never cut back.
+    public func allocate(upTo end: UInt64) throws {
+        try Self.checkSize(end, plus: 0)
+        try state.withLock { s in
+            if s.poisoned { throw Self.lostWrites }
+            s.size = max(s.size, end)
+            contentChanged(&s)
         }
     }
 

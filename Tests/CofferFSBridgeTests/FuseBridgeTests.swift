@@ -366,6 +366,12 @@ struct FuseBridgeTests {
         let unknown = RequestContext(uid: 0, gid: 7, pid: 0, umask: 0o022)
         #expect(unknown.isInGroup(7) && !unknown.isInGroup(8), "no pid: only the request's gid")
         #expect(RequestContext.supplementaryGroups(ofTask: Int32.max) == nil)
+        // Capabilities: root's effective set holds CAP_FSETID and CAP_FOWNER; no pid, none.
+        if geteuid() == 0 {
+            #expect(me.hasCapability(RequestContext.capabilityFSetID) && me.hasCapability(RequestContext.capabilityFOwner))
+            #expect(RequestContext(uid: 0, gid: 0, pid: getpid(), umask: 0).mayKeepSetGID(ofGroup: 4242 + 1))
+        }
+        #expect(!unknown.hasCapability(RequestContext.capabilityFSetID) && !unknown.mayKeepSetGID(ofGroup: 8))
     }
 
     /// Which requests make the reader hand on its right to read (see CFuse/shim.h).

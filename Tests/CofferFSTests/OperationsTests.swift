@@ -210,7 +210,7 @@ import Testing
         #expect(mode("chowned-lock") == 0o2745)
         // chown(f, -1, -1) drops them too, which is a mode change: by the owner or CAP_FOWNER
         // only. (ext4 refuses another user with EPERM; here it succeeds changing nothing, see
-        // `FuseBridge.modeDroppingSetIDBitsForChown`.)
+        // the setattr operation in `FuseOperationsTable.swift`.)
         make("chowned-none", 0o6755)
         #expect(chown(root + "/chowned-none", uid_t.max, gid_t.max) == 0)
         #expect(mode("chowned-none") == 0o755)

@@ -50,52 +50,37 @@ final class FuseBridge: Sendable {
         coffer_fuse_request_kills_suidgid(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
     }
 
-    /// The mode `inode` has once setuid and setgid are dropped for the caller
-    /// (`modeDroppingSetIDBits`), or nil if that changes nothing.
-    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws -> UInt32? {
-        let attributes = try operations.getattr(inode: inode, handle: handle)
-        return modeDroppingSetIDBits(attributes.mode) { context.mayKeepSetGID(ofGroup: attributes.gid) }
-    }
-
     /// Whether the kernel granted FUSE_HANDLE_KILLPRIV_V2 (then clearing the bits is ours).
     var handlesKillPrivV2: Bool {
         coffer_fuse_killpriv_v2_granted(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
     }
 
-    /// The mode a chown that names no owner or group leaves (setuid and setgid dropped as any
-    /// chown drops them), or nil if it changes nothing.
-    ///
-    /// The same empty setattr also comes before a write by someone without CAP_FSETID (the
-    /// VFS's `file_remove_privs`, its kill request stripped by FUSE), and a writer need not own
-    /// the file. So a caller that is neither the owner nor holds CAP_FOWNER changes nothing
-    /// here: its write drops the bits itself (the WRITE carries the flag), and a chown(-1, -1)
-    /// by it, which ext4 refuses with EPERM, succeeds changing nothing.
-    func modeDroppingSetIDBitsForChown(inode: InodeNumber, handle: UInt64?, context: RequestContext) throws -> UInt32? {
+    /// The mode `inode` has once setuid and setgid are dropped for the caller
+    /// (`modeDroppingSetIDBits`), or nil if that changes nothing or `onlyIf` (asked only when
+    /// a bit would go, so /proc is read only then) says the caller may not.
+    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?, context: RequestContext,
+                              onlyIf allowed: (Attributes) -> Bool = { _ in true }) throws -> UInt32? {
         let attributes = try operations.getattr(inode: inode, handle: handle)
         guard let mode = modeDroppingSetIDBits(attributes.mode, callerMayKeepSetGID: { context.mayKeepSetGID(ofGroup: attributes.gid) }),
-              context.uid == attributes.uid || context.hasCapability(RequestContext.capabilityFOwner) else { return nil }
+              allowed(attributes) else { return nil }
         return mode
     }
 
-    /// Drops setuid and setgid before a fallocate by a caller without CAP_FSETID, as the VFS
-    /// does before a local filesystem's (`file_modified`). FALLOCATE carries no kill flag, so
-    /// the capability is read from the caller, and only for a file that has one of the bits.
-    func dropSetIDBitsBeforeFallocate(inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
-        let attributes = try operations.getattr(inode: inode, handle: handle)
-        guard attributes.mode & UInt32(Glibc.S_ISUID | Glibc.S_ISGID) != 0,
-              !context.hasCapability(RequestContext.capabilityFSetID),
-              let mode = modeDroppingSetIDBits(attributes.mode, callerMayKeepSetGID: { context.isInGroup(attributes.gid) }) else { return }
+    /// Drops setuid and setgid before a data change: the filesystem's own setattr, as a chmod
+    /// would. Before a write when the kernel asks (its flag); before a fallocate when the
+    /// caller lacks CAP_FSETID, which the daemon checks itself, since FALLOCATE carries no flag
+    /// (the VFS's `file_modified` on a local filesystem). A truncating setattr folds the change
+    /// into itself, and an O_TRUNC open leaves it to the filesystem, which alone knows whether
+    /// the file existed (`RequestContext.dropsSetIDBits`).
+    func dropSetIDBits(before request: DataChange, inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
+        if request == .write && !requestKillsSetIDBits { return }
+        guard let mode = try modeWithoutSetIDBits(inode: inode, handle: handle, context: context, onlyIf: { _ in
+            request == .write || !context.hasCapability(RequestContext.capabilityFSetID)
+        }) else { return }
         _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
     }
 
-    /// Drops setuid and setgid before a write when the kernel asks for it: the filesystem's own
-    /// setattr, as a chmod would. (A truncating setattr folds the change into itself; an
-    /// O_TRUNC open leaves it to the filesystem, which alone knows whether the file existed:
-    /// `RequestContext.dropsSetIDBits`.)
-    func dropSetIDBitsBeforeWriteIfAsked(inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
-        guard requestKillsSetIDBits, let mode = try modeWithoutSetIDBits(inode: inode, handle: handle, context: context) else { return }
-        _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
-    }
+    enum DataChange { case write, fallocate }
 
     /// The request's context; for open and create, with the kernel's "drop setuid and setgid"
     /// flag (only those and setattr and write have it: on any other request the worker's note

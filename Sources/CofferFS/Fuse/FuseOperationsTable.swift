@@ -73,9 +73,16 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
                 changes.mode = mode
             }
             // chown(f, -1, -1) arrives as a setattr of nothing, without the kill flag (the
-            // kernel sets it only when uid or gid is given), yet drops the bits on ext4.
+            // kernel sets it only when uid or gid is given), yet drops the bits on ext4. The
+            // same empty setattr also comes before a write by someone without CAP_FSETID (the
+            // VFS's `file_remove_privs`, its kill request stripped by FUSE), who need not own
+            // the file; so only the owner or CAP_FOWNER drops them here (a write does it
+            // itself, its WRITE carries the flag), and a chown(-1, -1) by anyone else, which
+            // ext4 refuses with EPERM, succeeds changing nothing.
             if changes.isEmpty, bridge.handlesKillPrivV2,
-               let mode = try bridge.modeDroppingSetIDBitsForChown(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context) {
+               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context, onlyIf: {
+                   $0.uid == context.uid || context.hasCapability(RequestContext.capabilityFOwner)
+               }) {
                 changes.mode = mode
             }
             let attributes = try bridge.operations.setattr(
@@ -180,7 +187,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
             // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
-            try bridge.dropSetIDBitsBeforeWriteIfAsked(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
+            try bridge.dropSetIDBits(before: .write, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             let written = try bridge.operations.write(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), data: data)
             guard written >= 0, written <= size else { throw FSError(EIO) }
@@ -238,7 +245,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.fallocate = { req, ino, mode, offset, length, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            try bridge.dropSetIDBitsBeforeFallocate(inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
+            try bridge.dropSetIDBits(before: .fallocate, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             try bridge.operations.fallocate(
                 inode: ino, handle: coffer_fi_get_fh(fi), mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)
