@@ -138,7 +138,8 @@ import Testing
         #expect(writeFile(p, "new") == 0)
         #expect(text(readFile(p)) == "new")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: m.mountPoint)) ?? []) == ["doomed"])
-        #expect(coffer(m.dataDir, ["fsck"]).status == 0)
+        let fsck = coffer(m.dataDir, ["fsck"])
+        #expect(fsck.status == 0, "\(fsck.out)\(fsck.err)")
     }
 
     /// A removed folder that a process still holds (its working directory, an open descriptor)
