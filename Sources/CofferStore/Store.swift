@@ -52,6 +52,10 @@ public final class Store: Sendable {
     public let databasePath: String
     let pool: DatabasePool
     let group = GroupCommit()
+    /// Held by a write in group-commit mode while its body runs, and by whoever commits the
+    /// group (always before the connection): a group never closes in the middle of a write.
+    let gate = WriteGate()
+    let counters = GroupCounters()
     let processLog = ProcessLog()
     let files: ChunkFiles
     let fast: FastReads
@@ -135,11 +139,14 @@ public final class Store: Sendable {
     }
 
     /// Runs `body` in one read transaction (a consistent snapshot). While a group transaction
-    /// of this process is open, the read runs on the writer's connection, so it sees everything
-    /// this process has written.
+    /// of this process is open, the read runs on the writer's connection, after the statements
+    /// finished writes left queued (`StoreWriter`), so it sees everything this process has written.
     public func read<T>(_ body: (StoreReader) throws -> T) throws -> T {
         if group.isOpen {
-            return try pool.writeWithoutTransaction { db in try body(StoreReader(db: db, files: files)) }
+            return try pool.writeWithoutTransaction { db in
+                try runQueued(db)
+                return try body(StoreReader(db: db, files: files))
+            }
         }
         return try pool.read { db in try body(StoreReader(db: db, files: files)) }
     }
@@ -150,7 +157,10 @@ public final class Store: Sendable {
     /// `open` and half of `read` for a small file. Two statements that must agree need `read`.
     public func readOne<T>(_ body: (StoreReader) throws -> T) throws -> T {
         if group.isOpen {
-            return try pool.writeWithoutTransaction { db in try body(StoreReader(db: db, files: files)) }
+            return try pool.writeWithoutTransaction { db in
+                try runQueued(db)
+                return try body(StoreReader(db: db, files: files))
+            }
         }
         return try pool.unsafeRead { db in try body(StoreReader(db: db, files: files)) }
     }
@@ -168,58 +178,105 @@ public final class Store: Sendable {
     }
 
     /// Runs `body` atomically: all of it lands, or none of it. Without group commit that is one
-    /// immediate transaction. With group commit, it is a savepoint inside the open group
-    /// transaction, committed together with its neighbours by the group-commit thread about
-    /// `window` later (at most 1.25 `window` while that thread keeps up).
+    /// immediate transaction. With group commit, it joins the open group transaction (opening
+    /// one if none is), committed together with its neighbours by the group-commit thread about
+    /// `window` later (at most 1.25 `window` while that thread keeps up); its statements are
+    /// queued and run after it returns (`StoreWriter`), and dropped if it throws.
     public func write<T>(_ body: (StoreWriter) throws -> T) throws -> T {
-        try pool.writeWithoutTransaction { db in
-            guard let window = group.window else {
+        guard let window = group.window else {
+            return try pool.writeWithoutTransaction { db in
                 var result: T?
                 try db.inTransaction(.immediate) {
-                    result = try body(StoreWriter(db: db, files: files, processLog: processLog, groupGeneration: nil))
+                    let writer = StoreWriter(session: WriteSession(direct: db), files: files, processLog: processLog, counters: nil, groupGeneration: nil)
+                    result = try body(writer)
                     try files.syncPending() // chunk files before the rows naming them
                     return .commit
                 }
                 guard let result else { throw StoreError("a write transaction produced no result") }
                 return result
             }
-            if !db.isInsideTransaction {
-                try db.beginTransaction(.immediate)
-                group.opened()
-            }
-            // A savepoint makes this call atomic within the group. Its statements are prepared
-            // once (GRDB's inSavepoint parses them on every call, a quarter of a small write).
-            try db.cachedStatement(sql: "SAVEPOINT coffer_write").execute()
+        }
+        // The gate keeps the group from closing (or another write from starting) while this
+        // one decides what to write; the connection stays free for the thread running the queue.
+        return try gate.withLock {
+            let generation = try openGroup()
+            let session = WriteSession(deferredIn: self, generation: generation)
             let result: T
             do {
-                result = try body(StoreWriter(db: db, files: files, processLog: processLog, groupGeneration: group.openGeneration))
+                result = try body(StoreWriter(session: session, files: files, processLog: processLog, counters: counters, groupGeneration: generation))
             } catch {
-                try? db.cachedStatement(sql: "ROLLBACK TO SAVEPOINT coffer_write").execute()
-                try? db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
+                session.abandon()
                 throw error
             }
-            try db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
+            session.finish()
             // The group-commit thread closes the group, so the commit's log write is not paid
             // inside a caller's write (it was 6% of the daemon's CPU during untar, all of it in
             // a FUSE request). Only if that thread falls far behind does a write commit itself.
-            if group.age >= window * 4 { try commitGroup(db) }
+            if group.age >= window * 4 { try pool.writeWithoutTransaction { db in try commitGroup(db) } }
             return result
         }
     }
 
-    /// Commits the open group transaction, if any. On failure everything since the group began
-    /// is rolled back, and `takeLostGroup` tells the owner to reload what it holds in memory.
-    private func commitGroup(_ db: Database) throws {
-        guard db.isInsideTransaction else { group.closed(); return }
+    /// The open group's number, beginning its transaction first if none is open. Caller holds
+    /// the gate.
+    private func openGroup() throws -> UInt64 {
+        if let generation = group.openGeneration { return generation }
+        return try pool.writeWithoutTransaction { db in
+            if !db.isInsideTransaction {
+                try db.beginTransaction(.immediate)
+                do {
+                    try counters.load(db)
+                } catch {
+                    try? db.rollback()
+                    throw error
+                }
+                group.opened()
+            }
+            guard let generation = group.openGeneration else { throw StoreError("the store's group transaction is in an unknown state") }
+            return generation
+        }
+    }
+
+    /// Runs the statements finished writes queued, in order. Caller holds the connection. If
+    /// one fails, the whole group is rolled back and reported lost (`takeLostGroup`), as when
+    /// its commit fails: the writes that queued them have already returned. With `generation`,
+    /// also checks that this group is still the open one (a write about to run its own
+    /// statements must not run them outside its transaction).
+    func runQueued(_ db: Database, generation: UInt64? = nil) throws {
+        if let generation, group.openGeneration != generation || !db.isInsideTransaction {
+            throw StoreError("the store lost this process's recent writes (a commit failed)")
+        }
+        let statements = group.takeQueued()
+        guard !statements.isEmpty else { return }
         do {
-            try files.syncPending() // chunk files before the rows naming them
-            try db.commit()
-            group.closed()
+            for s in statements { try s(db) }
         } catch {
             try? db.rollback()
             group.closed(lost: true)
             throw error
         }
+    }
+
+    /// Commits the open group transaction, if any, after running what is queued. On failure
+    /// everything since the group began is rolled back, and `takeLostGroup` tells the owner to
+    /// reload what it holds in memory. Caller holds the gate and the connection.
+    private func commitGroup(_ db: Database) throws {
+        guard db.isInsideTransaction else { group.closed(); return }
+        do {
+            try runQueued(db)
+            try files.syncPending() // chunk files before the rows naming them
+            try db.commit()
+            group.closed()
+        } catch {
+            if db.isInsideTransaction { try? db.rollback() }
+            group.closed(lost: true)
+            throw error
+        }
+    }
+
+    /// Holds the gate, then the connection: the order every path that commits the group takes.
+    private func withGateAndConnection<T>(_ body: (Database) throws -> T) throws -> T {
+        try gate.withLock { try pool.writeWithoutTransaction { db in try body(db) } }
     }
 
     /// Turns group commit on: write transactions stay open for about `window` seconds (closed by
@@ -239,8 +296,8 @@ public final class Store: Sendable {
         let thread = Thread { [self] in
             let checkpointer = Checkpointer(path: path)
             var lastCheckpoint = GroupCommit.now()
-            // Closes each group once it has been open for `window`; writes leave that to this
-            // thread, so the commit never runs inside a caller's request.
+            // Runs what writes queued, and closes each group once it has been open for
+            // `window`; writes leave both to this thread, so neither runs inside a caller's request.
             while let w = group.window {
                 Thread.sleep(forTimeInterval: w / 4)
                 // Once a second: often enough to keep the log to about a second of writes, rare
@@ -249,8 +306,12 @@ public final class Store: Sendable {
                     checkpointer?.run()
                     lastCheckpoint = GroupCommit.now()
                 }
-                guard group.isOpen, group.age >= w else { continue }
-                try? pool.writeWithoutTransaction { db in if group.age >= w { try commitGroup(db) } }
+                guard group.isOpen else { continue }
+                // Without the gate first: writes go on meanwhile, and the commit below, which
+                // holds them up, finds little left to run.
+                if group.hasQueued { try? pool.writeWithoutTransaction { db in try runQueued(db) } }
+                guard group.age >= w else { continue }
+                try? withGateAndConnection { db in if group.age >= w { try commitGroup(db) } }
             }
         }
         thread.name = "coffer-group-commit"
@@ -260,7 +321,7 @@ public final class Store: Sendable {
     /// Commits the open group and returns to one commit per `write`.
     public func disableGroupCommit() throws {
         guard group.window != nil else { return }
-        try pool.writeWithoutTransaction { db in
+        try withGateAndConnection { db in
             group.disable()
             try commitGroup(db)
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 1000")
@@ -270,7 +331,7 @@ public final class Store: Sendable {
     /// Commits the open group transaction now (so other processes see it).
     public func commitPendingWrites() throws {
         guard group.isOpen else { return }
-        try pool.writeWithoutTransaction { db in try commitGroup(db) }
+        try withGateAndConnection { db in try commitGroup(db) }
     }
 
     /// True once after a group transaction failed to commit (its writes are gone); the owner
@@ -280,7 +341,7 @@ public final class Store: Sendable {
     /// Makes every committed transaction durable on the device (what fsync promises), after
     /// committing the open group.
     public func makeDurable() throws {
-        try pool.writeWithoutTransaction { db in
+        try withGateAndConnection { db in
             try commitGroup(db)
             try db.execute(sql: "PRAGMA synchronous = FULL")
             defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
@@ -297,7 +358,7 @@ public final class Store: Sendable {
     /// store's exclusive lock.
     @discardableResult
     public func collectGarbage() throws -> (manifests: Int, chunks: Int, compactedPacks: Int) {
-        try pool.writeWithoutTransaction { db in
+        try withGateAndConnection { db in
             try commitGroup(db)
             var result = (manifests: 0, chunks: 0, compactedPacks: 0)
             var doomedFiles: [[UInt8]] = []
@@ -389,330 +450,10 @@ public final class Store: Sendable {
     }
 
     public func vacuum() throws {
-        try pool.writeWithoutTransaction { db in
+        try withGateAndConnection { db in
             try commitGroup(db)
             try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
         }
     }
 }
 
-/// The state of group commit: whether it is on, and since when the writer's transaction is open.
-/// Shared by the writer queue and the thread that closes idle groups.
-final class GroupCommit: Sendable {
-    private struct State {
-        var window: Double?
-        var openedAt: Double?
-        var lost = false
-        var generation: UInt64 = 0
-    }
-    private let state = Mutex(State())
-
-    var window: Double? { state.withLock { $0.window } }
-    var isOpen: Bool { state.withLock { $0.openedAt != nil } }
-    /// Seconds since the open group began (0 if none).
-    var age: Double { state.withLock { s in s.openedAt.map { Self.now() - $0 } ?? 0 } }
-
-    func enable(window: Double) { state.withLock { $0.window = window } }
-    func disable() { state.withLock { $0.window = nil } }
-    func opened() { state.withLock { $0.openedAt = Self.now(); $0.generation &+= 1 } }
-    /// Which group transaction is open (each one gets a new number), nil if none.
-    var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
-    func closed(lost: Bool = false) {
-        state.withLock { s in
-            s.openedAt = nil
-            if lost { s.lost = true }
-        }
-    }
-    func takeLost() -> Bool {
-        state.withLock { s in
-            defer { s.lost = false }
-            return s.lost
-        }
-    }
-
-    static func now() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
-}
-
-/// Read access inside a transaction.
-public struct StoreReader {
-    let db: Database
-    let files: ChunkFiles
-
-    public func files(_ side: TreeSide) throws -> [StoredFile] {
-        try Row.fetchAll(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")).map(Self.decode)
-    }
-
-    /// Every record that decodes, plus a description of each that does not (for fsck).
-    public func filesLeniently(_ side: TreeSide) throws -> (files: [StoredFile], problems: [String]) {
-        var files: [StoredFile] = []
-        var problems: [String] = []
-        for row in try Row.fetchAll(db.cachedStatement(sql: "SELECT id, record, version, content_version, server_deleted FROM \(side.table)")) {
-            do { files.append(try Self.decode(row)) } catch {
-                let id: Data = row["id"]
-                problems.append("\(side == .base ? "base" : "local") record \(hexString([UInt8](id))) does not decode: \(error)")
-            }
-        }
-        return (files, problems)
-    }
-
-    public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
-        try Row.fetchOne(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]).map(Self.decode)
-    }
-
-    /// Whether `side` has a record for `id`, without decoding it.
-    public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
-        try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
-    }
-
-    /// The current view of one file: the local record if there is one, else base.
-    public func current(_ id: FileID) throws -> StoredFile? {
-        try file(id, .local) ?? file(id, .base)
-    }
-
-    static func decode(_ row: Row) throws -> StoredFile {
-        let record: Data = row["record"]
-        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"],
-                          contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
-    }
-
-    public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
-        try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM manifests WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
-    }
-
-    public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
-        guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)]) else {
-            return nil
-        }
-        let sealed: Data = row["sealed"]
-        return try files.resolve(id, row: [UInt8](sealed), place: row["in_file"])
-    }
-
-    public func hasChunk(_ id: [UInt8]) throws -> Bool {
-        try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)]) ?? false
-    }
-
-    public func setting(_ key: String) throws -> [UInt8]? {
-        try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map { [UInt8]($0) }
-    }
-
-    public func inode(of id: FileID) throws -> UInt64? {
-        try Int64.fetchOne(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]).map { UInt64($0) }
-    }
-
-    public func fileID(ofInode ino: UInt64) throws -> FileID? {
-        try Data.fetchOne(db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)])
-            .flatMap { try? FileID(bytes: [UInt8]($0)) }
-    }
-
-    public func allInodes() throws -> [(UInt64, FileID)] {
-        try Row.fetchAll(db.cachedStatement(sql: "SELECT ino, file_id FROM inodes")).compactMap { row in
-            let ino: Int64 = row["ino"]
-            let id: Data = row["file_id"]
-            guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
-            return (UInt64(ino), f)
-        }
-    }
-
-    /// Ids changed by any writer after `seq`, and the newest sequence number.
-    public func changes(after seq: Int64) throws -> (ids: Set<FileID>, last: Int64) {
-        let rows = try Row.fetchAll(db.cachedStatement(sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq"), arguments: [seq])
-        var ids: Set<FileID> = []
-        var last = seq
-        for r in rows {
-            let d: Data = r["file_id"]
-            if let id = try? FileID(bytes: [UInt8](d)) { ids.insert(id) }
-            last = r["seq"]
-        }
-        return (ids, last)
-    }
-
-    public func lastChange() throws -> Int64 {
-        try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0
-    }
-
-    public func count(_ sql: String) throws -> Int { try Int.fetchOne(db, sql: sql) ?? 0 }
-
-    /// Chunk ids listed by a manifest row (for integrity checks).
-    public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {
-        try Data.fetchAll(db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
-    }
-
-    public func allChunkIDs() throws -> [[UInt8]] {
-        try Data.fetchAll(db.cachedStatement(sql: "SELECT id FROM chunks")).map { [UInt8]($0) }
-    }
-
-    public func allManifestDigests() throws -> [[UInt8]] {
-        try Data.fetchAll(db.cachedStatement(sql: "SELECT digest FROM manifests")).map { [UInt8]($0) }
-    }
-}
-
-/// Write access inside a transaction.
-public struct StoreWriter {
-    let db: Database
-    let files: ChunkFiles
-    private let logged = LoggedSequence()
-    private let processLog: ProcessLog
-    /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
-    /// While one group stays open no other process can write, so a caller that saw the change
-    /// log's end inside the same group, and sees `lastLoggedInProcess` unchanged since, knows
-    /// the log has not moved without asking.
-    public let groupGeneration: UInt64?
-
-    init(db: Database, files: ChunkFiles, processLog: ProcessLog, groupGeneration: UInt64?) {
-        self.db = db
-        self.files = files
-        self.processLog = processLog
-        self.groupGeneration = groupGeneration
-    }
-
-    /// The sequence number of the last change any writer of this store logged in this process
-    /// (possibly since rolled back), nil before the first.
-    public var lastLoggedInProcess: Int64? { processLog.value }
-    public var reader: StoreReader { StoreReader(db: db, files: files) }
-
-    /// The change-log sequence number of the last change this writer logged, if any: what
-    /// `StoreReader.lastChange` would now answer, without the query.
-    public var lastLogged: Int64? { logged.value }
-
-    /// Stores a record. `previousDigest`, when the caller knows it (the vault's tree mirrors
-    /// the row), spares the lookup of the content the row named before; a wrong guess can only
-    /// leave a manifest for garbage collection, since `releaseManifest` checks every record.
-    public func put(_ f: StoredFile, _ side: TreeSide, previousDigest: [UInt8]?? = .none) throws {
-        let m = f.metadata
-        // Only a document ever names content (the type of an id never changes), so only its
-        // row can hold a manifest this write releases; a folder's update (every entry added
-        // to or removed from it) skips the lookup.
-        let previous: Data?
-        if m.type != .document {
-            previous = nil
-        } else if case .some(let known) = previousDigest {
-            previous = known.map { Data($0) }
-        } else {
-            previous = try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(side.table) WHERE id = ?"), arguments: [Data(m.id.bytes)])
-        }
-        try db.cachedStatement(sql: """
-            INSERT INTO \(side.table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
-              content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
-              server_deleted = excluded.server_deleted
-            """).execute(arguments: [Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()),
-                             m.contentDigest.map { Data($0) }, f.version, f.contentVersion, f.serverDeleted])
-        if let previous, previous != m.contentDigest.map({ Data($0) }) { try releaseManifest(previous) }
-        try logChange(m.id)
-    }
-
-    /// Deletes a record. Its manifest, like its chunks, stays until garbage collection (at
-    /// mount and `coffer gc`): checking whether another record still names it and deleting the
-    /// manifest and its chunk list was 8% of the daemon's CPU in `rm -rf` (perf), for rows of a
-    /// few hundred bytes that collection removes anyway. A replaced version's manifest (`put`)
-    /// is still dropped at once.
-    public func remove(_ id: FileID, _ side: TreeSide) throws {
-        try db.cachedStatement(sql: "DELETE FROM \(side.table) WHERE id = ?").execute(arguments: [Data(id.bytes)])
-        try logChange(id)
-    }
-
-    /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
-    /// which alone can know that no writer is about to reference them again.
-    func releaseManifest(_ digest: Data) throws {
-        let used = try Bool.fetchOne(db.cachedStatement(sql: """
-            SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
-                OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
-            """), arguments: [digest]) ?? true
-        guard !used else { return }
-        try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
-        try db.cachedStatement(sql: "DELETE FROM manifest_chunks WHERE digest = ?").execute(arguments: [digest])
-    }
-
-    public func logChange(_ id: FileID) throws {
-        try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
-        logged.value = db.lastInsertedRowID
-        processLog.value = db.lastInsertedRowID
-    }
-
-    /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).
-    public func putManifest(digest: [UInt8], sealed: [UInt8], chunkIDs: [[UInt8]]) throws {
-        try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)").execute(arguments: [Data(digest), Data(sealed)])
-        for c in Set(chunkIDs.map { Data($0) }) {
-            try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)").execute(arguments: [Data(digest), c])
-        }
-    }
-
-    /// Stores a sealed chunk once (a chunk already there is kept). Large ones go to a file,
-    /// written before its row (see `ChunkFiles`).
-    public func putChunk(id: [UInt8], sealed: [UInt8]) throws {
-        try putChunks([(id, sealed)])
-    }
-
-    /// Stores sealed chunks once each. Large ones stored in one call share one pack file:
-    /// creating a file per 256 KiB chunk cost more CPU than sealing it on a filesystem that had
-    /// just deleted many files (ext4 skips recently freed inodes one by one; 1.1 ms per create
-    /// measured). Rows of small ones hold the bytes.
-    public func putChunks(_ items: [([UInt8], [UInt8])]) throws {
-        var large: [(id: [UInt8], sealed: [UInt8])] = []
-        var seen: Set<[UInt8]> = []
-        for (id, sealed) in items where seen.insert(id).inserted {
-            if sealed.count < ChunkFiles.threshold {
-                try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [Data(id), Data(sealed)])
-            } else if try !reader.hasChunk(id) {
-                large.append((id, sealed))
-            }
-        }
-        guard !large.isEmpty else { return }
-        let locators = try files.writePack(large.map(\.sealed))
-        for (chunk, locator) in zip(large, locators) {
-            try db.cachedStatement(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))")
-                .execute(arguments: [Data(chunk.id), Data(locator.encoded)])
-        }
-    }
-
-    public func setSetting(_ key: String, _ value: [UInt8]) throws {
-        try db.execute(sql: "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                       arguments: [key, Data(value)])
-    }
-
-    /// The inode for a file id, assigning the next number the first time. Stable for the life
-    /// of the store, so the kernel and tools like rsync see the same numbers across remounts.
-    public func inode(for id: FileID, fixed: UInt64? = nil) throws -> UInt64 {
-        if let existing = try reader.inode(of: id) { return existing }
-        if let fixed {
-            try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [Int64(fixed), Data(id.bytes)])
-            return fixed
-        }
-        return try newInode(for: id)
-    }
-
-    /// The inode for a file id this transaction just made up (a fresh random id has none yet, so
-    /// the lookup `inode(for:)` starts with is skipped).
-    public func newInode(for id: FileID) throws -> UInt64 {
-        try db.cachedStatement(sql: "INSERT INTO inodes(file_id) VALUES (?)").execute(arguments: [Data(id.bytes)])
-        return UInt64(db.lastInsertedRowID)
-    }
-
-    public func forgetInode(of id: FileID) throws {
-        try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [Data(id.bytes)])
-    }
-
-    /// Drops old change-log entries; readers that fell further behind reload everything.
-    public func trimChangeLog(keeping n: Int64) throws {
-        try db.cachedStatement(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?").execute(arguments: [n])
-    }
-}
-
-/// A writer's last logged change; a class so the writer, a value passed to closures, shares it.
-private final class LoggedSequence {
-    var value: Int64?
-}
-
-/// The last change logged by any writer of one store in this process. Only touched by the
-/// writer connection's one thread at a time, but read by whoever holds a writer.
-final class ProcessLog: Sendable {
-    private let last = Mutex<Int64?>(nil)
-    var value: Int64? {
-        get { last.withLock { $0 } }
-        set { last.withLock { $0 = newValue } }
-    }
-}

@@ -438,6 +438,10 @@ public final class OpenDocument: Sendable {
         if durable { try vault.store.makeDurable() }
     }
 
+    /// The largest changed chunk a commit leaves to the store to seal (its sealed form must stay
+    /// a row's, under the store's 64 KiB pack threshold).
+    static let deferredSealingLimit = 48 * 1024
+
     private func commit(_ s: inout DocumentState) throws {
         for (index, w) in s.sealing { s.setDirty(index, w.plain) }
         let count = s.size == 0 ? 0 : Int((s.size - 1) / UInt64(s.chunkSize)) + 1
@@ -446,23 +450,45 @@ public final class OpenDocument: Sendable {
         refs.reserveCapacity(count)
         var pending: [[UInt8]: [UInt8]] = [:]
         var pendingBytes = 0
+        // Small chunks whose sealing the store runs with the commit's statements (id → plaintext).
+        var unsealed: [[UInt8]: [UInt8]] = [:]
         var sealedByID: [[UInt8]: ChunkRef] = [:]
         var zeroRefs: [Int: ChunkRef] = [:] // by length: holes share one sealed zero chunk
         func store() throws {
+            for (chunkID, plain) in unsealed { pending[chunkID] = plain.withUnsafeBytes { cipher.sealChunk($0, id: chunkID).1 } }
+            unsealed = [:]
             guard !pending.isEmpty else { return }
             let items = pending
             try vault.store.write { w in try w.putChunks(items.map { ($0.key, $0.value) }) }
             pending = [:]
             pendingBytes = 0
         }
-        // Changed chunks are sealed up front, on every core; the loop below only assembles.
+        // Changed chunks are sealed up front, on every core; the loop below only assembles. A
+        // single small one (all of a small file, usually) only gets its id here: the store seals
+        // it later, off this request (`Vault.commitContent`'s `unsealed`).
         let changed = s.dirty.keys.filter { $0 < count }.sorted()
-        let sealedChanged = ParallelChunks.seal(changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }, with: cipher)
-        let presealed = Dictionary(uniqueKeysWithValues: zip(changed, sealedChanged))
+        let changedPlain = changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }
+        var presealed: [Int: (ref: ChunkRef, sealed: [UInt8])] = [:]
+        var deferred: [Int: (ref: ChunkRef, plain: [UInt8])] = [:]
+        if changed.count == 1, changedPlain[0].count <= Self.deferredSealingLimit {
+            let plain = changedPlain[0]
+            let chunkID = plain.withUnsafeBytes { cipher.chunkID($0) }
+            deferred[changed[0]] = (ChunkRef(id: chunkID, length: UInt32(plain.count)), plain)
+        } else {
+            presealed = Dictionary(uniqueKeysWithValues: zip(changed, ParallelChunks.seal(changedPlain, with: cipher)))
+        }
         for index in 0..<count {
             let expected = expectedLength(index, s)
             if s.dirty[index] == nil, index < s.refs.count, let r = s.refs[index], Int(r.length) == expected {
                 refs.append(r)
+                continue
+            }
+            if let (ref, plain) = deferred[index] {
+                refs.append(sealedByID[ref.id] ?? ref)
+                if sealedByID[ref.id] == nil {
+                    sealedByID[ref.id] = ref
+                    unsealed[ref.id] = plain
+                }
                 continue
             }
             let isHole = s.dirty[index] == nil && (index >= s.refs.count || s.refs[index] == nil)
@@ -496,7 +522,8 @@ public final class OpenDocument: Sendable {
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let now = vault.now()
         let mtime = pendingMtime ?? now
-        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now, chunks: pending,
+        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
+                                             chunks: pending, unsealed: unsealed,
                                              ownership: pendingOwnership)
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.

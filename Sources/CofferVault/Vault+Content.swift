@@ -70,9 +70,11 @@ extension Vault {
     /// it, with new size and mtime, in one transaction. A document that was deleted meanwhile
     /// (unlinked while open) is not resurrected: its content is simply dropped. Returns the new
     /// digest, or nil if nothing was committed.
-    /// `chunks` (id → sealed) are stored in the same transaction, before the manifest.
+    /// `chunks` (id → sealed) are stored in the same transaction, before the manifest; `unsealed`
+    /// (id → plaintext, small chunks only) too, sealed when the store runs the statement
+    /// (`StoreWriter.putChunk(id:sealing:)`).
     func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
-                       chunks: [[UInt8]: [UInt8]] = [:],
+                       chunks: [[UInt8]: [UInt8]] = [:], unsealed: [[UInt8]: [UInt8]] = [:],
                        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
@@ -81,6 +83,9 @@ extension Vault {
             try commit { batch, s, w in
                 guard s.tree.isLive(id) else { return }
                 try w.putChunks(chunks.map { ($0.key, $0.value) })
+                for (chunkID, plain) in unsealed {
+                    try w.putChunk(id: chunkID, sealing: { plain.withUnsafeBytes { cipher.sealChunk($0, id: chunkID).1 } })
+                }
                 try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)
                 a.size = manifest.size

@@ -128,7 +128,7 @@ struct ChunkPackTests {
             for name in packFiles(dir) { try FileManager.default.removeItem(atPath: dir + "/chunks/packs/" + name) }
             #expect(throws: StoreError.self) { _ = try store.chunk(chunkID(1)) }
             try store.write { w throws in
-                try w.db.execute(sql: "UPDATE chunks SET sealed = x'0102' WHERE in_file = 2")
+                try w.withDatabase { db in try db.execute(sql: "UPDATE chunks SET sealed = x'0102' WHERE in_file = 2") }
             }
             #expect(throws: StoreError.self) { _ = try store.read { try $0.chunk(chunkID(2)) } }
         }
@@ -142,7 +142,7 @@ struct ChunkPackTests {
             try FileManager.default.createDirectory(atPath: dir + "/chunks/" + hex.prefix(2), withIntermediateDirectories: true)
             try Data(sealed(7)).write(to: URL(fileURLWithPath: dir + "/chunks/" + hex.prefix(2) + "/" + hex))
             try store.write { w throws in
-                try w.db.execute(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, x'', 1)", arguments: [Data(id)])
+                try w.withDatabase { db in try db.execute(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, x'', 1)", arguments: [Data(id)]) }
             }
             #expect(try store.chunk(id) == sealed(7))
             #expect(try store.read { try $0.chunk(id) } == sealed(7))

@@ -1,0 +1,130 @@
+import Foundation
+import GRDB
+import Synchronization
+
+/// The state of group commit: whether it is on, since when the writer's transaction is open,
+/// and the statements finished writes queued for it (`StoreWriter`). Shared by the writes, the
+/// readers that run the queue first, and the thread that runs it and closes groups.
+final class GroupCommit: Sendable {
+    private struct State {
+        var window: Double?
+        var openedAt: Double?
+        var lost = false
+        var generation: UInt64 = 0
+        var queued: [DeferredStatement] = []
+    }
+    private let state = Mutex(State())
+
+    var window: Double? { state.withLock { $0.window } }
+    var isOpen: Bool { state.withLock { $0.openedAt != nil } }
+    /// Seconds since the open group began (0 if none).
+    var age: Double { state.withLock { s in s.openedAt.map { Self.now() - $0 } ?? 0 } }
+
+    func enable(window: Double) { state.withLock { $0.window = window } }
+    func disable() { state.withLock { $0.window = nil } }
+    func opened() {
+        state.withLock { s in
+            s.openedAt = Self.now()
+            s.generation &+= 1
+            s.queued = []
+        }
+    }
+    /// Which group transaction is open (each one gets a new number), nil if none.
+    var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
+    func closed(lost: Bool = false) {
+        state.withLock { s in
+            s.openedAt = nil
+            s.queued = []
+            if lost { s.lost = true }
+        }
+    }
+    func takeLost() -> Bool {
+        state.withLock { s in
+            defer { s.lost = false }
+            return s.lost
+        }
+    }
+
+    /// Queues a finished write's statements behind the earlier ones, if the group it wrote in
+    /// is still open; a group that was lost meanwhile takes them with it.
+    func enqueue(_ statements: [DeferredStatement], generation: UInt64) {
+        guard !statements.isEmpty else { return }
+        state.withLock { s in
+            guard s.openedAt != nil, s.generation == generation else { return }
+            s.queued.append(contentsOf: statements)
+        }
+    }
+
+    /// Hands the queued statements to the caller, which holds the connection and runs them.
+    func takeQueued() -> [DeferredStatement] {
+        state.withLock { s in
+            defer { s.queued = [] }
+            return s.queued
+        }
+    }
+
+    var hasQueued: Bool { state.withLock { !$0.queued.isEmpty } }
+
+    static func now() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+    }
+}
+
+/// Change-log sequence numbers and inode numbers for writes whose inserts run later (group
+/// commit): what SQLite's AUTOINCREMENT would assign, handed out in memory. Sound because the
+/// open group holds SQLite's write lock, so no other process inserts until it commits; loaded
+/// anew each time a group opens.
+final class GroupCounters: Sendable {
+    private struct State {
+        var sequence: Int64 = 1
+        var inode: Int64 = 2
+    }
+    private let state = Mutex(State())
+
+    /// Reads where each numbering stands: past the highest number ever used (AUTOINCREMENT's
+    /// `sqlite_sequence`, which remembers deleted rows' numbers too) and past every row.
+    func load(_ db: Database) throws {
+        let sequence = try Self.next(db, table: "change_log", column: "seq")
+        let inode = try Self.next(db, table: "inodes", column: "ino")
+        state.withLock { $0 = State(sequence: sequence, inode: max(inode, 2)) }
+    }
+
+    private static func next(_ db: Database, table: String, column: String) throws -> Int64 {
+        let used = try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM sqlite_sequence WHERE name = ?"), arguments: [table]) ?? 0
+        let highest = try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(\(column)), 0) FROM \(table)")) ?? 0
+        return max(used, highest) + 1
+    }
+
+    func nextSequence() -> Int64 {
+        state.withLock { s in
+            defer { s.sequence += 1 }
+            return s.sequence
+        }
+    }
+
+    func nextInode() -> Int64 {
+        state.withLock { s in
+            defer { s.inode += 1 }
+            return s.inode
+        }
+    }
+
+    /// A number assigned by hand (the root's 1): never handed out again.
+    func noteInode(_ ino: Int64) {
+        state.withLock { $0.inode = max($0.inode, ino + 1) }
+    }
+}
+
+/// A lock held across a closure that may throw and return any value (the store's write gate;
+/// `Mutex.withLock` wants a `sending` result, which a write's generic result need not be).
+final class WriteGate: Sendable {
+    private let lock = NSLock()
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body()
+    }
+}

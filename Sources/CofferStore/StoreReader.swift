@@ -1,0 +1,166 @@
+import CofferModel
+import Foundation
+import GRDB
+
+/// Read access inside a transaction: a `Store.read`, or a write's own reads (`StoreWriter.reader`).
+///
+/// A write in group-commit mode runs without the connection (`WriteSession`); each of its reads
+/// borrows the connection for that one query, after the statements queued before it have run,
+/// so a write always reads what it and every earlier write wrote.
+public struct StoreReader {
+    private enum Source {
+        case database(Database)
+        case session(WriteSession)
+    }
+    private let source: Source
+    let files: ChunkFiles
+
+    init(db: Database, files: ChunkFiles) {
+        source = .database(db)
+        self.files = files
+    }
+
+    init(session: WriteSession, files: ChunkFiles) {
+        source = .session(session)
+        self.files = files
+    }
+
+    private func with<T>(_ body: (Database) throws -> T) throws -> T {
+        switch source {
+        case .database(let db): return try body(db)
+        case .session(let session): return try session.access(body)
+        }
+    }
+
+    public func files(_ side: TreeSide) throws -> [StoredFile] {
+        try with { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")).map(Self.decode)
+        }
+    }
+
+    /// Every record that decodes, plus a description of each that does not (for fsck).
+    public func filesLeniently(_ side: TreeSide) throws -> (files: [StoredFile], problems: [String]) {
+        let rows = try with { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT id, record, version, content_version, server_deleted FROM \(side.table)"))
+        }
+        var files: [StoredFile] = []
+        var problems: [String] = []
+        for row in rows {
+            do { files.append(try Self.decode(row)) } catch {
+                let id: Data = row["id"]
+                problems.append("\(side == .base ? "base" : "local") record \(hexString([UInt8](id))) does not decode: \(error)")
+            }
+        }
+        return (files, problems)
+    }
+
+    public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
+        try with { db in
+            try Row.fetchOne(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"),
+                             arguments: [Data(id.bytes)]).map(Self.decode)
+        }
+    }
+
+    /// Whether `side` has a record for `id`, without decoding it.
+    public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
+        try with { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
+        }
+    }
+
+    /// The current view of one file: the local record if there is one, else base.
+    public func current(_ id: FileID) throws -> StoredFile? {
+        try file(id, .local) ?? file(id, .base)
+    }
+
+    static func decode(_ row: Row) throws -> StoredFile {
+        let record: Data = row["record"]
+        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"],
+                          contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
+    }
+
+    public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
+        try with { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM manifests WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
+        }
+    }
+
+    public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
+        let found = try with { db -> (sealed: Data, place: Int64)? in
+            guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)]) else {
+                return nil
+            }
+            return (row["sealed"], row["in_file"])
+        }
+        guard let found else { return nil }
+        return try files.resolve(id, row: [UInt8](found.sealed), place: found.place)
+    }
+
+    public func hasChunk(_ id: [UInt8]) throws -> Bool {
+        try with { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)]) ?? false }
+    }
+
+    public func setting(_ key: String) throws -> [UInt8]? {
+        try with { db in try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map { [UInt8]($0) } }
+    }
+
+    public func inode(of id: FileID) throws -> UInt64? {
+        try with { db in
+            try Int64.fetchOne(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]).map { UInt64($0) }
+        }
+    }
+
+    public func fileID(ofInode ino: UInt64) throws -> FileID? {
+        try with { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)])
+                .flatMap { try? FileID(bytes: [UInt8]($0)) }
+        }
+    }
+
+    public func allInodes() throws -> [(UInt64, FileID)] {
+        try with { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT ino, file_id FROM inodes")).compactMap { row in
+                let ino: Int64 = row["ino"]
+                let id: Data = row["file_id"]
+                guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
+                return (UInt64(ino), f)
+            }
+        }
+    }
+
+    /// Ids changed by any writer after `seq`, and the newest sequence number.
+    public func changes(after seq: Int64) throws -> (ids: Set<FileID>, last: Int64) {
+        let rows = try with { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq"), arguments: [seq])
+        }
+        var ids: Set<FileID> = []
+        var last = seq
+        for r in rows {
+            let d: Data = r["file_id"]
+            if let id = try? FileID(bytes: [UInt8](d)) { ids.insert(id) }
+            last = r["seq"]
+        }
+        return (ids, last)
+    }
+
+    public func lastChange() throws -> Int64 {
+        try with { db in try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0 }
+    }
+
+    public func count(_ sql: String) throws -> Int { try with { db in try Int.fetchOne(db, sql: sql) ?? 0 } }
+
+    /// Chunk ids listed by a manifest row (for integrity checks).
+    public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {
+        try with { db in
+            try Data.fetchAll(db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
+        }
+    }
+
+    public func allChunkIDs() throws -> [[UInt8]] {
+        try with { db in try Data.fetchAll(db.cachedStatement(sql: "SELECT id FROM chunks")).map { [UInt8]($0) } }
+    }
+
+    public func allManifestDigests() throws -> [[UInt8]] {
+        try with { db in try Data.fetchAll(db.cachedStatement(sql: "SELECT digest FROM manifests")).map { [UInt8]($0) } }
+    }
+}

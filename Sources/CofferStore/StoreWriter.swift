@@ -1,0 +1,332 @@
+import CofferModel
+import Foundation
+import GRDB
+import Synchronization
+
+/// Write access inside a transaction.
+///
+/// Outside group commit (the CLI) every call runs its statements at once, inside the write's
+/// immediate transaction. In group-commit mode (the mount daemon) a write runs without the
+/// connection: its statements are queued and run later, in order, inside the same open group
+/// transaction, by the group-commit thread (or by whoever reads through the writer first). So a
+/// FUSE request pays for validating and sealing, not for SQLite's B-tree work, which a second
+/// core does meanwhile (`docs/STORE.md`, "Deferred statements"). What a write must know now
+/// (an inode number, the change log's sequence) is numbered in memory (`GroupCounters`), and
+/// what it must read first (`reader`) runs the queue up to that point before the query.
+public struct StoreWriter {
+    let session: WriteSession
+    let files: ChunkFiles
+    private let logged = LoggedSequence()
+    private let processLog: ProcessLog
+    /// Numbers for the change log and new inodes in group-commit mode; nil outside it, where
+    /// SQLite's AUTOINCREMENT assigns them as each insert runs.
+    private let counters: GroupCounters?
+    /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
+    /// While one group stays open no other process can write, so a caller that saw the change
+    /// log's end inside the same group, and sees `lastLoggedInProcess` unchanged since, knows
+    /// the log has not moved without asking.
+    public let groupGeneration: UInt64?
+
+    init(session: WriteSession, files: ChunkFiles, processLog: ProcessLog, counters: GroupCounters?, groupGeneration: UInt64?) {
+        self.session = session
+        self.files = files
+        self.processLog = processLog
+        self.counters = counters
+        self.groupGeneration = groupGeneration
+    }
+
+    /// The sequence number of the last change any writer of this store logged in this process
+    /// (possibly since rolled back), nil before the first.
+    public var lastLoggedInProcess: Int64? { processLog.value }
+    public var reader: StoreReader { StoreReader(session: session, files: files) }
+
+    /// The change-log sequence number of the last change this writer logged, if any: what
+    /// `StoreReader.lastChange` would now answer, without the query.
+    public var lastLogged: Int64? { logged.value }
+
+    /// The connection itself, with everything this write queued before run first (for tests
+    /// that damage a store on purpose).
+    func withDatabase<T>(_ body: (Database) throws -> T) throws -> T { try session.access(body) }
+
+    /// Stores a record. `previousDigest`, when the caller knows it (the vault's tree mirrors
+    /// the row), spares the lookup of the content the row named before; a wrong guess can only
+    /// leave a manifest for garbage collection, since `releaseManifest` checks every record.
+    public func put(_ f: StoredFile, _ side: TreeSide, previousDigest: [UInt8]?? = .none) throws {
+        let m = f.metadata
+        let table = side.table
+        let id = Data(m.id.bytes)
+        let parent = Data(m.parent.bytes)
+        let record = Data(f.signed.encoded())
+        let digest = m.contentDigest.map { Data($0) }
+        let (version, contentVersion, serverDeleted) = (f.version, f.contentVersion, f.serverDeleted)
+        // Only a document ever names content (the type of an id never changes), so only its
+        // row can hold a manifest this write releases; a folder's update (every entry added
+        // to or removed from it) skips the lookup.
+        let lookUpPrevious: Bool
+        let known: Data?
+        if m.type != .document {
+            lookUpPrevious = false; known = nil
+        } else if case .some(let given) = previousDigest {
+            lookUpPrevious = false; known = given.map { Data($0) }
+        } else {
+            lookUpPrevious = true; known = nil
+        }
+        try session.run { db in
+            let previous = lookUpPrevious
+                ? try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
+                : known
+            try db.cachedStatement(sql: """
+                INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
+                  content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
+                  server_deleted = excluded.server_deleted
+                """).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted])
+            if let previous, previous != digest { try Self.releaseManifest(previous, db) }
+        }
+        try logChange(m.id)
+    }
+
+    /// Deletes a record. Its manifest, like its chunks, stays until garbage collection (at
+    /// mount and `coffer gc`): checking whether another record still names it and deleting the
+    /// manifest and its chunk list was 8% of the daemon's CPU in `rm -rf` (perf), for rows of a
+    /// few hundred bytes that collection removes anyway. A replaced version's manifest (`put`)
+    /// is still dropped at once.
+    public func remove(_ id: FileID, _ side: TreeSide) throws {
+        let table = side.table
+        let key = Data(id.bytes)
+        try session.run { db in try db.cachedStatement(sql: "DELETE FROM \(table) WHERE id = ?").execute(arguments: [key]) }
+        try logChange(id)
+    }
+
+    /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
+    /// which alone can know that no writer is about to reference them again.
+    static func releaseManifest(_ digest: Data, _ db: Database) throws {
+        let used = try Bool.fetchOne(db.cachedStatement(sql: """
+            SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
+                OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
+            """), arguments: [digest]) ?? true
+        guard !used else { return }
+        try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
+        try db.cachedStatement(sql: "DELETE FROM manifest_chunks WHERE digest = ?").execute(arguments: [digest])
+    }
+
+    public func logChange(_ id: FileID) throws {
+        let key = Data(id.bytes)
+        let seq: Int64
+        if let counters {
+            seq = counters.nextSequence()
+            try session.run { db in
+                try db.cachedStatement(sql: "INSERT INTO change_log(seq, file_id) VALUES (?, ?)").execute(arguments: [seq, key])
+            }
+        } else {
+            seq = try session.access { db in
+                try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [key])
+                return db.lastInsertedRowID
+            }
+        }
+        logged.value = seq
+        processLog.value = seq
+    }
+
+    /// Stores a sealed manifest and the chunk ids it lists (the latter for garbage collection).
+    public func putManifest(digest: [UInt8], sealed: [UInt8], chunkIDs: [[UInt8]]) throws {
+        let key = Data(digest)
+        let bytes = Data(sealed)
+        let chunks = Array(Set(chunkIDs.map { Data($0) }))
+        try session.run { db in
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)").execute(arguments: [key, bytes])
+            for c in chunks {
+                try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)").execute(arguments: [key, c])
+            }
+        }
+    }
+
+    /// Stores a sealed chunk once (a chunk already there is kept). Large ones go to a file,
+    /// written before its row (see `ChunkFiles`).
+    public func putChunk(id: [UInt8], sealed: [UInt8]) throws {
+        try putChunks([(id, sealed)])
+    }
+
+    /// Stores a small chunk (one whose row holds its bytes) that `seal` produces. In group-commit
+    /// mode `seal` runs later with the write's other statements, on whichever thread runs the
+    /// queue: sealing a small file's chunk (zstd, then the AEAD) was about a third of its close,
+    /// and nothing a write decides depends on the sealed bytes (a manifest names a chunk by id).
+    public func putChunk(id: [UInt8], sealing seal: @escaping @Sendable () -> [UInt8]) throws {
+        let key = Data(id)
+        try session.run { db in
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [key, Data(seal())])
+        }
+    }
+
+    /// Stores sealed chunks once each. Large ones stored in one call share one pack file:
+    /// creating a file per 256 KiB chunk cost more CPU than sealing it on a filesystem that had
+    /// just deleted many files (ext4 skips recently freed inodes one by one; 1.1 ms per create
+    /// measured). Rows of small ones hold the bytes.
+    public func putChunks(_ items: [([UInt8], [UInt8])]) throws {
+        var small: [(Data, Data)] = []
+        var large: [(id: [UInt8], sealed: [UInt8])] = []
+        var seen: Set<[UInt8]> = []
+        for (id, sealed) in items where seen.insert(id).inserted {
+            if sealed.count < ChunkFiles.threshold {
+                small.append((Data(id), Data(sealed)))
+            } else if try !reader.hasChunk(id) {
+                large.append((id, sealed))
+            }
+        }
+        if !small.isEmpty {
+            let rows = small
+            try session.run { db in
+                for (id, sealed) in rows {
+                    try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [id, sealed])
+                }
+            }
+        }
+        guard !large.isEmpty else { return }
+        let locators = try files.writePack(large.map(\.sealed))
+        let rows = zip(large, locators).map { (Data($0.id), Data($1.encoded)) }
+        try session.run { db in
+            for (id, locator) in rows {
+                try db.cachedStatement(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))")
+                    .execute(arguments: [id, locator])
+            }
+        }
+    }
+
+    public func setSetting(_ key: String, _ value: [UInt8]) throws {
+        let bytes = Data(value)
+        try session.run { db in
+            try db.cachedStatement(sql: "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+                .execute(arguments: [key, bytes])
+        }
+    }
+
+    /// The inode for a file id, assigning the next number the first time. Stable for the life
+    /// of the store, so the kernel and tools like rsync see the same numbers across remounts.
+    public func inode(for id: FileID, fixed: UInt64? = nil) throws -> UInt64 {
+        if let existing = try reader.inode(of: id) { return existing }
+        if let fixed {
+            let key = Data(id.bytes)
+            counters?.noteInode(Int64(fixed))
+            try session.run { db in
+                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [Int64(fixed), key])
+            }
+            return fixed
+        }
+        return try newInode(for: id)
+    }
+
+    /// The inode for a file id this transaction just made up (a fresh random id has none yet, so
+    /// the lookup `inode(for:)` starts with is skipped).
+    public func newInode(for id: FileID) throws -> UInt64 {
+        let key = Data(id.bytes)
+        if let counters {
+            let ino = counters.nextInode()
+            try session.run { db in
+                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [ino, key])
+            }
+            return UInt64(ino)
+        }
+        return try session.access { db in
+            try db.cachedStatement(sql: "INSERT INTO inodes(file_id) VALUES (?)").execute(arguments: [key])
+            return UInt64(db.lastInsertedRowID)
+        }
+    }
+
+    public func forgetInode(of id: FileID) throws {
+        let key = Data(id.bytes)
+        try session.run { db in try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [key]) }
+    }
+
+    /// Drops old change-log entries; readers that fell further behind reload everything.
+    public func trimChangeLog(keeping n: Int64) throws {
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?").execute(arguments: [n])
+        }
+    }
+}
+
+/// One write's access to the connection. Direct: the write holds the connection and each
+/// statement runs at once. Deferred (group commit): the write holds only the store's write gate;
+/// its statements collect here and join the group's queue when it succeeds, or are dropped when
+/// it fails. A read in between (`access`) runs the queue and this write's statements so far,
+/// the latter inside a savepoint so that a failure later can still undo them.
+final class WriteSession {
+    private enum Mode {
+        case direct(Database)
+        case deferred(Store, generation: UInt64)
+    }
+    private let mode: Mode
+    private var statements: [DeferredStatement] = []
+    /// Some of this write's statements already ran, inside `SAVEPOINT coffer_write`.
+    private var savepoint = false
+
+    init(direct db: Database) { mode = .direct(db) }
+    init(deferredIn store: Store, generation: UInt64) { mode = .deferred(store, generation: generation) }
+
+    func run(_ statement: @escaping DeferredStatement) throws {
+        switch mode {
+        case .direct(let db): try statement(db)
+        case .deferred: statements.append(statement)
+        }
+    }
+
+    func access<T>(_ body: (Database) throws -> T) throws -> T {
+        switch mode {
+        case .direct(let db):
+            return try body(db)
+        case .deferred(let store, let generation):
+            return try store.pool.writeWithoutTransaction { db in
+                try store.runQueued(db, generation: generation)
+                if !statements.isEmpty {
+                    if !savepoint {
+                        try db.cachedStatement(sql: "SAVEPOINT coffer_write").execute()
+                        savepoint = true
+                    }
+                    let mine = statements
+                    statements = []
+                    for s in mine { try s(db) }
+                }
+                return try body(db)
+            }
+        }
+    }
+
+    /// The write succeeded: its statements join the group's queue (behind every earlier write's).
+    func finish() {
+        guard case .deferred(let store, let generation) = mode else { return }
+        if savepoint {
+            statements.append { db in try db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute() }
+        }
+        store.group.enqueue(statements, generation: generation)
+        statements = []
+    }
+
+    /// The write failed: nothing of it may land.
+    func abandon() {
+        statements = []
+        guard case .deferred(let store, let generation) = mode, savepoint else { return }
+        store.pool.writeWithoutTransaction { db in
+            guard db.isInsideTransaction, store.group.openGeneration == generation else { return }
+            try? db.cachedStatement(sql: "ROLLBACK TO SAVEPOINT coffer_write").execute()
+            try? db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute()
+        }
+    }
+}
+
+/// A statement a write left for later (see `WriteSession`).
+typealias DeferredStatement = @Sendable (Database) throws -> Void
+
+/// A writer's last logged change; a class so the writer, a value passed to closures, shares it.
+private final class LoggedSequence {
+    var value: Int64?
+}
+
+/// The last change logged by any writer of one store in this process. Only touched by the
+/// writer connection's one thread at a time, but read by whoever holds a writer.
+final class ProcessLog: Sendable {
+    private let last = Mutex<Int64?>(nil)
+    var value: Int64? {
+        get { last.withLock { $0 } }
+        set { last.withLock { $0 = newValue } }
+    }
+}
