@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import CofferModel
 @testable import CofferStore
@@ -41,6 +42,99 @@ struct GroupCommitTests {
             #expect(try other.read { try $0.hasChunk(chunkID(1)) })
             #expect(try !other.read { try $0.hasChunk(chunkID(2)) })
             #expect(try other.read { try $0.hasChunk(chunkID(3)) })
+        }
+    }
+
+    @Test func aWritesStatementsWaitInTheQueueUntilSomeoneReads() throws {
+        try withGroupStore(window: 30) { store, _ throws in
+            try store.write { w in try w.putChunk(id: chunkID(1), sealed: [1]) }
+            // The write returned without running its insert: it waits for the group's thread...
+            #expect(store.group.hasQueued)
+            // ...or for the first read through the writer, which runs the queue first.
+            #expect(try store.read { try $0.hasChunk(chunkID(1)) })
+            #expect(!store.group.hasQueued)
+        }
+    }
+
+    @Test func aWriteReadsItsOwnEarlierStatementsAndStillRollsBackWhole() throws {
+        struct Refused: Error {}
+        try withGroupStore(window: 30) { store, dir throws in
+            #expect(throws: Refused.self) {
+                try store.write { w in
+                    try w.putChunk(id: chunkID(2), sealed: [2])
+                    // Its own queued insert runs (inside a savepoint) before the query.
+                    #expect(try w.reader.hasChunk(chunkID(2)))
+                    try w.putChunk(id: chunkID(3), sealed: [3])
+                    throw Refused()
+                }
+            }
+            #expect(try !store.read { try $0.hasChunk(chunkID(2)) || $0.hasChunk(chunkID(3)) })
+            try store.write { w in
+                try w.putChunk(id: chunkID(4), sealed: [4])
+                #expect(try w.reader.hasChunk(chunkID(4)))
+                try w.putChunk(id: chunkID(5), sealed: [5])
+            }
+            try store.commitPendingWrites()
+            let other = try Store(directory: dir)
+            #expect(try other.read { try $0.hasChunk(chunkID(4)) && $0.hasChunk(chunkID(5)) })
+            #expect(try !other.read { try $0.hasChunk(chunkID(2)) || $0.hasChunk(chunkID(3)) })
+        }
+    }
+
+    @Test func numbersHandedOutInMemoryContinueSQLitesOwn() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            // Another process numbers two inodes and forgets the higher one.
+            let other = try Store(directory: dir)
+            let first = try other.write { try $0.newInode(for: fid(10)) }
+            let second = try other.write { try $0.newInode(for: fid(11)) }
+            try other.write { try $0.forgetInode(of: fid(11)) }
+            let logged = try other.read { try $0.lastChange() }
+            #expect(second == first + 1)
+            // The group hands out what AUTOINCREMENT would have: never a number used before.
+            let (ino, seq) = try store.write { w -> (UInt64, Int64?) in
+                let ino = try w.newInode(for: fid(12))
+                try w.logChange(fid(12))
+                return (ino, w.lastLogged)
+            }
+            #expect(ino == second + 1)
+            #expect(seq == logged + 1)
+            try store.commitPendingWrites()
+            #expect(try other.read { try $0.fileID(ofInode: ino) } == fid(12))
+            #expect(try other.read { try $0.lastChange() } == logged + 1)
+            // And SQLite's own numbering carries on after the group's.
+            #expect(try other.write { try $0.newInode(for: fid(13)) } == ino + 1)
+        }
+    }
+
+    @Test func aQueuedStatementThatFailsLosesTheWholeGroup() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            try store.write { w in try w.putChunk(id: chunkID(6), sealed: [6]) }
+            _ = try store.write { try $0.newInode(for: fid(20)) }
+            // A second inode for the same file breaks a UNIQUE constraint, but only when its
+            // insert runs: the write itself returned.
+            _ = try store.write { try $0.newInode(for: fid(20)) }
+            #expect(throws: (any Error).self) { try store.commitPendingWrites() }
+            #expect(store.takeLostGroup(), "the owner must learn that its recent writes are gone")
+            let other = try Store(directory: dir)
+            #expect(try other.read { try $0.inode(of: fid(20)) } == nil)
+            #expect(try !other.read { try $0.hasChunk(chunkID(6)) })
+            // The store goes on with a new group.
+            try store.write { w in try w.putChunk(id: chunkID(7), sealed: [7]) }
+            try store.commitPendingWrites()
+            #expect(try other.read { try $0.hasChunk(chunkID(7)) })
+        }
+    }
+
+    @Test func aSmallChunkIsSealedWhenItsStatementRuns() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            let sealings = Mutex(0)
+            try store.write { w in
+                try w.putChunk(id: chunkID(8), sealing: { sealings.withLock { $0 += 1 }; return [8, 8] })
+            }
+            #expect(sealings.withLock { $0 } == 0, "sealing waits for the queue")
+            try store.commitPendingWrites()
+            #expect(sealings.withLock { $0 } == 1)
+            #expect(try Store(directory: dir).chunk(chunkID(8)) == [8, 8])
         }
     }
 
