@@ -55,11 +55,16 @@ final class GroupCommit: Sendable {
         }
     }
 
-    /// Hands the queued statements to the caller, which holds the connection and runs them.
-    func takeQueued() -> [DeferredStatement] {
+    /// Hands the oldest queued statements (all of them, or at most `limit`) to the caller, which
+    /// holds the connection and runs them.
+    func takeQueued(limit: Int = .max) -> [DeferredStatement] {
         state.withLock { s in
-            defer { s.queued = [] }
-            return s.queued
+            if s.queued.count <= limit {
+                defer { s.queued = [] }
+                return s.queued
+            }
+            defer { s.queued.removeFirst(limit) }
+            return Array(s.queued.prefix(limit))
         }
     }
 

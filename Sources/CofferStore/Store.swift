@@ -242,11 +242,11 @@ public final class Store: Sendable {
     /// its commit fails: the writes that queued them have already returned. With `generation`,
     /// also checks that this group is still the open one (a write about to run its own
     /// statements must not run them outside its transaction).
-    func runQueued(_ db: Database, generation: UInt64? = nil) throws {
+    func runQueued(_ db: Database, generation: UInt64? = nil, limit: Int = .max) throws {
         if let generation, group.openGeneration != generation || !db.isInsideTransaction {
             throw StoreError("the store lost this process's recent writes (a commit failed)")
         }
-        let statements = group.takeQueued()
+        let statements = group.takeQueued(limit: limit)
         guard !statements.isEmpty else { return }
         do {
             for s in statements { try s(db) }
@@ -273,6 +273,10 @@ public final class Store: Sendable {
             throw error
         }
     }
+
+    /// How many queued statements the group-commit thread runs per hold of the connection (about
+    /// ten small files' worth: a millisecond or two).
+    static let queueSlice = 64
 
     /// Holds the gate, then the connection: the order every path that commits the group takes.
     private func withGateAndConnection<T>(_ body: (Database) throws -> T) throws -> T {
@@ -309,7 +313,13 @@ public final class Store: Sendable {
                 guard group.isOpen else { continue }
                 // Without the gate first: writes go on meanwhile, and the commit below, which
                 // holds them up, finds little left to run.
-                if group.hasQueued { try? pool.writeWithoutTransaction { db in try runQueued(db) } }
+                // In slices, so a read waiting for the connection (a FUSE read of a file just
+                // written) waits for one slice, not for everything queued since the last pass.
+                while group.hasQueued {
+                    do {
+                        try pool.writeWithoutTransaction { db in try runQueued(db, limit: Self.queueSlice) }
+                    } catch { break }
+                }
                 guard group.age >= w else { continue }
                 try? withGateAndConnection { db in if group.age >= w { try commitGroup(db) } }
             }
