@@ -8,7 +8,10 @@ import Synchronization
 final class GroupCommit: Sendable {
     private struct State {
         var window: Double?
+        var longest: Double = 0
         var openedAt: Double?
+        var closedAt: Double?
+        var lastWriteAt: Double = 0
         var lost = false
         var generation: UInt64 = 0
         var queued: [DeferredStatement] = []
@@ -20,7 +23,37 @@ final class GroupCommit: Sendable {
     /// Seconds since the open group began (0 if none).
     var age: Double { state.withLock { s in s.openedAt.map { Self.now() - $0 } ?? 0 } }
 
-    func enable(window: Double) { state.withLock { $0.window = window } }
+    func enable(window: Double, longest: Double) {
+        state.withLock { s in
+            s.window = window
+            s.longest = max(longest, window)
+        }
+    }
+
+    /// The longest a group stays open while writes keep coming (see `isDue`).
+    var longest: Double { state.withLock { $0.longest } }
+
+    /// Whether the open group should be committed now: once it is `window` old and writes have
+    /// paused for half a window, or once it is `longest` old whatever they do. A lone change
+    /// is committed (and visible to other processes) about a window after it was made; a burst
+    /// (untar, a build) shares one commit per `longest`, which writes each B-tree page its keys
+    /// touch once instead of once per window.
+    var isDue: Bool {
+        state.withLock { s in
+            guard let window = s.window, let opened = s.openedAt else { return false }
+            let now = Self.now()
+            let age = now - opened
+            return age >= window && (now - s.lastWriteAt >= window / 2 || age >= s.longest)
+        }
+    }
+
+    /// Seconds since the last group closed, if none is open.
+    var idleFor: Double? {
+        state.withLock { s in
+            guard s.openedAt == nil, let closed = s.closedAt else { return nil }
+            return Self.now() - closed
+        }
+    }
     func disable() { state.withLock { $0.window = nil } }
     func opened() {
         state.withLock { s in
@@ -33,6 +66,7 @@ final class GroupCommit: Sendable {
     var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
     func closed(lost: Bool = false) {
         state.withLock { s in
+            if s.openedAt != nil { s.closedAt = Self.now() }
             s.openedAt = nil
             s.queued = []
             if lost { s.lost = true }
@@ -48,9 +82,9 @@ final class GroupCommit: Sendable {
     /// Queues a finished write's statements behind the earlier ones, if the group it wrote in
     /// is still open; a group that was lost meanwhile takes them with it.
     func enqueue(_ statements: [DeferredStatement], generation: UInt64) {
-        guard !statements.isEmpty else { return }
         state.withLock { s in
             guard s.openedAt != nil, s.generation == generation else { return }
+            s.lastWriteAt = Self.now()
             s.queued.append(contentsOf: statements)
         }
     }

@@ -179,11 +179,11 @@ public final class Store: Sendable {
 
     /// Runs `body` atomically: all of it lands, or none of it. Without group commit that is one
     /// immediate transaction. With group commit, it joins the open group transaction (opening
-    /// one if none is), committed together with its neighbours by the group-commit thread about
-    /// `window` later (at most 1.25 `window` while that thread keeps up); its statements are
-    /// queued and run after it returns (`StoreWriter`), and dropped if it throws.
+    /// one if none is), committed together with its neighbours by the group-commit thread (see
+    /// `enableGroupCommit`); its statements are queued and run after it returns
+    /// (`StoreWriter`), and dropped if it throws.
     public func write<T>(_ body: (StoreWriter) throws -> T) throws -> T {
-        guard let window = group.window else {
+        guard group.window != nil else {
             return try pool.writeWithoutTransaction { db in
                 var result: T?
                 try db.inTransaction(.immediate) {
@@ -212,7 +212,7 @@ public final class Store: Sendable {
             // The group-commit thread closes the group, so the commit's log write is not paid
             // inside a caller's write (it was 6% of the daemon's CPU during untar, all of it in
             // a FUSE request). Only if that thread falls far behind does a write commit itself.
-            if group.age >= window * 4 { try pool.writeWithoutTransaction { db in try commitGroup(db) } }
+            if group.age >= group.longest * 2 { try pool.writeWithoutTransaction { db in try commitGroup(db) } }
             return result
         }
     }
@@ -283,25 +283,34 @@ public final class Store: Sendable {
         try gate.withLock { try pool.writeWithoutTransaction { db in try body(db) } }
     }
 
-    /// Turns group commit on: write transactions stay open for about `window` seconds (closed by
-    /// a thread of their own, `window` / 4 late at most) and every write in that time shares
-    /// one commit. For a long-running writer with many small
-    /// operations (the mount daemon); others keep one commit per `write`. Durability is
-    /// unchanged: `makeDurable` commits the group first. A crash loses at most the last
-    /// 1.25 `window` of writes nobody asked to be durable (4 `window` if the thread is
-    /// starved of CPU, when writes commit the group themselves), and never part of one `write`.
-    /// While a group is open, other processes wait (SQLite's busy timeout) to write.
-    public func enableGroupCommit(window: Double = 0.05) {
+    /// Turns group commit on: write transactions stay open for about `window` seconds after a
+    /// lone change, and up to `longest` while writes keep coming (`GroupCommit.isDue`), closed by
+    /// a thread of their own (`window` / 4 late at most), and every write in that time shares one
+    /// commit. For a long-running writer with many small operations (the mount daemon); others
+    /// keep one commit per `write`. Durability is unchanged: `makeDurable` commits the group
+    /// first. A crash loses at most the writes of the open group that nobody asked to be
+    /// durable (about `window` of them after a lone change, up to `longest` in a burst, 2
+    /// `longest` if the thread is starved of CPU, when writes commit the group themselves), and
+    /// never part of one `write`. While a group is open, other processes wait (SQLite's busy
+    /// timeout) to write.
+    public func enableGroupCommit(window: Double = 0.05, longest: Double = 0.5) {
         guard group.window == nil else { return }
-        group.enable(window: window)
-        // Checkpoints move to the thread below (see `Checkpointer`).
-        try? pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA wal_autocheckpoint = \(Checkpointer.backstopPages)") }
+        group.enable(window: window, longest: longest)
+        // Checkpoints move to the thread below (see `Checkpointer`). The log is not cut back
+        // inside a commit, which holds every write up meanwhile (50-240 ms each time on this
+        // machine's ext4, once a second during untar), but by the thread below once the store
+        // is idle.
+        try? pool.writeWithoutTransaction { db in
+            try db.execute(sql: "PRAGMA wal_autocheckpoint = \(Checkpointer.backstopPages)")
+            try db.execute(sql: "PRAGMA journal_size_limit = -1")
+        }
         let path = databasePath
         let thread = Thread { [self] in
             let checkpointer = Checkpointer(path: path)
             var lastCheckpoint = GroupCommit.now()
-            // Runs what writes queued, and closes each group once it has been open for
-            // `window`; writes leave both to this thread, so neither runs inside a caller's request.
+            var lastTrim = GroupCommit.now()
+            // Runs what writes queued, and closes each group when it is due; writes leave both
+            // to this thread, so neither runs inside a caller's request.
             while let w = group.window {
                 Thread.sleep(forTimeInterval: w / 4)
                 // Once a second: often enough to keep the log to about a second of writes, rare
@@ -310,7 +319,14 @@ public final class Store: Sendable {
                     checkpointer?.run()
                     lastCheckpoint = GroupCommit.now()
                 }
-                guard group.isOpen else { continue }
+                guard group.isOpen else {
+                    // Idle for a moment: cut a grown log back (see `trimLog`).
+                    if let idle = group.idleFor, idle >= 0.1, GroupCommit.now() - lastTrim >= 1.0 {
+                        lastTrim = GroupCommit.now()
+                        trimLog()
+                    }
+                    continue
+                }
                 // Without the gate first: writes go on meanwhile, and the commit below, which
                 // holds them up, finds little left to run.
                 // In slices, so a read waiting for the connection (a FUSE read of a file just
@@ -320,12 +336,25 @@ public final class Store: Sendable {
                         try pool.writeWithoutTransaction { db in try runQueued(db, limit: Self.queueSlice) }
                     } catch { break }
                 }
-                guard group.age >= w else { continue }
-                try? withGateAndConnection { db in if group.age >= w { try commitGroup(db) } }
+                guard group.isDue else { continue }
+                try? withGateAndConnection { db in if group.isDue { try commitGroup(db) } }
             }
         }
         thread.name = "coffer-group-commit"
         thread.start()
+    }
+
+    /// Copies the whole log into the database and truncates it, if it grew past `logSizeLimit`
+    /// and no group is open. A log left large is rewritten in place, and its 4120-byte frames
+    /// straddle pages, so a page the kernel dropped from its cache is read from disk before each
+    /// frame is written: rm -rf after drop_caches read 40-70 MB that way.
+    func trimLog() {
+        var st = stat()
+        guard stat(databasePath + "-wal", &st) == 0, Int(st.st_size) > Self.logSizeLimit else { return }
+        try? withGateAndConnection { db in
+            guard !db.isInsideTransaction, !group.isOpen else { return }
+            try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+        }
     }
 
     /// Commits the open group and returns to one commit per `write`.
@@ -335,6 +364,7 @@ public final class Store: Sendable {
             group.disable()
             try commitGroup(db)
             try db.execute(sql: "PRAGMA wal_autocheckpoint = 1000")
+            try db.execute(sql: "PRAGMA journal_size_limit = \(Store.logSizeLimit)")
         }
     }
 

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 import CofferModel
+import CofferTestSupport
 @testable import CofferStore
 
 /// Group commit (the mount daemon's mode): writes share one SQLite transaction for up to a
@@ -150,6 +151,26 @@ struct GroupCommitTests {
                 if !seen { Thread.sleep(forTimeInterval: 0.01) }
             }
             #expect(seen, "a write nobody follows must become visible without another write")
+        }
+    }
+
+    @Test func aBurstSharesOneGroupAndALoneChangeCommitsSoon() throws {
+        try withStore { store, dir throws in
+            store.enableGroupCommit(window: 0.2, longest: 30)
+            defer { try? store.disableGroupCommit() }
+            // Writes 10 ms apart for a second: never the half window of quiet a commit waits for,
+            // so all of them share one group.
+            try store.write { w in try w.setSetting("burst", [0]) }
+            let generation = store.group.openGeneration
+            for i in 1...100 {
+                try store.write { w in try w.setSetting("burst", [UInt8(i)]) }
+                Thread.sleep(forTimeInterval: 0.01)
+            }
+            #expect(store.group.openGeneration == generation, "a commit cut the burst")
+            // Once writes stop, the group commits about a window later, long before `longest`.
+            let other = try Store(directory: dir)
+            #expect(eventually(timeout: 10) { (try? other.read { try $0.setting("burst") }) == [100] })
+            #expect(!store.group.isOpen)
         }
     }
 
