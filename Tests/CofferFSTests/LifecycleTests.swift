@@ -186,11 +186,7 @@ import Testing
             (Int((try? String(contentsOfFile: progress, encoding: .utf8)) ?? "") ?? 0) >= 400 && Date().timeIntervalSince(started) >= 2
         }
         #expect(enough, "the writer made too little progress")
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); writer.kill(SIGKILL); _ = writer.wait(); return }
-        #expect(kill(pid, SIGKILL) == 0)
-        #expect(MountFixture.waitForExit(pid, timeout: 10))
-        writer.kill(SIGKILL)
-        _ = writer.wait()
+        guard killDaemon(of: m, thenStop: writer) else { return }
 
         let fsck = coffer(m.dataDir, ["fsck"])
         #expect(fsck.status == 0, "fsck after kill -9 mid-burst: \(fsck.out)\(fsck.err)")
@@ -253,11 +249,7 @@ import Testing
             ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").split(separator: "\n").count >= 60
         }
         #expect(enough, "the writer made too little progress")
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); writer.kill(SIGKILL); _ = writer.wait(); return }
-        #expect(kill(pid, SIGKILL) == 0)
-        #expect(MountFixture.waitForExit(pid, timeout: 10))
-        writer.kill(SIGKILL)
-        _ = writer.wait()
+        guard killDaemon(of: m, thenStop: writer) else { return }
         let lines = ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").split(separator: "\n")
         let files = lines.filter { $0.hasPrefix("file ") }.count
         print("kill -9 during writes: \(files) files fsynced before the kill")
@@ -296,3 +288,19 @@ import Testing
 }
 
 func sha256line(_ name: String, _ content: String) -> String { sha256(Array(content.utf8)) + "  " + name }
+
+/// kill -9 of a mount's daemon while `writer` works on it, then of the writer. False (and the
+/// test fails) if the mount has no daemon.
+private func killDaemon(of m: MountFixture, thenStop writer: Child) -> Bool {
+    guard let pid = m.daemonPID else {
+        Issue.record("no daemon pid")
+        writer.kill(SIGKILL)
+        _ = writer.wait()
+        return false
+    }
+    #expect(kill(pid, SIGKILL) == 0)
+    #expect(MountFixture.waitForExit(pid, timeout: 10))
+    writer.kill(SIGKILL)
+    _ = writer.wait()
+    return true
+}
