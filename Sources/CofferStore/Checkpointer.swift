@@ -32,4 +32,13 @@ final class Checkpointer {
     func run() {
         sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_PASSIVE, nil, nil)
     }
+
+    /// Copies the whole log and truncates it to nothing, if that can be done at once: this
+    /// connection has no busy handler, so a writer in a transaction or a reader still on the
+    /// log makes it give up (SQLITE_BUSY) instead of waiting, and nobody waits for it either
+    /// beyond the copy itself. Returns whether the log was truncated.
+    @discardableResult
+    func truncate() -> Bool {
+        sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_TRUNCATE, nil, nil) == SQLITE_OK
+    }
 }

@@ -323,7 +323,7 @@ public final class Store: Sendable {
                     // Idle for a moment: cut a grown log back (see `trimLog`).
                     if let idle = group.idleFor, idle >= 0.1, GroupCommit.now() - lastTrim >= 1.0 {
                         lastTrim = GroupCommit.now()
-                        trimLog()
+                        if let checkpointer { trimLog(checkpointer) }
                     }
                     continue
                 }
@@ -344,17 +344,16 @@ public final class Store: Sendable {
         thread.start()
     }
 
-    /// Copies the whole log into the database and truncates it, if it grew past `logSizeLimit`
-    /// and no group is open. A log left large is rewritten in place, and its 4120-byte frames
-    /// straddle pages, so a page the kernel dropped from its cache is read from disk before each
-    /// frame is written: rm -rf after drop_caches read 40-70 MB that way.
-    func trimLog() {
+    /// Copies the whole log into the database and truncates it, if it grew past `logSizeLimit`.
+    /// A log left large is rewritten in place, and its 4120-byte frames straddle pages, so a page
+    /// the kernel dropped from its cache is read from disk before each frame is written: rm -rf
+    /// after drop_caches read 40-70 MB that way. On the checkpoint connection, which gives up at
+    /// once if a group opened meanwhile or a reader is still on the log (it tries again a
+    /// second later), so neither the gate nor a long reader is ever waited for.
+    func trimLog(_ checkpointer: Checkpointer) {
         var st = stat()
-        guard stat(databasePath + "-wal", &st) == 0, Int(st.st_size) > Self.logSizeLimit else { return }
-        try? withGateAndConnection { db in
-            guard !db.isInsideTransaction, !group.isOpen else { return }
-            try db.execute(sql: "PRAGMA wal_checkpoint(TRUNCATE)")
-        }
+        guard stat(databasePath + "-wal", &st) == 0, Int(st.st_size) > Self.logSizeLimit, !group.isOpen else { return }
+        checkpointer.truncate()
     }
 
     /// Commits the open group and returns to one commit per `write`.

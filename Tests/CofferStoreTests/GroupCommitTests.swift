@@ -268,7 +268,38 @@ struct GroupCommitTests {
             #expect(size <= Store.logSizeLimit, "the log is still \(size) bytes")
         }
     }
+    /// The idle trim of a grown log must never wait for a reader: a reader that keeps its
+    /// snapshot for seconds (a CLI export, a sync reading) would otherwise hold every write of
+    /// the mount up for as long (SQLite's busy timeout is 30 s).
+    @Test func aLongReaderNeverHoldsUpWritesWhileTheLogIsTrimmed() throws {
+        try withGroupStore(window: 0.05) { store, dir throws in
+            for i in 0..<1200 {
+                try store.write { w in try w.putChunk(id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)], sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000)) }
+            }
+            try store.commitPendingWrites()
+            #expect(fileSize(dir + "/coffer.sqlite-wal") > Store.logSizeLimit)
+            let other = try Store(directory: dir)
+            let reading = DispatchSemaphore(value: 0)
+            let done = DispatchSemaphore(value: 0)
+            Thread {
+                _ = try? other.read { r in
+                    _ = try r.lastChange() // takes the snapshot
+                    reading.signal()
+                    Thread.sleep(forTimeInterval: 3)
+                }
+                done.signal()
+            }.start()
+            reading.wait()
+            Thread.sleep(forTimeInterval: 1.5) // idle: the group thread tries to trim meanwhile
+            let start = Date()
+            try store.write { w in try w.setSetting("after", [1]) }
+            try store.commitPendingWrites()
+            #expect(Date().timeIntervalSince(start) < 1, "a write waited \(Date().timeIntervalSince(start)) s behind the trim")
+            done.wait()
+        }
+    }
 }
+
 
 private func fileSize(_ path: String) -> Int {
     var st = stat()
