@@ -156,10 +156,10 @@ struct GroupCommitTests {
 
     @Test func aBurstSharesOneGroupAndALoneChangeCommitsSoon() throws {
         try withStore { store, dir throws in
-            store.enableGroupCommit(window: 0.2, longest: 30)
+            store.enableGroupCommit(window: 1, longest: 30)
             defer { try? store.disableGroupCommit() }
-            // Writes 10 ms apart for a second: never the half window of quiet a commit waits for,
-            // so all of them share one group.
+            // Writes 10 ms apart for a second: never the half window (0.5 s) of quiet a commit
+            // waits for, even on a busy machine, so all of them share one group.
             try store.write { w in try w.setSetting("burst", [0]) }
             let generation = store.group.openGeneration
             for i in 1...100 {
@@ -285,7 +285,7 @@ struct GroupCommitTests {
                 _ = try? other.read { r in
                     _ = try r.lastChange() // takes the snapshot
                     reading.signal()
-                    Thread.sleep(forTimeInterval: 3)
+                    Thread.sleep(forTimeInterval: 8)
                 }
                 done.signal()
             }.start()
@@ -294,7 +294,9 @@ struct GroupCommitTests {
             let start = Date()
             try store.write { w in try w.setSetting("after", [1]) }
             try store.commitPendingWrites()
-            #expect(Date().timeIntervalSince(start) < 1, "a write waited \(Date().timeIntervalSince(start)) s behind the trim")
+            // Behind a waiting trim it would wait for the reader, about 6.5 s more; a trim that
+            // gives up leaves at most the copy of the log a moment before (slow on a busy disk).
+            #expect(Date().timeIntervalSince(start) < 3, "a write waited \(Date().timeIntervalSince(start)) s behind the trim")
             done.wait()
         }
     }
