@@ -49,6 +49,10 @@ public struct ContentCipher: Sendable {
         plaintext.withUnsafeBytes { sealChunk($0) }
     }
 
+    public func sealChunk(_ plaintext: [UInt8], id: [UInt8]) -> (ChunkRef, [UInt8]) {
+        plaintext.withUnsafeBytes { sealChunk($0, id: id) }
+    }
+
     /// Opens and verifies a chunk: authenticity by the AEAD (which binds file id and chunk id),
     /// and, with `verifyingID`, identity by recomputing the id from the plaintext.
     ///

@@ -142,12 +142,7 @@ public final class Store: Sendable {
     /// of this process is open, the read runs on the writer's connection, after the statements
     /// finished writes left queued (`StoreWriter`), so it sees everything this process has written.
     public func read<T>(_ body: (StoreReader) throws -> T) throws -> T {
-        if group.isOpen {
-            return try pool.writeWithoutTransaction { db in
-                try runQueued(db)
-                return try body(StoreReader(db: db, files: files))
-            }
-        }
+        if group.isOpen { return try readThroughWriter(body) }
         return try pool.read { db in try body(StoreReader(db: db, files: files)) }
     }
 
@@ -156,13 +151,17 @@ public final class Store: Sendable {
     /// transaction (BEGIN, a schema check, a savepoint, COMMIT) cost more than the query: 80% of
     /// `open` and half of `read` for a small file. Two statements that must agree need `read`.
     public func readOne<T>(_ body: (StoreReader) throws -> T) throws -> T {
-        if group.isOpen {
-            return try pool.writeWithoutTransaction { db in
-                try runQueued(db)
-                return try body(StoreReader(db: db, files: files))
-            }
-        }
+        if group.isOpen { return try readThroughWriter(body) }
         return try pool.unsafeRead { db in try body(StoreReader(db: db, files: files)) }
+    }
+
+    /// A read while this process's group is open: on the writer's connection, the only one that
+    /// sees the group, after the statements finished writes queued.
+    private func readThroughWriter<T>(_ body: (StoreReader) throws -> T) throws -> T {
+        try pool.writeWithoutTransaction { db in
+            try runQueued(db)
+            return try body(StoreReader(db: db, files: files))
+        }
     }
 
     /// A sealed manifest by digest, on the fast path (see `FastReads`).
@@ -187,7 +186,7 @@ public final class Store: Sendable {
             return try pool.writeWithoutTransaction { db in
                 var result: T?
                 try db.inTransaction(.immediate) {
-                    let writer = StoreWriter(session: WriteSession(direct: db), files: files, processLog: processLog, counters: nil, groupGeneration: nil)
+                    let writer = StoreWriter(session: WriteSession(direct: db), files: files, processLog: processLog)
                     result = try body(writer)
                     try files.syncPending() // chunk files before the rows naming them
                     return .commit
@@ -203,7 +202,7 @@ public final class Store: Sendable {
             let session = WriteSession(deferredIn: self, generation: generation)
             let result: T
             do {
-                result = try body(StoreWriter(session: session, files: files, processLog: processLog, counters: counters, groupGeneration: generation))
+                result = try body(StoreWriter(session: session, files: files, processLog: processLog))
             } catch {
                 session.abandon()
                 throw error

@@ -20,19 +20,17 @@ public struct StoreWriter {
     private let processLog: ProcessLog
     /// Numbers for the change log and new inodes in group-commit mode; nil outside it, where
     /// SQLite's AUTOINCREMENT assigns them as each insert runs.
-    private let counters: GroupCounters?
+    private var counters: GroupCounters? { session.counters }
     /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
     /// While one group stays open no other process can write, so a caller that saw the change
     /// log's end inside the same group, and sees `lastLoggedInProcess` unchanged since, knows
     /// the log has not moved without asking.
-    public let groupGeneration: UInt64?
+    public var groupGeneration: UInt64? { session.generation }
 
-    init(session: WriteSession, files: ChunkFiles, processLog: ProcessLog, counters: GroupCounters?, groupGeneration: UInt64?) {
+    init(session: WriteSession, files: ChunkFiles, processLog: ProcessLog) {
         self.session = session
         self.files = files
         self.processLog = processLog
-        self.counters = counters
-        self.groupGeneration = groupGeneration
     }
 
     /// The sequence number of the last change any writer of this store logged in this process
@@ -262,6 +260,18 @@ final class WriteSession {
 
     init(direct db: Database) { mode = .direct(db) }
     init(deferredIn store: Store, generation: UInt64) { mode = .deferred(store, generation: generation) }
+
+    /// The group this write is part of; nil for a direct write.
+    var generation: UInt64? {
+        if case .deferred(_, let generation) = mode { return generation }
+        return nil
+    }
+
+    /// The store's in-memory numbering, which a deferred write must use; nil for a direct one.
+    var counters: GroupCounters? {
+        if case .deferred(let store, _) = mode { return store.counters }
+        return nil
+    }
 
     func run(_ statement: @escaping DeferredStatement) throws {
         switch mode {

@@ -455,7 +455,7 @@ public final class OpenDocument: Sendable {
         var sealedByID: [[UInt8]: ChunkRef] = [:]
         var zeroRefs: [Int: ChunkRef] = [:] // by length: holes share one sealed zero chunk
         func store() throws {
-            for (chunkID, plain) in unsealed { pending[chunkID] = plain.withUnsafeBytes { cipher.sealChunk($0, id: chunkID).1 } }
+            for (chunkID, plain) in unsealed { pending[chunkID] = cipher.sealChunk(plain, id: chunkID).1 }
             unsealed = [:]
             guard !pending.isEmpty else { return }
             let items = pending
@@ -469,11 +469,10 @@ public final class OpenDocument: Sendable {
         let changed = s.dirty.keys.filter { $0 < count }.sorted()
         let changedPlain = changed.map { fitted(s.dirty[$0] ?? [], expectedLength($0, s)) }
         var presealed: [Int: (ref: ChunkRef, sealed: [UInt8])] = [:]
-        var deferred: [Int: (ref: ChunkRef, plain: [UInt8])] = [:]
+        var deferred: (index: Int, ref: ChunkRef, plain: [UInt8])?
         if changed.count == 1, changedPlain[0].count <= Self.deferredSealingLimit {
             let plain = changedPlain[0]
-            let chunkID = plain.withUnsafeBytes { cipher.chunkID($0) }
-            deferred[changed[0]] = (ChunkRef(id: chunkID, length: UInt32(plain.count)), plain)
+            deferred = (changed[0], ChunkRef(id: plain.withUnsafeBytes { cipher.chunkID($0) }, length: UInt32(plain.count)), plain)
         } else {
             presealed = Dictionary(uniqueKeysWithValues: zip(changed, ParallelChunks.seal(changedPlain, with: cipher)))
         }
@@ -483,12 +482,11 @@ public final class OpenDocument: Sendable {
                 refs.append(r)
                 continue
             }
-            if let (ref, plain) = deferred[index] {
-                refs.append(sealedByID[ref.id] ?? ref)
-                if sealedByID[ref.id] == nil {
-                    sealedByID[ref.id] = ref
-                    unsealed[ref.id] = plain
-                }
+            if let d = deferred, d.index == index {
+                if let known = sealedByID[d.ref.id] { refs.append(known); continue } // equal to a hole sealed above
+                sealedByID[d.ref.id] = d.ref
+                unsealed[d.ref.id] = d.plain
+                refs.append(d.ref)
                 continue
             }
             let isHole = s.dirty[index] == nil && (index >= s.refs.count || s.refs[index] == nil)
@@ -503,7 +501,7 @@ public final class OpenDocument: Sendable {
             } else {
                 let plain = try plaintext(index, &s)
                 id = plain.withUnsafeBytes { cipher.chunkID($0) }
-                seal = { [cipher] in plain.withUnsafeBytes { cipher.sealChunk($0, id: id) } }
+                seal = { [cipher] in cipher.sealChunk(plain, id: id) }
             }
             if let known = sealedByID[id] {
                 if isHole { zeroRefs[expected] = known }

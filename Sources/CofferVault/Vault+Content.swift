@@ -84,7 +84,7 @@ extension Vault {
                 guard s.tree.isLive(id) else { return }
                 try w.putChunks(chunks.map { ($0.key, $0.value) })
                 for (chunkID, plain) in unsealed {
-                    try w.putChunk(id: chunkID, sealing: { plain.withUnsafeBytes { cipher.sealChunk($0, id: chunkID).1 } })
+                    try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
                 }
                 try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)

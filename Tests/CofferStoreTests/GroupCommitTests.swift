@@ -158,18 +158,19 @@ struct GroupCommitTests {
         try withStore { store, dir throws in
             store.enableGroupCommit(window: 1, longest: 30)
             defer { try? store.disableGroupCommit() }
-            // Writes 10 ms apart for a second: never the half window (0.5 s) of quiet a commit
-            // waits for, even on a busy machine, so all of them share one group.
+            // Writes 10 ms apart for 2.5 s, well past the window (so a group closing at its window
+            // would show) but never the half window (0.5 s) of quiet a commit waits for, even on
+            // a busy machine: all of them share one group.
             try store.write { w in try w.setSetting("burst", [0]) }
             let generation = store.group.openGeneration
-            for i in 1...100 {
+            for i in 1...250 {
                 try store.write { w in try w.setSetting("burst", [UInt8(i)]) }
                 Thread.sleep(forTimeInterval: 0.01)
             }
             #expect(store.group.openGeneration == generation, "a commit cut the burst")
             // Once writes stop, the group commits about a window later, long before `longest`.
             let other = try Store(directory: dir)
-            #expect(eventually(timeout: 10) { (try? other.read { try $0.setting("burst") }) == [100] })
+            #expect(eventually(timeout: 10) { (try? other.read { try $0.setting("burst") }) == [250] })
             #expect(!store.group.isOpen)
         }
     }
