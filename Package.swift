@@ -23,6 +23,11 @@ let package = Package(
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        // FUSE over io_uring beside libfuse 3.14 (which cannot speak it): rings, their threads,
+        // replies routed back into ring entries. C, because it lives in libfuse's callbacks.
+        .target(name: "CFuseURing", dependencies: ["CFuse"],
+                cSettings: [.headerSearchPath("../CFuse")],
+                linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
 
         // Cryptography over libsodium: keys, AEAD, wrapping, names, signatures, recovery phrase.
         .target(name: "CofferCrypto", dependencies: ["CSodium", "COpenSSL"]),
@@ -38,7 +43,7 @@ let package = Package(
         // The decrypted file tree a user works with: paths, operations, content I/O.
         .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),
         // The FUSE daemon's filesystem: low-level operations over a vault.
-        .target(name: "CofferFS", dependencies: ["CFuse", "CofferVault", "CofferModel"]),
+        .target(name: "CofferFS", dependencies: ["CFuse", "CFuseURing", "CofferVault", "CofferModel"]),
         // The client–server wire format and request signing, shared by both sides.
         .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
         // The client side of sync: signed calls to the server, the sync routine, the scheduler.

@@ -85,6 +85,15 @@ static inline int coffer_renameat2(int olddirfd, const char *oldpath,
     return (int)syscall(SYS_renameat2, olddirfd, oldpath, newdirfd, newpath, flags);
 }
 
+/* Pins the calling thread to one CPU (tests that send requests from every CPU); the
+   glibc wrapper needs _GNU_SOURCE. */
+static inline int coffer_pin_thread_to_cpu(int cpu) {
+    unsigned long mask[16] = { 0 };
+    if (cpu < 0 || cpu >= 1024) { errno = EINVAL; return -1; }
+    mask[cpu / 64] |= 1UL << (cpu % 64);
+    return (int)syscall(SYS_sched_setaffinity, 0, sizeof(mask), mask);
+}
+
 /* One reader at a time, spinning before it sleeps.
 
    With libfuse's multi-threaded loop every idle worker blocks in
@@ -129,6 +138,16 @@ struct coffer_reader_state {
     uint64_t init_unique;
     int killpriv_v2;          /* granted in the INIT reply */
     pthread_key_t kill_key;   /* per worker: the request it read asks to kill suid/sgid */
+    /* FUSE over io_uring (CFuseURing), attached before the loop runs. */
+    void *uring;              /* the transport, or NULL */
+    int uring_offered;        /* the kernel's INIT offered it */
+    int uring_granted;        /* granted in the INIT reply */
+    /* Sends a reply into the ring entry its request came in; -2 if the
+       request did not come through a ring. */
+    ssize_t (*uring_reply)(void *uring, struct iovec *iov, int count);
+    /* Called once the INIT reply is written (or failed): starts or ends the
+       rings; `payload` is the largest request or reply body negotiated. */
+    void (*uring_init_replied)(void *uring, int granted, size_t payload);
 };
 
 /* Each session's state, by its /dev/fuse descriptor (tests run several
@@ -212,6 +231,10 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
    `coffer_fuse_request_kills_suidgid`. The grant is set in
    the INIT reply on its way out, and only if the kernel offered it. */
 #define COFFER_FUSE_HANDLE_KILLPRIV_V2 (1u << 28)
+/* INIT flags for FUSE over io_uring: FUSE_INIT_EXT says flags2 is there,
+   FUSE_OVER_IO_URING is bit 41, bit 9 of flags2. */
+#define COFFER_FUSE_INIT_EXT (1u << 30)
+#define COFFER_FUSE_OVER_IO_URING_2 (1u << 9)
 
 static inline void coffer_note_request(struct coffer_reader_state *r, const void *buf, ssize_t n) {
     if (n < (ssize_t)sizeof(struct coffer_fuse_in_header)) return;
@@ -221,11 +244,14 @@ static inline void coffer_note_request(struct coffer_reader_state *r, const void
     uint32_t word = 0;
     int kill = 0;
     switch (h->opcode) {
-    case 26: /* INIT: fuse_init_in.flags */
-        if (r->grant_killpriv_v2 && length >= 16) {
+    case 26: /* INIT: fuse_init_in.flags, then flags2 */
+        if (length >= 16) {
             memcpy(&word, body + 12, sizeof(word));
             r->init_unique = h->unique;
-            r->killpriv_v2_offered = (word & COFFER_FUSE_HANDLE_KILLPRIV_V2) != 0;
+            r->killpriv_v2_offered = r->grant_killpriv_v2 && (word & COFFER_FUSE_HANDLE_KILLPRIV_V2) != 0;
+            uint32_t flags2 = 0;
+            if (length >= 20) memcpy(&flags2, body + 16, sizeof(flags2));
+            r->uring_offered = (word & COFFER_FUSE_INIT_EXT) != 0 && (flags2 & COFFER_FUSE_OVER_IO_URING_2) != 0;
         }
         return;
     case 16: /* WRITE: fuse_write_in.write_flags, FUSE_WRITE_KILL_SUIDGID */
@@ -246,20 +272,47 @@ static inline void coffer_note_request(struct coffer_reader_state *r, const void
     if (r->killpriv_v2) pthread_setspecific(r->kill_key, kill ? (void *)1 : NULL);
 }
 
-/* Sets the grant in the INIT reply (fuse_init_out.flags, after the 16-byte
-   fuse_out_header in libfuse's first iovec). */
-static inline void coffer_grant_killpriv_v2(struct coffer_reader_state *r, struct iovec *iov, int count) {
-    if (count < 2 || iov[0].iov_len < 16 || iov[1].iov_len < 16) return;
+/* Whether this reply answers INIT: 1 for a successful one, -1 for a failed one. */
+static inline int coffer_is_init_reply(struct coffer_reader_state *r, struct iovec *iov, int count) {
+    if (r->init_unique == 0 || count < 1 || iov[0].iov_len < 16) return 0;
     uint64_t unique;
     int32_t error;
     memcpy(&error, (const char *)iov[0].iov_base + 4, sizeof(error));
     memcpy(&unique, (const char *)iov[0].iov_base + 8, sizeof(unique));
-    if (unique != r->init_unique || error != 0) return;
-    uint32_t flags;
-    memcpy(&flags, (const char *)iov[1].iov_base + 12, sizeof(flags));
-    flags |= COFFER_FUSE_HANDLE_KILLPRIV_V2;
-    memcpy((char *)iov[1].iov_base + 12, &flags, sizeof(flags));
-    r->killpriv_v2 = 1;
+    if (unique != r->init_unique) return 0;
+    return error == 0 && count >= 2 && iov[1].iov_len >= 36 ? 1 : -1;
+}
+
+/* Sets the grants in a successful INIT reply (fuse_init_out after the
+   16-byte fuse_out_header in libfuse's first iovec: flags at 12, max_write
+   at 20, max_pages at 28, flags2 at 32). Returns the largest request or
+   reply body the kernel will use, which a ring entry's buffer must hold. */
+static inline size_t coffer_grant_in_init_reply(struct coffer_reader_state *r, struct iovec *iov) {
+    char *out = (char *)iov[1].iov_base;
+    uint32_t flags, flags2, max_write;
+    uint16_t max_pages;
+    memcpy(&flags, out + 12, sizeof(flags));
+    memcpy(&max_write, out + 20, sizeof(max_write));
+    memcpy(&max_pages, out + 28, sizeof(max_pages));
+    memcpy(&flags2, out + 32, sizeof(flags2));
+    if (r->killpriv_v2_offered) {
+        flags |= COFFER_FUSE_HANDLE_KILLPRIV_V2;
+        r->killpriv_v2 = 1;
+    }
+    if (r->uring_offered && r->uring != NULL) {
+        flags |= COFFER_FUSE_INIT_EXT;
+        flags2 |= COFFER_FUSE_OVER_IO_URING_2;
+        r->uring_granted = 1;
+    }
+    memcpy(out + 12, &flags, sizeof(flags));
+    memcpy(out + 32, &flags2, sizeof(flags2));
+    /* The kernel's ring payload: max(8 KiB, max_write, max_pages pages),
+       max_pages being 32 unless negotiated (FUSE_MAX_PAGES, bit 22). */
+    size_t pages = (flags & (1u << 22)) && max_pages > 0 ? max_pages : 32;
+    size_t payload = pages * 4096;
+    if (payload < max_write) payload = max_write;
+    if (payload < 8192) payload = 8192;
+    return payload;
 }
 
 /* Whether the request this worker is handling asks the filesystem to drop
@@ -383,11 +436,27 @@ static ssize_t coffer_spinning_read(int fd, void *buf, size_t len, void *userdat
     }
 }
 
+/* Every reply and notification of the session. A reply to a request that
+   came through an io_uring ring goes back into that ring's entry; the INIT
+   reply carries the grants. */
 static ssize_t coffer_plain_writev(int fd, struct iovec *iov, int count, void *userdata) {
     (void)userdata;
     struct coffer_reader_state *r = coffer_reader(fd);
-    if (r != NULL && r->killpriv_v2_offered && !r->killpriv_v2) coffer_grant_killpriv_v2(r, iov, count);
-    return writev(fd, iov, count);
+    if (r == NULL) return writev(fd, iov, count);
+    if (r->uring_granted) {
+        ssize_t n = r->uring_reply(r->uring, iov, count);
+        if (n != -2) return n;
+    }
+    int init = coffer_is_init_reply(r, iov, count);
+    if (init == 0) return writev(fd, iov, count);
+    size_t payload = init > 0 ? coffer_grant_in_init_reply(r, iov) : 0;
+    ssize_t n = writev(fd, iov, count);
+    int saved = errno;
+    r->init_unique = 0;
+    if (r->uring != NULL) r->uring_init_replied(r->uring, n >= 0 && r->uring_granted, payload);
+    if (n < 0) r->uring_granted = 0;
+    errno = saved;
+    return n;
 }
 
 /* Installs the reader above on a mounted session, before its loop runs

@@ -118,6 +118,11 @@ public enum MountService {
         uid != 0 || options.contains { ["allow_other", "allow_root", "default_permissions"].contains($0) }
     }
 
+    /// `coffer mount -o no_io_uring`: keep every request on /dev/fuse.
+    public static let noIOURingOption = "no_io_uring"
+    /// `coffer mount -o io_uring_threads=N`: threads per CPU serving the rings.
+    public static let ioURingThreadsOption = "io_uring_threads"
+
     /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
     /// the kernel has the mount.
     /// `services`, if given, starts background work (the sync scheduler) once serving; it gets a
@@ -128,19 +133,40 @@ public enum MountService {
         let log: @Sendable (String) -> Void = { logger.log($0) }
         keepChunkBuffersMapped()
         let fs = try CofferFileSystem(vault: vault, log: log)
+        let requested = options.flatMap { $0.split(separator: ",").map(String.init) }
+        // Coffer's own option, not libfuse's: stay on /dev/fuse even where the kernel offers
+        // FUSE over io_uring (docs/FILESYSTEM.md).
+        let noIOURing = requested.contains(Self.noIOURingOption)
+        let ringThreads = requested.lazy.compactMap { option -> Int? in
+            guard option.hasPrefix(Self.ioURingThreadsOption + "=") else { return nil }
+            return Int(option.dropFirst(Self.ioURingThreadsOption.count + 1))
+        }.first
+        let transport = Mutex<FuseSession?>(nil)
         fs.onReady = {
             ready()
             // Off the FUSE thread: finding the mount's device asks this very filesystem.
-            let t = Thread { ReadAhead.raise(at: mountPoint, log: log) }
+            let t = Thread {
+                ReadAhead.raise(at: mountPoint, log: log)
+                // That request came after the INIT reply, which settled the transport.
+                if let session = transport.withLock({ $0 }) {
+                    log(session.usesIOURing
+                        ? "requests travel over io_uring, \(session.configuration.ioUringThreadsPerQueue) threads per CPU"
+                        : "requests travel over /dev/fuse" + (noIOURing ? " (-o \(Self.noIOURingOption))" : ""))
+                }
+            }
             t.name = "coffer-readahead"
             t.start()
         }
         var mountOptions = ["fsname=coffer", "subtype=coffer"]
-        let requested = options.flatMap { $0.split(separator: ",").map(String.init) }
         if Self.kernelChecksPermissions(uid: getuid(), options: requested) { mountOptions.append("default_permissions") }
-        mountOptions += requested.filter { $0 != "default_permissions" }
-        let session = FuseSession(mountPoint: mountPoint, operations: fs,
-                                  configuration: FuseSession.Configuration(mountOptions: mountOptions))
+        mountOptions += requested.filter {
+            $0 != "default_permissions" && $0 != Self.noIOURingOption && !$0.hasPrefix(Self.ioURingThreadsOption + "=")
+        }
+        var configuration = FuseSession.Configuration(mountOptions: mountOptions)
+        if let ringThreads { configuration.ioUringThreadsPerQueue = max(0, min(ringThreads, 64)) }
+        if noIOURing { configuration.ioUringThreadsPerQueue = 0 }
+        let session = FuseSession(mountPoint: mountPoint, operations: fs, configuration: configuration)
+        transport.withLock { $0 = session }
         let watcher = ChangeWatcher(fs: fs, session: session)
         let stopServices = services?({ ids in
             vault.adoptExternalContent(ids)
@@ -168,6 +194,8 @@ public enum MountService {
         }
         // A request that blocked for 10 ms or more while holding the reader (see CFuse/shim.h):
         // worth knowing when looking into a slow mount.
+        let overRings = session.ioUringRequests
+        if overRings > 0 { log("\(overRings) requests were served over io_uring") }
         let takeovers = session.readerTakeovers
         if takeovers > 0 { log("reading was taken over from a worker stuck in a request \(takeovers) times") }
     }

@@ -78,6 +78,13 @@ struct BulkCryptoTests {
                 #expect(same, "length \(n), key \(keyLength)")
             }
         }
+        // A key used again comes from the prepared-key cache and gives the same MACs.
+        let key = randomBytes(32), data = randomBytes(5000)
+        let first = try #require(data.withUnsafeBytes { Bulk.hmacSHA256($0, key: key) })
+        #expect(PreparedHMACKey.for(key) != nil)
+        let again = try #require(data.withUnsafeBytes { Bulk.hmacSHA256($0, key: key) })
+        #expect(first == again)
+        #expect(data.withUnsafeBytes { hmacSHA256($0, key: randomBytes(32)) } != first)
         // RFC 4231, test case 2.
         let rfc = Array("what do ya want for nothing?".utf8).withUnsafeBytes { hmacSHA256($0, key: Array("Jefe".utf8)) }
         #expect(hex(rfc) == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")

@@ -16,10 +16,9 @@ struct FuseBridgeTests {
 
     @Test func filesDirectoriesRenameXattrsWithReaddirPlus() throws {
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, readdirPlus: .always, handleSignals: false))
+            mountOptions: Self.options, readdirPlus: .always, handleSignals: false, ioUringThreadsPerQueue: 0))
         defer { mount.cleanUp() }
         try mount.start()
-        let fs = mount.filesystem
 
         let connection = try #require(mount.session.connection)
         #expect(connection.atomicOpenTruncate)
@@ -28,6 +27,64 @@ struct FuseBridgeTests {
         #expect(!connection.writebackCache)
         #expect(!connection.posixLocks)
         #expect(connection.maxWrite == 1 << 20)
+        #expect(!mount.session.usesIOURing)
+        try exerciseEverything(mount)
+        #expect(mount.session.ioUringRequests == 0)
+    }
+
+    /// The same, with every request after INIT served through FUSE over io_uring
+    /// (`CFuseURing`), plus requests sent from both CPUs at once so each CPU's queue serves.
+    @Test(.enabled(if: FuseIOURingSwitch.available)) func everythingOverIOURing() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, readdirPlus: .always, handleSignals: false))
+        defer { mount.cleanUp() }
+        try FuseIOURingSwitch.mountOverRings(mount)
+        #expect(mount.session.usesIOURing)
+        let first = mount.session.ioUringRequests
+        #expect(first > 0)
+
+        try fromEveryCPU(mount)
+        mount.filesystem.state.withLock { $0.renameFlagsSeen = [] }
+        try exerciseEverything(mount)
+        #expect(mount.session.ioUringRequests > first + 1500, "\(mount.session.ioUringRequests) served over the rings")
+    }
+
+    /// Creates, writes, reads, renames and removes files from one thread pinned to each CPU at
+    /// the same time.
+    func fromEveryCPU(_ mount: MountHarness) throws {
+        let cpus = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+        let failures = Mutex<[String]>([])
+        let done = DispatchSemaphore(value: 0)
+        for cpu in 0..<cpus {
+            Thread {
+                _ = coffer_pin_thread_to_cpu(Int32(cpu))
+                do {
+                    try posix("mkdir") { mkdir(mount.path("cpu\(cpu)"), 0o755) }
+                    for i in 0..<100 {
+                        let bytes = (0..<(i * 97 % 5000)).map { UInt8(truncatingIfNeeded: $0 &+ i &+ cpu) }
+                        let path = mount.path("cpu\(cpu)/f\(i)")
+                        try writeFile(path, bytes)
+                        guard try readFile(path) == bytes else { throw POSIXFailure(call: "read back \(path)", errno: EIO) }
+                        try posix("rename") { rename(path, path + ".moved") }
+                    }
+                    guard try listDirectory(mount.path("cpu\(cpu)")).count == 102 else {
+                        throw POSIXFailure(call: "list cpu\(cpu)", errno: EIO)
+                    }
+                    for i in 0..<100 { try posix("unlink") { unlink(mount.path("cpu\(cpu)/f\(i).moved")) } }
+                    try posix("rmdir") { rmdir(mount.path("cpu\(cpu)")) }
+                } catch {
+                    failures.withLock { $0.append("cpu \(cpu): \(error)") }
+                }
+                done.signal()
+            }.start()
+        }
+        for _ in 0..<cpus { #expect(done.wait(timeout: .now() + 60) == .success) }
+        #expect(failures.withLock { $0 } == [])
+    }
+
+    /// What `filesDirectoriesRenameXattrsWithReaddirPlus` checks, on a started mount; ends it.
+    func exerciseEverything(_ mount: MountHarness) throws {
+        let fs = mount.filesystem
 
         // Directories and files.
         try posix("mkdir") { mkdir(mount.path("dir"), 0o755) }
@@ -205,11 +262,17 @@ struct FuseBridgeTests {
 
     /// A mount whose reader is never taken over within a test's time (so only handing on can
     /// serve other requests while one is held), with a file "held" open for writing.
-    func mountWithOpenFile() throws -> (MountHarness, Int32) {
+    func mountWithOpenFile(overIOURing: Bool = false) throws -> (MountHarness, Int32) {
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000,
+            ioUringThreadsPerQueue: overIOURing ? 4 : 0))
         do {
-            try mount.start()
+            if overIOURing {
+                try FuseIOURingSwitch.mountOverRings(mount)
+                guard mount.session.usesIOURing else { throw POSIXFailure(call: "io_uring not granted", errno: ENOTSUP) }
+            } else {
+                try mount.start()
+            }
             try writeFile(mount.path("held"), [1, 2, 3])
             return (mount, try posix("open") { open(mount.path("held"), O_WRONLY | O_CLOEXEC) })
         } catch {
@@ -222,8 +285,9 @@ struct FuseBridgeTests {
     /// right while it handles a short request. Before a long one it must hand it on, or every
     /// other request would wait: here an fsync stays in its handler while a mkdir, a create and
     /// a stat are served.
-    @Test func shortRequestsAreServedWhileALongOneRuns() throws {
-        let (mount, fd) = try mountWithOpenFile()
+    @Test(arguments: [false, true]) func shortRequestsAreServedWhileALongOneRuns(overIOURing: Bool) throws {
+        if overIOURing && !FuseIOURingSwitch.available { return } // no FUSE over io_uring in this kernel
+        let (mount, fd) = try mountWithOpenFile(overIOURing: overIOURing)
         defer { mount.cleanUp() }
         defer { close(fd) }
         expectServedWhileHeld(mount.filesystem.fsyncHold, "fsync", limit: 10, start: { Glibc.fsync(fd) == 0 ? 0 : errno }) {
@@ -253,8 +317,9 @@ struct FuseBridgeTests {
     /// keeps the reader token; a waiting worker must notice and read in its place, or every
     /// other request would wait behind it.
     @Test func aStuckShortRequestDoesNotHoldUpTheOthers() throws {
+        // The /dev/fuse reader's rule (over io_uring each thread has its own ring entry).
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, ioUringThreadsPerQueue: 0))
         defer { mount.cleanUp() }
         try mount.start()
         try writeFile(mount.path("before"), [1])

@@ -1,4 +1,5 @@
 import CFuse
+import CFuseURing
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -82,6 +83,11 @@ public final class FuseSession: Sendable {
         /// chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
         /// which sees the kernel's per-request flags; without it the kernel keeps the job.
         public var handleKillPrivV2: Bool
+        /// Threads per CPU serving FUSE over io_uring (CFuseURing), each with one ring entry;
+        /// 0 keeps every request on /dev/fuse. Used only when the kernel offers it (the fuse
+        /// module's `enable_uring` parameter, Linux 6.14+) and with the spinning reader.
+        /// Requests are then served on their caller's CPU.
+        public var ioUringThreadsPerQueue: Int
 
         public init(
             mountOptions: [String] = [],
@@ -96,7 +102,8 @@ public final class FuseSession: Sendable {
             debug: Bool = false,
             spinMicroseconds: Int = 50,
             stallMicroseconds: Int = 10_000,
-            handleKillPrivV2: Bool = true
+            handleKillPrivV2: Bool = true,
+            ioUringThreadsPerQueue: Int = 4
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
@@ -111,6 +118,7 @@ public final class FuseSession: Sendable {
             self.spinMicroseconds = spinMicroseconds
             self.stallMicroseconds = stallMicroseconds
             self.handleKillPrivV2 = handleKillPrivV2
+            self.ioUringThreadsPerQueue = ioUringThreadsPerQueue
         }
     }
 
@@ -126,6 +134,22 @@ public final class FuseSession: Sendable {
             : Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: reader)))
     }
     private let finalTakeovers = Atomic<Int>(0)
+
+    /// Requests served through FUSE over io_uring so far (0 when the session runs on
+    /// /dev/fuse alone); after the session ended, the count it ended with.
+    public var ioUringRequests: Int {
+        let uring = self.uring.load(ordering: .acquiring)
+        return uring == 0 ? finalURingRequests.load(ordering: .relaxed)
+            : Int(coffer_fuse_uring_served(OpaquePointer(bitPattern: uring)))
+    }
+    /// Whether the kernel took FUSE over io_uring at INIT (known once mounted; false after the
+    /// session ended).
+    public var usesIOURing: Bool {
+        let uring = self.uring.load(ordering: .acquiring)
+        return uring != 0 && coffer_fuse_uring_granted(OpaquePointer(bitPattern: uring)) != 0
+    }
+    private let uring = Atomic<Int>(0)
+    private let finalURingRequests = Atomic<Int>(0)
 
     /// Whether the kernel let the filesystem side clear setuid and setgid
     /// (FUSE_HANDLE_KILLPRIV_V2); known once the mount is up, false after the session ended.
@@ -214,6 +238,10 @@ public final class FuseSession: Sendable {
                                                    configuration.stallMicroseconds * 1000,
                                                    configuration.handleKillPrivV2 ? 1 : 0, &reader) == 0 {
                     bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
+                    if configuration.ioUringThreadsPerQueue > 0,
+                       let rings = coffer_fuse_uring_prepare(se, reader, Int32(configuration.ioUringThreadsPerQueue)) {
+                        uring.store(Int(bitPattern: rings), ordering: .releasing)
+                    }
                 }
             }
             loopResult = coffer_fuse_session_loop_mt(
@@ -240,6 +268,14 @@ public final class FuseSession: Sendable {
 
         if mounted {
             fuse_session_unmount(se)
+        }
+        // The rings go after the unmount (a request arriving before it still finds a
+        // thread) and before the session is destroyed (their threads call into it).
+        let rings = uring.exchange(0, ordering: .acquiringAndReleasing)
+        if rings != 0 {
+            finalURingRequests.store(Int(coffer_fuse_uring_served(OpaquePointer(bitPattern: rings))),
+                                     ordering: .relaxed)
+            coffer_fuse_uring_stop(OpaquePointer(bitPattern: rings))
         }
         guard mounted else { throw .mountFailed(mountPoint: mountPoint) }
         // A signal-number result cannot happen (libfuse's own handlers are
