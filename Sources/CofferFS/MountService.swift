@@ -118,9 +118,10 @@ public enum MountService {
         uid != 0 || options.contains { ["allow_other", "allow_root", "default_permissions"].contains($0) }
     }
 
-    /// `coffer mount -o no_io_uring`: keep every request on /dev/fuse.
-    public static let noIOURingOption = "no_io_uring"
-    /// `coffer mount -o io_uring_threads=N`: threads per CPU serving the rings.
+    /// `coffer mount -o io_uring`: take requests over io_uring where the kernel offers it
+    /// (also `COFFER_IO_URING=1` in the environment).
+    public static let ioURingOption = "io_uring"
+    /// `coffer mount -o io_uring_threads=N`: the same, with N threads per CPU (default 4).
     public static let ioURingThreadsOption = "io_uring_threads"
 
     /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
@@ -134,13 +135,15 @@ public enum MountService {
         keepChunkBuffersMapped()
         let fs = try CofferFileSystem(vault: vault, log: log)
         let requested = options.flatMap { $0.split(separator: ",").map(String.init) }
-        // Coffer's own option, not libfuse's: stay on /dev/fuse even where the kernel offers
-        // FUSE over io_uring (docs/FILESYSTEM.md).
-        let noIOURing = requested.contains(Self.noIOURingOption)
+        // Coffer's own options, not libfuse's: take requests over io_uring where the kernel
+        // offers it. Off by default: it speeds up callers that wait on one small request after
+        // another (untar) and slows reading many files (docs/FILESYSTEM.md, "Transport").
         let ringThreads = requested.lazy.compactMap { option -> Int? in
             guard option.hasPrefix(Self.ioURingThreadsOption + "=") else { return nil }
             return Int(option.dropFirst(Self.ioURingThreadsOption.count + 1))
         }.first
+        let useIOURing = ringThreads.map { $0 > 0 } ?? (requested.contains(Self.ioURingOption)
+            || ProcessInfo.processInfo.environment["COFFER_IO_URING"] == "1")
         let transport = Mutex<FuseSession?>(nil)
         fs.onReady = {
             ready()
@@ -151,7 +154,7 @@ public enum MountService {
                 if let session = transport.withLock({ $0 }) {
                     log(session.usesIOURing
                         ? "requests travel over io_uring, \(session.configuration.ioUringThreadsPerQueue) threads per CPU"
-                        : "requests travel over /dev/fuse" + (noIOURing ? " (-o \(Self.noIOURingOption))" : ""))
+                        : "requests travel over /dev/fuse" + (useIOURing ? " (the kernel did not offer io_uring)" : ""))
                 }
             }
             t.name = "coffer-readahead"
@@ -160,11 +163,10 @@ public enum MountService {
         var mountOptions = ["fsname=coffer", "subtype=coffer"]
         if Self.kernelChecksPermissions(uid: getuid(), options: requested) { mountOptions.append("default_permissions") }
         mountOptions += requested.filter {
-            $0 != "default_permissions" && $0 != Self.noIOURingOption && !$0.hasPrefix(Self.ioURingThreadsOption + "=")
+            $0 != "default_permissions" && $0 != Self.ioURingOption && !$0.hasPrefix(Self.ioURingThreadsOption + "=")
         }
         var configuration = FuseSession.Configuration(mountOptions: mountOptions)
-        if let ringThreads { configuration.ioUringThreadsPerQueue = max(0, min(ringThreads, 64)) }
-        if noIOURing { configuration.ioUringThreadsPerQueue = 0 }
+        configuration.ioUringThreadsPerQueue = useIOURing ? max(1, min(ringThreads ?? 4, 64)) : 0
         let session = FuseSession(mountPoint: mountPoint, operations: fs, configuration: configuration)
         transport.withLock { $0 = session }
         let watcher = ChangeWatcher(fs: fs, session: session)

@@ -52,10 +52,6 @@ public struct StoreWriter {
     public func put(_ f: StoredFile, _ side: TreeSide, previousDigest: [UInt8]?? = .none) throws {
         let m = f.metadata
         let table = side.table
-        let id = Data(m.id.bytes)
-        let parent = Data(m.parent.bytes)
-        let record = Data(f.signed.encoded())
-        let digest = m.contentDigest.map { Data($0) }
         let (version, contentVersion, serverDeleted) = (f.version, f.contentVersion, f.serverDeleted)
         // Only a document ever names content (the type of an id never changes), so only its
         // row can hold a manifest this write releases; a folder's update (every entry added
@@ -69,7 +65,13 @@ public struct StoreWriter {
         } else {
             lookUpPrevious = true; known = nil
         }
+        // The record is encoded where the statement runs: in the mount daemon that is the
+        // group thread, not the request (a few microseconds per create, close or chmod).
         try session.run { db in
+            let id = Data(m.id.bytes)
+            let parent = Data(m.parent.bytes)
+            let record = Data(f.signed.encoded())
+            let digest = m.contentDigest.map { Data($0) }
             let previous = lookUpPrevious
                 ? try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
                 : known
@@ -109,14 +111,15 @@ public struct StoreWriter {
     }
 
     public func logChange(_ id: FileID) throws {
-        let key = Data(id.bytes)
         let seq: Int64
         if let counters {
             seq = counters.nextSequence()
             try session.run { db in
-                try db.cachedStatement(sql: "INSERT INTO change_log(seq, file_id) VALUES (?, ?)").execute(arguments: [seq, key])
+                try db.cachedStatement(sql: "INSERT INTO change_log(seq, file_id) VALUES (?, ?)")
+                    .execute(arguments: [seq, Data(id.bytes)])
             }
         } else {
+            let key = Data(id.bytes)
             seq = try session.access { db in
                 try db.cachedStatement(sql: "INSERT INTO change_log(file_id) VALUES (?)").execute(arguments: [key])
                 return db.lastInsertedRowID

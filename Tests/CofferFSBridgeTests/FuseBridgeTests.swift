@@ -36,7 +36,7 @@ struct FuseBridgeTests {
     /// (`CFuseURing`), plus requests sent from both CPUs at once so each CPU's queue serves.
     @Test(.enabled(if: FuseIOURingSwitch.available)) func everythingOverIOURing() throws {
         let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, readdirPlus: .always, handleSignals: false))
+            mountOptions: Self.options, readdirPlus: .always, handleSignals: false, ioUringThreadsPerQueue: 4))
         defer { mount.cleanUp() }
         try FuseIOURingSwitch.mountOverRings(mount)
         #expect(mount.session.usesIOURing)

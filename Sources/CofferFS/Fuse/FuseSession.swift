@@ -84,9 +84,9 @@ public final class FuseSession: Sendable {
         /// which sees the kernel's per-request flags; without it the kernel keeps the job.
         public var handleKillPrivV2: Bool
         /// Threads per CPU serving FUSE over io_uring (CFuseURing), each with one ring entry;
-        /// 0 keeps every request on /dev/fuse. Used only when the kernel offers it (the fuse
-        /// module's `enable_uring` parameter, Linux 6.14+) and with the spinning reader.
-        /// Requests are then served on their caller's CPU.
+        /// 0 (the default) keeps every request on /dev/fuse. Used only when the kernel offers it
+        /// (the fuse module's `enable_uring` parameter, Linux 6.14+) and with the spinning
+        /// reader. Requests are then served on their caller's CPU.
         public var ioUringThreadsPerQueue: Int
 
         public init(
@@ -103,7 +103,7 @@ public final class FuseSession: Sendable {
             spinMicroseconds: Int = 50,
             stallMicroseconds: Int = 10_000,
             handleKillPrivV2: Bool = true,
-            ioUringThreadsPerQueue: Int = 4
+            ioUringThreadsPerQueue: Int = 0
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
