@@ -31,13 +31,7 @@ public enum Validator {
             guard let parent = tree.file(m.parent) else { throw .orphan(describe(id)) }
             guard parent.type == .folder else { throw .parentNotFolder(describe(m.parent)) }
             // Cycle invariant: walking up must reach the root.
-            var seen: Set<FileID> = [id]
-            var cursor = parent
-            while !cursor.isRoot {
-                if !seen.insert(cursor.id).inserted { throw .cycle(describe(id)) }
-                guard let next = tree.file(cursor.parent) else { throw .orphan(describe(cursor.id)) }
-                cursor = next
-            }
+            try reachesRoot(from: id, parent: parent.id, in: tree, describe: describe)
             if !m.isDeleted { namesToCheck.append(m) }
             if m.type == .folder, let old, old.isDeleted != m.isDeleted || old.parent != m.parent {
                 foldersToDeepCheck.append(id)
@@ -57,6 +51,32 @@ public enum Validator {
             }
         }
     }
+
+    /// Walks up from `id` (whose parent is `parent`) and throws unless it reaches the root.
+    ///
+    /// Runs for every changed record of every batch (each create, close and chmod on a mount),
+    /// so it reads only links (no record copies), and only a walk longer than `shortWalk` steps
+    /// keeps a set of where it has been; before that it checks for `id` alone. A cycle among
+    /// the ancestors is then found a few steps later than with a set from the start, with the
+    /// same error: nothing inside a cycle can be missing, so no other error can come first.
+    static func reachesRoot<T: TreeView>(from id: FileID, parent: FileID, in tree: T,
+                                         describe: Describe) throws(TreeError) {
+        var current = parent
+        guard var link = tree.link(current) else { throw .orphan(describe(id)) }
+        var visited: Set<FileID>?
+        var steps = 0
+        while link.parent != current { // the root is its own parent
+            steps += 1
+            if steps > shortWalk, visited == nil { visited = [id] }
+            if current == id || visited?.insert(current).inserted == false { throw .cycle(describe(id)) }
+            guard let next = tree.link(link.parent) else { throw .orphan(describe(current)) }
+            current = link.parent
+            link = next
+        }
+    }
+
+    /// Steps walked up before the walk keeps a set (deeper trees are rare).
+    static let shortWalk = 32
 
     static func sameStructure(_ a: FileMetadata, _ b: FileMetadata) -> Bool {
         var x = a, y = b
