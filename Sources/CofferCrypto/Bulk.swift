@@ -1,6 +1,5 @@
 import COpenSSL
 import CSodium
-import Synchronization
 
 /// The same primitives as the rest of this module, computed by OpenSSL's libcrypto where the
 /// input is large enough for its speed to matter.
@@ -27,13 +26,8 @@ enum Bulk {
 
     /// HMAC-SHA-256, or nil if libcrypto could not do it (the caller falls back to libsodium).
     static func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8]? {
-        if let prepared = PreparedHMACKey.for(key) {
-            var out = [UInt8](repeating: 0, count: 32)
-            let ok = out.withUnsafeMutableBufferPointer { o in
-                coffer_hmac_sha256_prepared(prepared.raw, data.baseAddress?.assumingMemoryBound(to: UInt8.self),
-                                            data.count, o.baseAddress)
-            }
-            if ok == 1 { return out }
+        if let sha256 {
+            return digest(of: data, key: key, length: 32) { coffer_hmac_sha256_direct(sha256, $0, $1, $2, $3, $4) }
         }
         guard let mac = hmacMAC else { return nil }
         return digest(of: data, key: key, length: 32) { coffer_hmac_sha256(mac, $0, $1, $2, $3, $4) }
@@ -136,34 +130,4 @@ public func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8] 
     }
     _ = crypto_auth_hmacsha256_final(&state, &out)
     return out
-}
-
-/// An HMAC-SHA-256 key with its pads hashed once (`coffer_hmac_sha256_key_new`), kept for the
-/// few keys a process uses over and over (chunk ids: one per account).
-final class PreparedHMACKey: @unchecked Sendable {
-    // Immutable after init; libcrypto only reads it (copies its states) while it lives.
-    let raw: UnsafeMutablePointer<coffer_hmac_key>
-
-    private init?(_ key: [UInt8]) {
-        guard let sha256 = Bulk.sha256,
-              let raw = key.withUnsafeBufferPointer({ coffer_hmac_sha256_key_new(sha256, $0.baseAddress, $0.count) })
-        else { return nil }
-        self.raw = raw
-    }
-
-    deinit { coffer_hmac_sha256_key_free(raw) }
-
-    /// Enough for every account a process opens; past it the cache starts over.
-    private static let limit = 16
-    private static let cache = Mutex<[[UInt8]: PreparedHMACKey]>([:])
-
-    static func `for`(_ key: [UInt8]) -> PreparedHMACKey? {
-        if let hit = cache.withLock({ $0[key] }) { return hit }
-        guard let made = PreparedHMACKey(key) else { return nil }
-        cache.withLock { keys in
-            if keys.count >= limit { keys.removeAll() }
-            keys[key] = made
-        }
-        return made
-    }
 }
