@@ -94,6 +94,6 @@ let package = Package(
         .testTarget(name: "CofferSyncTests", dependencies: [
             "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferTestSupport",
         ]),
-        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault"]),
+        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
     ]
 )

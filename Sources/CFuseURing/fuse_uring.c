@@ -23,7 +23,6 @@
 #include <liburing.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <sys/mman.h>
 
 /* The kernel ABI (include/uapi/linux/fuse.h, 7.42+), which Debian 12's
    headers predate. */
@@ -84,8 +83,6 @@ struct coffer_fuse_uring {
     int phase;
     size_t payload;
     _Atomic unsigned long served;
-    _Atomic int registered;
-    _Atomic int failed;
 };
 
 static _Thread_local struct coffer_uring_worker *current_worker;
@@ -243,6 +240,8 @@ static void *worker_main(void *arg) {
     /* A failed allocation registers a too-small payload on purpose: the
        kernel then rejects the registration and falls back to /dev/fuse for
        the whole connection, where a missing queue would hang it. */
+    static struct coffer_uring_req_header unused_header;
+    static char unused_buffer[COFFER_URING_HEADROOM + 1];
     size_t size = COFFER_URING_HEADROOM + payload;
     w->header = (struct coffer_uring_req_header *)calloc(1, sizeof(*w->header));
     w->buffer = (char *)malloc(size);
@@ -250,21 +249,18 @@ static void *worker_main(void *arg) {
         w->buffer_size = size;
         w->iov[1].iov_len = payload;
     } else {
-        static char tiny[64];
-        static struct coffer_uring_req_header dummy;
-        w->header = w->header != NULL ? w->header : &dummy;
+        free(w->header);
+        free(w->buffer);
+        w->header = &unused_header;
+        w->buffer = unused_buffer;
         w->iov[1].iov_len = 1;
-        w->buffer = w->buffer != NULL ? w->buffer : tiny;
     }
     w->iov[0].iov_base = w->header;
     w->iov[0].iov_len = sizeof(*w->header);
     w->iov[1].iov_base = w->buffer + COFFER_URING_HEADROOM;
     current_worker = w;
 
-    if (submit(w, COFFER_URING_CMD_REGISTER, 0, TAG_ENTRY) < 0) {
-        atomic_fetch_add(&u->failed, 1);
-        return NULL;
-    }
+    if (submit(w, COFFER_URING_CMD_REGISTER, 0, TAG_ENTRY) < 0) return NULL;
     int registered = 0, errors = 0;
     for (;;) {
         struct io_uring_cqe *cqe;
@@ -276,7 +272,6 @@ static void *worker_main(void *arg) {
         io_uring_cqe_seen(&w->ring, cqe);
         if (tag == TAG_QUIT) break;
         if (res < 0) {
-            if (!registered) atomic_fetch_add(&u->failed, 1);
             /* ENOTCONN, ECONNABORTED: the connection is gone. Anything
                else loses this entry only: register a new one, a few times. */
             if (res == -ENOTCONN || res == -ECONNABORTED || res == -ECANCELED || res == -ENODEV ||
@@ -284,10 +279,7 @@ static void *worker_main(void *arg) {
             if (submit(w, COFFER_URING_CMD_REGISTER, 0, TAG_ENTRY) < 0) break;
             continue;
         }
-        if (!registered) {
-            registered = 1;
-            atomic_fetch_add(&u->registered, 1);
-        }
+        registered = 1;
         handle_request(w);
     }
     atomic_store(&w->unique, 0);

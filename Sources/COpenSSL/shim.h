@@ -37,22 +37,13 @@ static inline int coffer_blake2b_keyed(EVP_MAC *mac, const uint8_t *key, size_t 
     return coffer_mac(mac, params, key, keylen, in, inlen, out, outlen);
 }
 
-/// HMAC-SHA-256 (RFC 2104) of `in` under `key`: 32 bytes to `out`. `mac` comes from
-/// EVP_MAC_fetch(NULL, "HMAC", NULL). Returns 1 on success.
-static inline int coffer_hmac_sha256(EVP_MAC *mac, const uint8_t *key, size_t keylen,
-                                     const uint8_t *in, size_t inlen, uint8_t out[32]) {
-    char digest[] = "SHA256";
-    OSSL_PARAM params[] = { OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0), OSSL_PARAM_END };
-    return coffer_mac(mac, params, key, keylen, in, inlen, out, 32);
-}
-
 /// HMAC-SHA-256 (RFC 2104) of `in` under `key`, written out over SHA-256: 32 bytes to `out`.
 /// `sha256` comes from EVP_MD_fetch(NULL, "SHA256", NULL). Returns 1 on success. Setting up
 /// libcrypto's HMAC instead (a MAC context, the digest fetched by name on every init) was about
 /// two thirds of the cost of a small file's chunk id; here it is one digest context, reused
 /// for both passes.
-static inline int coffer_hmac_sha256_direct(EVP_MD *sha256, const uint8_t *key, size_t keylen,
-                                            const uint8_t *in, size_t inlen, uint8_t out[32]) {
+static inline int coffer_hmac_sha256(EVP_MD *sha256, const uint8_t *key, size_t keylen,
+                                     const uint8_t *in, size_t inlen, uint8_t out[32]) {
     unsigned char block[64] = { 0 }, pad[64], inner[32];
     unsigned int n = 0;
     EVP_MD_CTX *c = EVP_MD_CTX_new();

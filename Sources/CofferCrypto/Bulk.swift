@@ -20,17 +20,12 @@ enum Bulk {
     /// counted by libcrypto, so sharing it between threads is safe.
     nonisolated(unsafe) static let blake2bMAC: OpaquePointer? = EVP_MAC_fetch(nil, "BLAKE2BMAC", nil)
 
-    nonisolated(unsafe) static let hmacMAC: OpaquePointer? = EVP_MAC_fetch(nil, "HMAC", nil)
-
     nonisolated(unsafe) static let sha256: OpaquePointer? = EVP_MD_fetch(nil, "SHA256", nil)
 
     /// HMAC-SHA-256, or nil if libcrypto could not do it (the caller falls back to libsodium).
     static func hmacSHA256(_ data: UnsafeRawBufferPointer, key: [UInt8]) -> [UInt8]? {
-        if let sha256 {
-            return digest(of: data, key: key, length: 32) { coffer_hmac_sha256_direct(sha256, $0, $1, $2, $3, $4) }
-        }
-        guard let mac = hmacMAC else { return nil }
-        return digest(of: data, key: key, length: 32) { coffer_hmac_sha256(mac, $0, $1, $2, $3, $4) }
+        guard let sha256 else { return nil }
+        return digest(of: data, key: key, length: 32) { coffer_hmac_sha256(sha256, $0, $1, $2, $3, $4) }
     }
 
     /// Keyed BLAKE2b, or nil if libcrypto could not do it (the caller falls back to libsodium).

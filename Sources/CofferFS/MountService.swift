@@ -144,22 +144,6 @@ public enum MountService {
         }.first
         let useIOURing = ringThreads.map { $0 > 0 } ?? (requested.contains(Self.ioURingOption)
             || ProcessInfo.processInfo.environment["COFFER_IO_URING"] == "1")
-        let transport = Mutex<FuseSession?>(nil)
-        fs.onReady = {
-            ready()
-            // Off the FUSE thread: finding the mount's device asks this very filesystem.
-            let t = Thread {
-                ReadAhead.raise(at: mountPoint, log: log)
-                // That request came after the INIT reply, which settled the transport.
-                if let session = transport.withLock({ $0 }) {
-                    log(session.usesIOURing
-                        ? "requests travel over io_uring, \(session.configuration.ioUringThreadsPerQueue) threads per CPU"
-                        : "requests travel over /dev/fuse" + (useIOURing ? " (the kernel did not offer io_uring)" : ""))
-                }
-            }
-            t.name = "coffer-readahead"
-            t.start()
-        }
         var mountOptions = ["fsname=coffer", "subtype=coffer"]
         if Self.kernelChecksPermissions(uid: getuid(), options: requested) { mountOptions.append("default_permissions") }
         mountOptions += requested.filter {
@@ -168,7 +152,19 @@ public enum MountService {
         var configuration = FuseSession.Configuration(mountOptions: mountOptions)
         configuration.ioUringThreadsPerQueue = useIOURing ? max(1, min(ringThreads ?? 4, 64)) : 0
         let session = FuseSession(mountPoint: mountPoint, operations: fs, configuration: configuration)
-        transport.withLock { $0 = session }
+        fs.onReady = {
+            ready()
+            // Off the FUSE thread: finding the mount's device asks this very filesystem.
+            let t = Thread {
+                ReadAhead.raise(at: mountPoint, log: log)
+                // That request came after the INIT reply, which settled the transport.
+                log(session.usesIOURing
+                    ? "requests travel over io_uring, \(session.configuration.ioUringThreadsPerQueue) threads per CPU"
+                    : "requests travel over /dev/fuse" + (useIOURing ? " (the kernel did not offer io_uring)" : ""))
+            }
+            t.name = "coffer-readahead"
+            t.start()
+        }
         let watcher = ChangeWatcher(fs: fs, session: session)
         let stopServices = services?({ ids in
             vault.adoptExternalContent(ids)

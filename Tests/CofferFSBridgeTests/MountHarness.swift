@@ -1,5 +1,6 @@
 import CFuse
 import CofferFS
+import enum CofferTestSupport.FuseIOURingSwitch
 import Foundation
 import Synchronization
 #if canImport(Glibc)
@@ -152,39 +153,16 @@ func listDirectory(_ path: String) throws -> [String] {
     return names
 }
 
-/// The fuse module's switch for FUSE over io_uring (Linux 6.14+, `enable_uring`). The kernel
-/// offers io_uring at INIT only while it is on; a connection that took it keeps it.
-enum FuseIOURingSwitch {
-    static let path = "/sys/module/fuse/parameters/enable_uring"
-    static let lock = NSLock()
-
-    /// This kernel has FUSE over io_uring and this process may turn it on.
-    static var available: Bool { access(path, W_OK) == 0 }
-
-    static func isOn() -> Bool {
-        ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "N").hasPrefix("Y")
-    }
-
-    static func set(_ on: Bool) throws {
-        let fd = open(path, O_WRONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw POSIXFailure(call: "open \(path)", errno: errno) }
-        defer { close(fd) }
-        guard write(fd, on ? "Y" : "N", 1) == 1 else { throw POSIXFailure(call: "write \(path)", errno: errno) }
-    }
-
-    /// Starts `mount` with the switch on, only until the mount serves its first request over a
-    /// ring, so mounts other tests make meanwhile stay on /dev/fuse as they would on a machine
-    /// left at the default (off).
+extension FuseIOURingSwitch {
+    /// Starts `mount` with the switch on until the mount has served its first request over a
+    /// ring (`whileOn`).
     static func mountOverRings(_ mount: MountHarness) throws {
-        lock.lock()
-        defer { lock.unlock() }
-        let wasOn = isOn()
-        if !wasOn { try set(true) }
-        defer { if !wasOn { try? set(false) } }
-        try mount.start()
-        _ = try statPath(mount.path(""))
-        guard waitUntil(seconds: 10, { mount.session.ioUringRequests > 0 || !mount.session.usesIOURing }) else {
-            throw POSIXFailure(call: "no request over io_uring", errno: ETIMEDOUT)
+        try whileOn {
+            try mount.start()
+            _ = try statPath(mount.path(""))
+            guard waitUntil(seconds: 10, { mount.session.ioUringRequests > 0 || !mount.session.usesIOURing }) else {
+                throw POSIXFailure(call: "no request over io_uring", errno: ETIMEDOUT)
+            }
         }
     }
 }

@@ -17,6 +17,35 @@ import Testing
         #expect(eventually(timeout: 5) { m.log.contains("read-ahead raised") })
     }
 
+    /// `-o io_uring` takes requests over the kernel's io_uring queues where it offers them; without
+    /// it (and without `COFFER_IO_URING=1`, which the second pass of scripts/test sets) the daemon
+    /// stays on /dev/fuse even then. Either way the files are the same.
+    @Test(.enabled(if: FuseIOURingSwitch.available)) func ioURingOnlyWhenAskedFor() throws {
+        let askedByEnvironment = ProcessInfo.processInfo.environment["COFFER_IO_URING"] == "1"
+        for asked in [true, false] {
+            let m = try MountFixture("coffer-fs-uring", options: asked ? ["io_uring"] : [], mount: false)
+            defer { m.tearDown() }
+            // The switch must stay on until the INIT reply is in and the rings registered: the
+            // daemon logs its transport after its first request past INIT.
+            try FuseIOURingSwitch.whileOn {
+                try m.mount()
+                _ = statOf(m.path(""))
+                guard eventually(timeout: 10, { m.log.contains("requests travel over") }) else {
+                    throw FixtureError("the daemon never said its transport:\n\(m.log)")
+                }
+            }
+            let text = String(repeating: "over the rings? \(asked)\n", count: 500)
+            #expect(writeFile(m.path("f.txt"), text) == 0)
+            #expect(readFile(m.path("f.txt")) == Array(text.utf8))
+            try m.unmount()
+            let overRings = asked || askedByEnvironment
+            #expect(m.log.contains("requests travel over io_uring") == overRings, "\(m.log)")
+            // Logged when the daemon's session has ended.
+            #expect(eventually(timeout: 5) { m.log.contains("daemon exiting") })
+            #expect(m.log.contains("requests were served over io_uring") == overRings, "\(m.log)")
+        }
+    }
+
     @Test func unmountRemountKeepsEverything() throws {
         let m = try MountFixture("coffer-fs-remount")
         let src = m.tmp.sub("src")
