@@ -75,8 +75,7 @@ public enum AEAD {
         return [UInt8](unsafeUninitializedCapacity: total) { o, initialized in
             guard let base = o.baseAddress else { initialized = 0; return }
             for i in 0..<nonceBytes { base[i] = nonce[i] }
-            if plaintext.count >= Bulk.threshold,
-               Bulk.sealXChaCha(plaintext, ad: ad, nonce: nonce, key: key.bytes, into: base + nonceBytes) {
+            if Bulk.sealXChaCha(plaintext, ad: ad, nonce: nonce, key: key.bytes, into: base + nonceBytes) {
                 initialized = total
                 return
             }
@@ -98,9 +97,9 @@ public enum AEAD {
         var rc: Int32 = -1
         // Written by the decryption, not zeroed first (a 256 KiB chunk's memset saved per read).
         let out = [UInt8](unsafeUninitializedCapacity: length) { o, count in
-            // libcrypto for large inputs; if it refuses, libsodium decides (a forged or
-            // damaged chunk then costs two attempts, an intact one never does).
-            if length >= Bulk.threshold, let ob = o.baseAddress,
+            // BoringSSL or libcrypto (`Bulk`); if it refuses, libsodium decides (a forged or
+            // damaged value then costs two attempts, an intact one never does).
+            if let ob = o.baseAddress,
                sealed.withUnsafeBytes({ s in Bulk.openXChaCha(UnsafeRawBufferPointer(rebasing: s[nonceBytes...]), ad: ad,
                                                              nonce: Array(s[0..<nonceBytes]), key: key.bytes, into: ob) }) {
                 rc = 0

@@ -2,10 +2,11 @@ import CSodium
 import Testing
 @testable import CofferCrypto
 
-/// libcrypto computes the large inputs (`Bulk`); libsodium the small ones and everything that
-/// was stored before. These check that the two agree byte for byte, in both directions, on
-/// both sides of the threshold, and that libcrypto's path refuses what libsodium refuses.
-@Suite("Bulk crypto (libcrypto) against libsodium")
+/// libcrypto and BoringSSL compute what `Bulk` routes to them; libsodium the rest and whatever
+/// they refuse. These check that every engine agrees with libsodium byte for byte, in both
+/// directions, on both sides of the threshold, and refuses what libsodium refuses, whichever
+/// engine this machine's CPU picks.
+@Suite("Bulk crypto (libcrypto, BoringSSL) against libsodium")
 struct BulkCryptoTests {
     static let lengths = [0, 1, 63, 64, 127, 128, 129, Bulk.threshold - 1, Bulk.threshold, Bulk.threshold + 1, 4096, 65_537, 262_144]
 
@@ -31,20 +32,20 @@ struct BulkCryptoTests {
         return rc == 0 ? out : nil
     }
 
-    func bulkSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8]? {
+    func bulkSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8], engine: Bulk.Engine) -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: plain.count + AEAD.tagBytes)
         let ok = out.withUnsafeMutableBufferPointer { o in
-            plain.withUnsafeBytes { Bulk.sealXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!) }
+            plain.withUnsafeBytes { Bulk.sealXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!, engine: engine) }
         }
         return ok ? out : nil
     }
 
-    func bulkOpen(_ sealed: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8]? {
+    func bulkOpen(_ sealed: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8], engine: Bulk.Engine) -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: max(sealed.count - AEAD.tagBytes, 1))
         let ok = out.withUnsafeMutableBufferPointer { o in
-            sealed.withUnsafeBytes { Bulk.openXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!) }
+            sealed.withUnsafeBytes { Bulk.openXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!, engine: engine) }
         }
-        return ok ? Array(out.prefix(sealed.count - AEAD.tagBytes)) : nil
+        return ok ? Array(out.prefix(max(sealed.count - AEAD.tagBytes, 0))) : nil
     }
 
     @Test func keyedBlake2bMatchesLibsodium() throws {
@@ -90,15 +91,16 @@ struct BulkCryptoTests {
         #expect(hex(rfc) == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
     }
 
-    @Test func xchachaMatchesLibsodiumBothWays() throws {
+    @Test(arguments: Bulk.Engine.allCases)
+    func xchachaMatchesLibsodiumBothWays(engine: Bulk.Engine) throws {
         for n in Self.lengths {
             let key = randomBytes(32), nonce = randomBytes(AEAD.nonceBytes), plain = randomBytes(n)
             for ad in [[], randomBytes(1), randomBytes(45)] {
                 let bySodium = sodiumSeal(plain, ad: ad, nonce: nonce, key: key)
-                let byBulk = try #require(bulkSeal(plain, ad: ad, nonce: nonce, key: key))
+                let byBulk = try #require(bulkSeal(plain, ad: ad, nonce: nonce, key: key, engine: engine))
                 // Compared as Bools: a failing #expect on two 256 KiB arrays prints them whole.
                 let sameBytes = byBulk == bySodium
-                let bulkOpensSodium = bulkOpen(bySodium, ad: ad, nonce: nonce, key: key) == plain
+                let bulkOpensSodium = bulkOpen(bySodium, ad: ad, nonce: nonce, key: key, engine: engine) == plain
                 let sodiumOpensBulk = sodiumOpen(byBulk, ad: ad, nonce: nonce, key: key) == plain
                 #expect(sameBytes, "length \(n), ad \(ad.count)")
                 #expect(bulkOpensSodium, "length \(n), ad \(ad.count)")
@@ -107,28 +109,29 @@ struct BulkCryptoTests {
         }
     }
 
-    @Test func bulkOpenRefusesAnyChange() throws {
+    @Test(arguments: Bulk.Engine.allCases)
+    func bulkOpenRefusesAnyChange(engine: Bulk.Engine) throws {
         let key = randomBytes(32), nonce = randomBytes(AEAD.nonceBytes), ad = randomBytes(20)
         let plain = randomBytes(10_000)
         let sealed = sodiumSeal(plain, ad: ad, nonce: nonce, key: key)
-        let opens = bulkOpen(sealed, ad: ad, nonce: nonce, key: key) == plain
+        let opens = bulkOpen(sealed, ad: ad, nonce: nonce, key: key, engine: engine) == plain
         #expect(opens)
         for i in [0, 5_000, plain.count - 1, plain.count, sealed.count - 1] { // ciphertext and tag bytes
             var bad = sealed
             bad[i] ^= 0x01
-            #expect(bulkOpen(bad, ad: ad, nonce: nonce, key: key) == nil, "flipped byte \(i)")
+            #expect(bulkOpen(bad, ad: ad, nonce: nonce, key: key, engine: engine) == nil, "flipped byte \(i)")
         }
         var badNonce = nonce
         badNonce[3] ^= 0x80 // part of the HChaCha20 input
-        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key) == nil)
+        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key, engine: engine) == nil)
         badNonce = nonce
         badNonce[20] ^= 0x80 // part of the IETF nonce
-        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key) == nil)
+        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key, engine: engine) == nil)
         var badAD = ad
         badAD[0] ^= 0x01
-        #expect(bulkOpen(sealed, ad: badAD, nonce: nonce, key: key) == nil)
-        #expect(bulkOpen(sealed, ad: ad, nonce: nonce, key: randomBytes(32)) == nil)
-        #expect(bulkOpen(Array(sealed.prefix(AEAD.tagBytes - 1)), ad: ad, nonce: nonce, key: key) == nil)
+        #expect(bulkOpen(sealed, ad: badAD, nonce: nonce, key: key, engine: engine) == nil)
+        #expect(bulkOpen(sealed, ad: ad, nonce: nonce, key: randomBytes(32), engine: engine) == nil)
+        #expect(bulkOpen(Array(sealed.prefix(AEAD.tagBytes - 1)), ad: ad, nonce: nonce, key: key, engine: engine) == nil)
     }
 
     /// Through the public API: large sealed values (libcrypto) open with libsodium's layout
