@@ -74,25 +74,45 @@ enum Compression {
     }
 
     static func unpack(_ packed: [UInt8], expectedLength: Int) throws -> [UInt8] {
+        switch try flag(of: packed[...], expectedLength: expectedLength) {
+        case raw: return Array(packed[1...])
+        default: return try decompress(packed[...], expectedLength: expectedLength)
+        }
+    }
+
+    /// `unpack` of a slice, returning a raw chunk's plaintext as a slice of it (no copy).
+    static func unpack(_ packed: ArraySlice<UInt8>, expectedLength: Int) throws -> ArraySlice<UInt8> {
+        switch try flag(of: packed, expectedLength: expectedLength) {
+        case raw: return packed[(packed.startIndex + 1)...]
+        default: return try decompress(packed, expectedLength: expectedLength)[...]
+        }
+    }
+
+    /// The encoding flag, checked: a raw chunk must have exactly the expected length.
+    private static func flag(of packed: ArraySlice<UInt8>, expectedLength: Int) throws -> UInt8 {
         guard let flag = packed.first else { throw ContentError.corrupt("empty chunk") }
         switch flag {
         case raw:
             guard packed.count - 1 == expectedLength else { throw ContentError.corrupt("chunk length mismatch") }
-            return Array(packed[1...])
         case zstd:
-            var out = [UInt8](repeating: 0, count: expectedLength)
-            let n = packed.withUnsafeBytes { p in
-                out.withUnsafeMutableBytes { o in
-                    ContextPool.decompression.with {
-                        ZSTD_decompressDCtx($0, o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
-                    }
-                }
-            }
-            guard ZSTD_isError(n) == 0, n == expectedLength else { throw ContentError.corrupt("chunk does not decompress") }
-            return out
+            break
         default:
             throw ContentError.corrupt("unknown chunk encoding \(flag)")
         }
+        return flag
+    }
+
+    private static func decompress(_ packed: ArraySlice<UInt8>, expectedLength: Int) throws -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: expectedLength)
+        let n = packed.withUnsafeBytes { p in
+            out.withUnsafeMutableBytes { o in
+                ContextPool.decompression.with {
+                    ZSTD_decompressDCtx($0, o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
+                }
+            }
+        }
+        guard ZSTD_isError(n) == 0, n == expectedLength else { throw ContentError.corrupt("chunk does not decompress") }
+        return out
     }
 }
 

@@ -69,6 +69,17 @@ public struct ContentCipher: Sendable {
         return plain
     }
 
+    /// `openChunk` for reading, without copies: decrypts in `sealed`'s own buffer and returns a
+    /// raw chunk's plaintext as a slice of it (a compressed one is decompressed into a new
+    /// buffer). The chunk id is not checked, as `openChunk(verifyingID: false)`: the AEAD binds
+    /// the ciphertext to the id already. perf of a cold 256 MiB read had the copy out of the
+    /// decrypted buffer at 6.5% of the daemon's samples.
+    public func openChunkInPlace(_ sealed: consuming [UInt8], ref: ChunkRef) throws -> ArraySlice<UInt8> {
+        var buffer = sealed
+        let range = try AEAD.openInPlace(&buffer, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
+        return try Compression.unpack(buffer[range], expectedLength: Int(ref.length))
+    }
+
     public func sealManifest(_ m: Manifest) -> [UInt8] {
         AEAD.seal(m.encoded(), key: key, purpose: .manifest, fileID: fileID.bytes)
     }

@@ -119,6 +119,36 @@ public enum AEAD {
     }
 }
 
+extension AEAD {
+    /// `open` without a second buffer: decrypts `sealed` where it lies and returns where the
+    /// plaintext now is (`nonceBytes..<count - tagBytes`). A 256 KiB chunk read back otherwise
+    /// costs a fresh buffer and, for a raw chunk, a copy out of it (`ContentCipher.openChunkInPlace`).
+    /// If the tag does not verify it throws, and `sealed` may then hold garbage.
+    public static func openInPlace(_ sealed: inout [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8],
+                                   extra: [UInt8] = [], what: String) throws -> Range<Int> {
+        guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
+        let length = sealed.count - overhead
+        guard Bulk.engine(for: length) == .boringSSL else {
+            // libcrypto's path may fail for reasons other than the tag (an allocation), and its
+            // fallback to libsodium needs the ciphertext intact: out of place, as `open` does it.
+            sealed = try open(sealed, key: key, purpose: purpose, fileID: fileID, extra: extra, what: what)
+            return 0..<sealed.count
+        }
+        let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
+        let nonce = Array(sealed[0..<nonceBytes])
+        // BoringSSL fails only on a bad tag here (key and nonce lengths are right): nothing to
+        // fall back to. It allows `in == out` exactly.
+        let ok = sealed.withUnsafeMutableBufferPointer { s -> Bool in
+            guard let base = s.baseAddress else { return false }
+            let body = base + nonceBytes
+            return Bulk.openXChaCha(UnsafeRawBufferPointer(start: body, count: length + tagBytes), ad: ad, nonce: nonce,
+                                    key: key.bytes, into: body, engine: .boringSSL)
+        }
+        guard ok else { throw CryptoError.authenticationFailed(what) }
+        return nonceBytes..<(nonceBytes + length)
+    }
+}
+
 /// A keyed MAC (BLAKE2b-256) over a name, keyed by a subkey of the parent folder's key. Equal
 /// names in one folder give equal MACs, so the server can enforce unique names blindly.
 public enum NameMAC {

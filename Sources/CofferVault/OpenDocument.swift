@@ -87,13 +87,14 @@ public final class OpenDocument: Sendable {
     /// A small most-recently-used set of opened chunks.
     struct ChunkCache {
         static let capacity = 4 // 1 MiB of 256 KiB chunks per open document
-        private var entries: [(id: [UInt8], plaintext: [UInt8])] = []
+        /// A plaintext may be a slice of the buffer its chunk was read and decrypted in.
+        private var entries: [(id: [UInt8], plaintext: ArraySlice<UInt8>)] = []
 
-        subscript(id: [UInt8]) -> [UInt8]? {
+        subscript(id: [UInt8]) -> ArraySlice<UInt8>? {
             entries.first(where: { $0.id == id })?.plaintext
         }
 
-        mutating func insert(_ id: [UInt8], _ plaintext: [UInt8]) {
+        mutating func insert(_ id: [UInt8], _ plaintext: ArraySlice<UInt8>) {
             entries.removeAll { $0.id == id }
             entries.append((id, plaintext))
             if entries.count > Self.capacity { entries.removeFirst(entries.count - Self.capacity) }
@@ -214,9 +215,11 @@ public final class OpenDocument: Sendable {
 
     /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's
     /// end (a chunk stored before a truncate up) the bytes read as zeros.
-    static func piece(of plain: [UInt8], _ within: Int, _ take: Int) -> ArraySlice<UInt8> {
-        if within + take <= plain.count { return plain[within..<(within + take)] }
-        var padded = Array(plain[min(within, plain.count)...])
+    static func piece<C: RandomAccessCollection<UInt8>>(of plain: C, _ within: Int, _ take: Int) -> ArraySlice<UInt8>
+        where C.Index == Int, C.SubSequence == ArraySlice<UInt8> {
+        let start = plain.startIndex
+        if within + take <= plain.count { return plain[(start + within)..<(start + within + take)] }
+        var padded = Array(plain[(start + min(within, plain.count))...])
         padded.append(contentsOf: repeatElement(0, count: take - padded.count))
         return padded[...]
     }
@@ -238,13 +241,13 @@ public final class OpenDocument: Sendable {
     func plaintext(_ index: Int, _ s: inout DocumentState) throws -> [UInt8] {
         let expected = expectedLength(index, s)
         if let d = s.buffered(index) { return fitted(d, expected) }
-        if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(c, expected) }
+        if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(Array(c), expected) }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
         guard let sealed = try vault.store.chunk(ref.id) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }
         let plain = try cipher.openChunk(sealed, ref: ref, verifyingID: false)
-        s.cache.insert(ref.id, plain)
+        s.cache.insert(ref.id, plain[...])
         return fitted(plain, expected)
     }
 

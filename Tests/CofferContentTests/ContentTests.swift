@@ -43,6 +43,26 @@ struct ChunkTests {
         #expect(try cipher.openChunk(sealed, ref: ref) == text)
     }
 
+    /// The read path's open: in the sealed buffer itself, a raw chunk's plaintext a slice of it
+    /// (its indices are the buffer's, not zero-based), a compressed one decompressed; the same
+    /// refusals as `openChunk`.
+    @Test func openInPlaceMatchesOpen() throws {
+        let text = Array(String(repeating: "compressible text line\n", count: 5000).utf8)
+        for plain in [[], noise(1), noise(1000), noise(4096), noise(256 * 1024), text] {
+            let (ref, sealed) = cipher.sealChunk(plain)
+            let opened = try cipher.openChunkInPlace(sealed, ref: ref)
+            #expect(opened.elementsEqual(plain), "length \(plain.count)")
+            #expect(opened.count == plain.count)
+            // A slice's pieces are read by offset from startIndex (`OpenDocument.piece`).
+            if plain.count > 10 { #expect(opened[opened.startIndex + 10] == plain[10]) }
+            var bad = sealed
+            bad[bad.count / 2] ^= 0x20
+            #expect(throws: (any Error).self, "length \(plain.count)") { try cipher.openChunkInPlace(bad, ref: ref) }
+            #expect(throws: (any Error).self) { try ContentCipher(fileID: fileB, key: .random()).openChunkInPlace(sealed, ref: ref) }
+            #expect(throws: (any Error).self) { try cipher.openChunkInPlace(Array(sealed.prefix(39)), ref: ref) }
+        }
+    }
+
     @Test func sealedChunkHidesItsPlaintext() {
         let marker = Array("PLAINTEXT-MARKER-7f3a".utf8)
         let (_, sealed) = cipher.sealChunk(marker + noise(100))

@@ -12,7 +12,7 @@ import Testing
         #expect(device.contains(":"), "mountpoint -d said \(device)")
         let path = "/sys/class/bdi/\(device)/read_ahead_kb"
         let value = { (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } }
-        #expect(eventually(timeout: 5) { (value() ?? 0) >= 1024 }, "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
+        #expect(eventually(timeout: 5) { (value() ?? 0) >= 4096 }, "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
         // The log line follows the write on the daemon's thread: wait for it too.
         #expect(eventually(timeout: 5) { m.log.contains("read-ahead raised") })
     }
