@@ -173,8 +173,11 @@ import Testing
         let rc = stat(m.mountPoint, &st)
         let err = errno
         // A dead mount answers ENOTCONN (or, from the kernel's attribute cache, still succeeds
-        // for a moment); either way it is still listed as a mount.
-        #expect(rc == 0 || err == ENOTCONN || err == ECONNABORTED, "stat of a dead mount: rc \(rc) errno \(err)")
+        // for a moment); either way it is still listed as a mount. Over io_uring a request the
+        // kernel handed to a ring whose thread died with the daemon ends in ECANCELED instead
+        // (seen once in the io_uring pass of scripts/test: `fuse_uring_send_in_task` with
+        // IO_URING_F_TASK_DEAD).
+        #expect(rc == 0 || err == ENOTCONN || err == ECONNABORTED || err == ECANCELED, "stat of a dead mount: rc \(rc) errno \(err)")
         #expect(m.isMounted)
         try m.mount()
         #expect(m.isMounted)
