@@ -2,18 +2,16 @@ import CBoringAEAD
 import COpenSSL
 import CSodium
 
-/// The same primitives as the rest of this module, computed by OpenSSL's libcrypto (hashes,
-/// and XChaCha20-Poly1305 on AVX-512 machines) or BoringSSL (XChaCha20-Poly1305 elsewhere, see
-/// `Bulk+BoringSSL.swift`) where their speed matters.
+/// The same primitives as the rest of this module, computed where their speed matters by
+/// OpenSSL's libcrypto (keyed BLAKE2b of 1 KiB and more, HMAC-SHA-256, and XChaCha20-Poly1305 of
+/// 1 KiB and more on AVX-512 machines) or by BoringSSL (`CBoringAEAD`: XChaCha20-Poly1305
+/// everywhere else, at every size).
 ///
-/// libcrypto's BLAKE2b and ChaCha20-Poly1305 use the CPU's vector units; on chunk-sized
-/// inputs (256 KiB) they measured about 2x (keyed BLAKE2b) and 3x (XChaCha20-Poly1305) faster
-/// than libsodium's on the development machine, and sealing a chunk is most of what a large
-/// write costs. The constructions do not change: keyed BLAKE2b is RFC 7693 in both libraries,
-/// and XChaCha20-Poly1305 IETF is libsodium's HChaCha20 subkey followed by RFC 8439's
-/// ChaCha20-Poly1305, which libcrypto provides. Whichever library produced a value, the other
-/// one verifies it; `BulkCryptoTests` checks that byte for byte. Below `threshold` bytes the
-/// per-call setup of libcrypto's contexts costs more than it saves, so libsodium does the work.
+/// The constructions do not change: keyed BLAKE2b is RFC 7693 in every library, and
+/// XChaCha20-Poly1305 IETF is the HChaCha20 subkey followed by RFC 8439's ChaCha20-Poly1305
+/// (BoringSSL derives the subkey itself; for libcrypto, libsodium does). Whichever library
+/// produced a value, the others verify it; `BulkCryptoTests` checks that byte for byte for each
+/// engine. A call that returns false or nil leaves the work to libsodium.
 enum Bulk {
     /// Inputs at least this long go to libcrypto (the hashes, and the AEAD on AVX-512 machines).
     static let threshold = 1024
@@ -68,9 +66,9 @@ enum Bulk {
     /// Decided once from the CPU.
     static let hasAVX512 = coffer_cpu_has_avx512f() == 1
 
-    /// The engine for an input of `count` bytes.
-    static func engine(for count: Int) -> Engine {
-        hasAVX512 && count >= threshold ? .libcrypto : .boringSSL
+    /// The engine for a plaintext of `length` bytes (sealing it, or opening it).
+    static func engine(for length: Int) -> Engine {
+        hasAVX512 && length >= threshold ? .libcrypto : .boringSSL
     }
 
     /// XChaCha20-Poly1305 IETF: the ciphertext of `plaintext` followed by the tag, written to
@@ -91,7 +89,7 @@ enum Bulk {
     /// ciphertext then tag. True only if the tag verified and `out` holds the plaintext.
     static func openXChaCha(_ sealed: UnsafeRawBufferPointer, ad: [UInt8], nonce: [UInt8], key: [UInt8],
                             into out: UnsafeMutablePointer<UInt8>, engine: Engine? = nil) -> Bool {
-        switch engine ?? Self.engine(for: sealed.count) {
+        switch engine ?? Self.engine(for: sealed.count - AEAD.tagBytes) {
         case .boringSSL:
             guard nonce.count == AEAD.nonceBytes, key.count == 32, sealed.count >= AEAD.tagBytes else { return false }
             return coffer_boring_xchacha_open(key, nonce, ad, ad.count,

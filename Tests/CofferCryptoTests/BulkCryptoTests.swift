@@ -134,6 +134,30 @@ struct BulkCryptoTests {
         #expect(bulkOpen(Array(sealed.prefix(AEAD.tagBytes - 1)), ad: ad, nonce: nonce, key: key, engine: engine) == nil)
     }
 
+    /// The read path's open decrypts where the ciphertext lies when BoringSSL runs it (the
+    /// plaintext is then at `nonceBytes` in the same buffer, not in a new one), and refuses what
+    /// `open` refuses.
+    @Test func openInPlaceDecryptsInTheSameBuffer() throws {
+        let key = SymmetricKey.random()
+        for n in [0, 1, Bulk.threshold - 1, Bulk.threshold, 262_144] {
+            let plain = randomBytes(n)
+            let sealed = AEAD.seal(plain, key: key, purpose: .chunk, fileID: fileA, extra: [7])
+            var buffer = sealed
+            let range = try AEAD.openInPlace(&buffer, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t")
+            let opened = buffer[range].elementsEqual(plain)
+            #expect(opened, "length \(n)")
+            if Bulk.engine(for: n) == .boringSSL {
+                #expect(range == AEAD.nonceBytes..<(AEAD.nonceBytes + n), "length \(n)")
+                #expect(buffer.count == sealed.count, "length \(n): opened into a new buffer")
+            }
+            var bad = sealed
+            bad[bad.count - 1] ^= 0x01
+            #expect(throws: CryptoError.self) { try AEAD.openInPlace(&bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t") }
+            var other = sealed
+            #expect(throws: CryptoError.self) { try AEAD.openInPlace(&other, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t") }
+        }
+    }
+
     /// Through the public API: large sealed values (libcrypto) open with libsodium's layout
     /// (nonce || ciphertext || tag), and a damaged one is refused.
     @Test func aeadOnBothSidesOfTheThreshold() throws {
