@@ -183,8 +183,19 @@ struct coffer_fuse_in_header {
     uint16_t padding;
 };
 
+/* Writes up to this many bytes count as short requests; the handler hands
+   the reading on itself if one may block (`FileSystemOperations.writeMayTakeLong`). */
+#define COFFER_FUSE_SHORT_WRITE (128 * 1024)
+/* The kernel's struct fuse_write_in, which follows the header of a WRITE. */
+#define COFFER_FUSE_WRITE_IN_SIZE 40
+
 /* Whether handling this request may take long enough that another worker
-   should read meanwhile. Opcodes are the kernel's (stable ABI). GETXATTR was
+   should read meanwhile. Opcodes are the kernel's (stable ABI). WRITE of up
+   to 128 KiB is short: tar extracting a tree writes each small file in one
+   to four records, and handing the reading on before each (waking another
+   worker, then waiting to read again) cost more than the write, once the
+   group-commit thread yielded its CPU (untar 5.28-5.49 -> 4.82-4.92 s in four A/B
+   pairs; before that it was slower, see docs/PERFORMANCE.md). GETXATTR was
    on this list while the kernel asked for security.capability before every
    write (the hand-on had the next reader polling when the write came); with
    FUSE_HANDLE_KILLPRIV_V2 it asks only before a file's first write and each
@@ -200,8 +211,9 @@ static inline int coffer_fuse_request_may_take_long(const void *buf, ssize_t n) 
         memcpy(&valid, (const char *)buf + sizeof(*h), sizeof(valid));
         return (valid & (1u << 3)) != 0;
     }
-    case 15: /* READ */
     case 16: /* WRITE */
+        return n > (ssize_t)(sizeof(*h) + COFFER_FUSE_WRITE_IN_SIZE + COFFER_FUSE_SHORT_WRITE);
+    case 15: /* READ */
     case 20: /* FSYNC */
     case 30: /* FSYNCDIR */
     case 39: /* IOCTL */

@@ -136,6 +136,18 @@ extension CofferFileSystem {
         }
     }
 
+    /// A write into the buffer returns within microseconds; one that patches a chunk it must
+    /// read back, spills, or waits for the document's lock may take much longer.
+    public func writeMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, count: Int) -> Bool {
+        switch handles.withLockIfAvailable({ $0.files[fh] }) {
+        case .none: return true // the table is busy: do not wait for it here
+        case .some(nil): return false // unknown handle: answered at once
+        case .some(let h?):
+            guard h.writable, offset >= 0 else { return false } // refused at once
+            return h.document.writeMayTakeLong(offset: UInt64(offset), count: count, appending: h.append)
+        }
+    }
+
     public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {
         try op { try handle(fh).document.flush(durable: true) }
     }

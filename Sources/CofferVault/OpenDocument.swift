@@ -422,6 +422,37 @@ public final class OpenDocument: Sendable {
         } ?? true
     }
 
+    /// Whether `write` of `count` bytes at `offset` (at the end of the file with `appending`)
+    /// may block for long: it would start or wait for a spill, read a committed chunk back from
+    /// the store to patch it, or wait for another thread holding this document. A guess that
+    /// never blocks, for the FUSE reader (see `FileSystemOperations.writeMayTakeLong`); untar's
+    /// writes (new files, a record of tar's buffer at a time) answer false.
+    public func writeMayTakeLong(offset: UInt64, count: Int, appending: Bool = false) -> Bool {
+        guard count > 0 else { return false }
+        return state.withLockIfAvailable { s in
+            if s.spillInFlight || s.dirtyBytes + count > Vault.writeBufferLimit { return true }
+            let start = appending ? s.size : offset
+            let (end, overflow) = start.addingReportingOverflow(UInt64(count))
+            if overflow { return true }
+            let chunkSize = UInt64(s.chunkSize)
+            let sizeAfter = max(s.size, end)
+            var pos = start
+            while pos < end {
+                let index = Int(pos / chunkSize)
+                let chunkStart = UInt64(index) * chunkSize
+                let take = min(chunkSize - (pos - chunkStart), end - pos)
+                // As `write` decides: a chunk it overwrites whole is built from the new bytes;
+                // any other needs its current plaintext, from a buffer, the cache or the store.
+                let whole = pos == chunkStart && take == min(chunkSize, sizeAfter - chunkStart)
+                if !whole, s.buffered(index) == nil, index < s.refs.count, let ref = s.refs[index], s.cache[ref.id] == nil {
+                    return true
+                }
+                pos += take
+            }
+            return false
+        } ?? true
+    }
+
     /// Whether a background spill holds chunks of this document right now (for tests).
     var isSpilling: Bool { state.withLock { $0.spillInFlight } }
 

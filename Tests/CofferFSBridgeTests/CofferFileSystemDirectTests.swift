@@ -105,6 +105,42 @@ import Glibc
         fs.forget(inode: now.inode, lookups: 1)
     }
 
+    /// What the bridge asks before a small write: one into the buffer (a new file, a chunk the
+    /// write covers whole, one already buffered) does not take long; one that patches committed
+    /// content it must read back from the store does, and so does one that fills the buffer.
+    @Test func writeMayTakeLongFollowsWhatTheWriteWillDo() throws {
+        let f = try Fixture()
+        let fs = f.fs
+        try file(fs, "f", [])
+        let inode = try fs.lookup(parent: FuseRootInode, name: "f").inode
+        var writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: 4096), "a new file")
+        _ = try fs.write(inode: inode, handle: writer.handle, offset: 0, data: [UInt8](repeating: 1, count: 10_000))
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 100, count: 50), "a buffered chunk")
+        #expect(fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: Vault.writeBufferLimit), "a full buffer")
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: 987_654, offset: 0, count: 10), "an unknown handle")
+        try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
+        try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
+
+        // Reopened with nothing buffered or cached: patching the committed chunk reads it back.
+        writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
+        #expect(fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 100, count: 50), "a patch of committed content")
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: 10_000), "the whole chunk overwritten")
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 1 << 20, count: 10), "past the end, a gap of zeros")
+        let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: reader.handle, offset: 100, count: 50), "a read-only handle is refused at once")
+        _ = try fs.write(inode: inode, handle: writer.handle, offset: 100, data: [UInt8](repeating: 2, count: 50))
+        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 200, count: 50), "the chunk is buffered now")
+        try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
+        try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
+        try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
+        var expected = [UInt8](repeating: 1, count: 10_000)
+        expected.replaceSubrange(100..<150, with: [UInt8](repeating: 2, count: 50))
+        let check = try fs.open(inode: inode, flags: O_RDONLY, context: context)
+        #expect(try fs.read(inode: inode, handle: check.handle, offset: 0, size: 20_000) == expected)
+        try fs.release(inode: inode, handle: check.handle, flags: O_RDONLY)
+    }
+
     /// What the bridge asks before a flush or release: a close with a megabyte buffered may
     /// take long, one with a few bytes or none does not, and a read-only handle's flush never
     /// does (it commits nothing), while its release may be the last and commit others' writes.

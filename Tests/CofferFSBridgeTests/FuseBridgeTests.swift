@@ -323,6 +323,26 @@ struct FuseBridgeTests {
         #expect(try readFile(mount.path("after-49")) == [49])
     }
 
+    /// A write of up to 128 KiB is a short request to the reader; the filesystem says when one
+    /// may take long (`writeMayTakeLong`: a chunk to read back, a spill) and the bridge then
+    /// hands reading on itself. Here a small write stays in its handler while a mkdir, a stat
+    /// and a readdir are served.
+    @Test func aSmallWriteThatMayTakeLongHandsOnReading() throws {
+        let (mount, fd) = try mountWithOpenFile()
+        defer { mount.cleanUp() }
+        defer { close(fd) }
+        expectServedWhileHeld(mount.filesystem.writeHold, "write", limit: 10, start: {
+            [UInt8](repeating: 5, count: 4096).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) } == 4096 ? 0 : errno
+        }) {
+            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        }
+        // With nothing held, small writes are short again and the session keeps serving.
+        for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8](repeating: UInt8(i), count: 20_000)) }
+        #expect(try readFile(mount.path("after-49")) == [UInt8](repeating: 49, count: 20_000))
+    }
+
     /// A short request whose handler blocks (here a mkdir, as if waiting for a lock a sync holds)
     /// keeps the reader token; a waiting worker must notice and read in its place, or every
     /// other request would wait behind it.
@@ -458,7 +478,19 @@ struct FuseBridgeTests {
             if let v = setattrValid { withUnsafeBytes(of: v.littleEndian) { bytes.replaceSubrange(40..<44, with: $0) } }
             return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
         }
-        for long: UInt32 in [15, 16, 20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
+        for long: UInt32 in [15, 20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
+        // WRITE (16) is short up to 128 KiB of data (after the header and fuse_write_in); the
+        // handler hands on when one may block (`writeMayTakeLong`).
+        func writeMayTakeLong(payload: Int) -> Bool {
+            var bytes = [UInt8](repeating: 0, count: 40 + 40 + payload)
+            withUnsafeBytes(of: UInt32(bytes.count).littleEndian) { bytes.replaceSubrange(0..<4, with: $0) }
+            withUnsafeBytes(of: UInt32(16).littleEndian) { bytes.replaceSubrange(4..<8, with: $0) }
+            return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
+        }
+        #expect(!writeMayTakeLong(payload: 1), "a one-byte write")
+        #expect(!writeMayTakeLong(payload: 128 * 1024), "a 128 KiB write")
+        #expect(writeMayTakeLong(payload: 128 * 1024 + 1), "a write over 128 KiB")
+        #expect(writeMayTakeLong(payload: 1 << 20), "a 1 MiB write")
         // RELEASE and FLUSH (18, 25) are short: the handler hands on when it must. GETXATTR (22)
         // is short since FUSE_HANDLE_KILLPRIV_V2 (see docs/PERFORMANCE.md).
         for short: UInt32 in [1, 3, 9, 10, 11, 18, 22, 25, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }

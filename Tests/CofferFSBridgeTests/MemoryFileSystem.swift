@@ -41,6 +41,9 @@ final class MemoryFileSystem: FileSystemOperations {
     /// Flush (close(2)) is a short request to the reader; `closeMayTakeLong` tells the bridge
     /// that a held one takes long.
     let flushHold = RequestHold()
+    /// A small write is a short request too; `writeMayTakeLong` tells the bridge that a held
+    /// one takes long.
+    let writeHold = RequestHold()
     /// Mkdir is short too, and nothing tells the bridge: a handler stuck on a lock.
     let mkdirHold = RequestHold()
 
@@ -55,6 +58,10 @@ final class MemoryFileSystem: FileSystemOperations {
 
     func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool {
         flushHold.isHeld
+    }
+
+    func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool {
+        writeHold.isHeld
     }
 
     init() {
@@ -343,7 +350,8 @@ final class MemoryFileSystem: FileSystemOperations {
     }
 
     func write(inode: InodeNumber, handle: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int {
-        try state.withLock { state in
+        writeHold.pass()
+        return try state.withLock { state in
             guard state.nodes[inode] != nil else { throw FSError.notFound }
             let start = Int(offset)
             let end = start + data.count

@@ -159,6 +159,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// not block. The default, true, is always safe.
     func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool
 
+    /// Asked before a `write` of up to 128 KiB, which the reader counts as a short request
+    /// (untar writes a few records of its buffer per file, and handing the reading on before
+    /// each cost more than the write): whether this one may block for long, say to read back a
+    /// chunk it patches or to spill the buffer. The same contract as `closeMayTakeLong`.
+    func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool
+
     /// `dataOnly` is fdatasync.
     func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws
 
@@ -246,6 +252,7 @@ extension FileSystemOperations {
     public func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {}
     public func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws {}
     public func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool { true }
+    public func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool { true }
     public func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}

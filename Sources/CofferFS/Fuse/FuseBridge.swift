@@ -42,6 +42,13 @@ final class FuseBridge: Sendable {
         coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
+    /// Before a write the reader counted as short (up to `shortWriteLimit` bytes): if the
+    /// filesystem says it may take long, another worker reads requests meanwhile.
+    func handOnIfWriteMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) {
+        guard operations.writeMayTakeLong(inode: inode, handle: handle, offset: offset, count: count) else { return }
+        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
+    }
+
     // MARK: Setuid and setgid (FUSE_HANDLE_KILLPRIV_V2)
 
     /// Whether the request this worker is handling asks for setuid and setgid to be dropped

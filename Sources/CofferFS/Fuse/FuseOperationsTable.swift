@@ -186,6 +186,9 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
+            if data.count <= Int(COFFER_FUSE_SHORT_WRITE) {
+                bridge.handOnIfWriteMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), count: data.count)
+            }
             // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
             try bridge.dropSetIDBits(before: .write, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             let written = try bridge.operations.write(
