@@ -148,6 +148,19 @@ extension CofferFileSystem {
         }
     }
 
+    /// A read of buffered, cached or row-sized chunks returns within microseconds; one that
+    /// loads a large chunk from a pack file, waits for the store's writer or for the
+    /// document's lock may take much longer.
+    public func readMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) -> Bool {
+        switch handles.withLockIfAvailable({ $0.files[fh] }) {
+        case .none: return true // the table is busy: do not wait for it here
+        case .some(nil): return false // unknown handle: answered at once
+        case .some(let h?):
+            guard offset >= 0 else { return false } // refused at once
+            return h.document.readMayTakeLong(offset: UInt64(offset), count: size)
+        }
+    }
+
     public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {
         try op { try handle(fh).document.flush(durable: true) }
     }

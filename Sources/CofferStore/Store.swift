@@ -155,6 +155,10 @@ public final class Store: Sendable {
         return try pool.unsafeRead { db in try body(StoreReader(db: db, files: files)) }
     }
 
+    /// Whether a read of the store now waits for the writer's connection (a group is open, see
+    /// `readOne`): a guess for callers deciding whether a read may take long, never blocking.
+    public var readsGoThroughWriter: Bool { group.isOpen }
+
     /// A read while this process's group is open: on the writer's connection, the only one that
     /// sees the group, after the statements finished writes queued.
     private func readThroughWriter<T>(_ body: (StoreReader) throws -> T) throws -> T {

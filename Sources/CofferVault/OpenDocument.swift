@@ -453,6 +453,32 @@ public final class OpenDocument: Sendable {
         } ?? true
     }
 
+    /// Whether `readPieces` of `count` bytes at `offset` may block for long: a chunk it must
+    /// load may live in a pack file (a read from disk of up to 256 KiB), the store's reads wait
+    /// for its writer (a group is open), or another thread holds this document. A chunk small
+    /// enough to live in a store row (md5sum of a source tree: nearly every file) is one query.
+    /// A guess that never blocks, for the FUSE reader (see `FileSystemOperations.readMayTakeLong`).
+    public func readMayTakeLong(offset: UInt64, count: Int) -> Bool {
+        guard count > 0 else { return false }
+        return state.withLockIfAvailable { s in
+            guard offset < s.size else { return false }
+            let end = min(s.size, offset &+ UInt64(count))
+            let chunkSize = UInt64(s.chunkSize)
+            var pos = offset
+            var loads = false
+            while pos < end {
+                let index = Int(pos / chunkSize)
+                let take = min(chunkSize - (pos - UInt64(index) * chunkSize), end - pos)
+                if s.buffered(index) == nil, index < s.refs.count, let ref = s.refs[index], s.cache[ref.id] == nil {
+                    if Int(ref.length) > Self.deferredSealingLimit { return true }
+                    loads = true
+                }
+                pos += take
+            }
+            return loads && vault.store.readsGoThroughWriter
+        } ?? true
+    }
+
     /// Whether a background spill holds chunks of this document right now (for tests).
     var isSpilling: Bool { state.withLock { $0.spillInFlight } }
 

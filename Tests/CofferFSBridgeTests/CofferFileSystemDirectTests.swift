@@ -141,6 +141,29 @@ import Glibc
         try fs.release(inode: inode, handle: check.handle, flags: O_RDONLY)
     }
 
+    /// What the bridge asks before a small read: a chunk small enough for a store row is one
+    /// query and does not take long; a large chunk, which lives in a pack file, may.
+    @Test func readMayTakeLongFollowsWhereTheChunksLive() throws {
+        let f = try Fixture()
+        let fs = f.fs
+        try file(fs, "small", [UInt8](repeating: 4, count: 5000))
+        // Random bytes do not compress: a 200 KiB chunk goes to a pack file.
+        try file(fs, "large", (0..<200_000).map { _ in UInt8.random(in: 0...255) })
+        let small = try fs.lookup(parent: FuseRootInode, name: "small").inode
+        let large = try fs.lookup(parent: FuseRootInode, name: "large").inode
+        let s = try fs.open(inode: small, flags: O_RDONLY, context: context)
+        let l = try fs.open(inode: large, flags: O_RDWR, context: context)
+        #expect(!fs.readMayTakeLong(inode: small, handle: s.handle, offset: 0, size: 8192), "a row-sized chunk")
+        #expect(fs.readMayTakeLong(inode: large, handle: l.handle, offset: 0, size: 8192), "a chunk in a pack file")
+        #expect(!fs.readMayTakeLong(inode: large, handle: l.handle, offset: 300_000, size: 8192), "past the end")
+        #expect(!fs.readMayTakeLong(inode: small, handle: 987_654, offset: 0, size: 10), "an unknown handle")
+        #expect(try fs.read(inode: small, handle: s.handle, offset: 0, size: 8192) == [UInt8](repeating: 4, count: 5000))
+        _ = try fs.read(inode: large, handle: l.handle, offset: 0, size: 8192)
+        #expect(!fs.readMayTakeLong(inode: large, handle: l.handle, offset: 8192, size: 8192), "the chunk is cached now")
+        try fs.release(inode: small, handle: s.handle, flags: O_RDONLY)
+        try fs.release(inode: large, handle: l.handle, flags: O_RDWR)
+    }
+
     /// What the bridge asks before a flush or release: a close with a megabyte buffered may
     /// take long, one with a few bytes or none does not, and a read-only handle's flush never
     /// does (it commits nothing), while its release may be the last and commit others' writes.

@@ -343,6 +343,32 @@ struct FuseBridgeTests {
         #expect(try readFile(mount.path("after-49")) == [UInt8](repeating: 49, count: 20_000))
     }
 
+    /// A read of up to 128 KiB is a short request as well (`readMayTakeLong` decides when it
+    /// hands on): here a small read stays in its handler while other requests are served.
+    @Test func aSmallReadThatMayTakeLongHandsOnReading() throws {
+        let mount = try MountHarness(configuration: .init(
+            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000,
+            ioUringThreadsPerQueue: 0))
+        defer { mount.cleanUp() }
+        try mount.start()
+        try writeFile(mount.path("small"), [UInt8](repeating: 3, count: 5000))
+        // Direct I/O (O_DIRECT, 0o40000 on Linux, which Glibc's module leaves out): the read
+        // reaches the handler whatever the page cache holds.
+        let fd = try posix("open") { open(mount.path("small"), O_RDONLY | 0o40000 | O_CLOEXEC) }
+        defer { close(fd) }
+        expectServedWhileHeld(mount.filesystem.readHold, "read", limit: 10, start: {
+            let buffer = UnsafeMutableRawPointer.allocate(byteCount: 8192, alignment: 4096)
+            defer { buffer.deallocate() }
+            return pread(fd, buffer, 8192, 0) == 5000 ? 0 : errno
+        }) {
+            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        }
+        for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8](repeating: UInt8(i), count: 3000)) }
+        for i in 0..<50 { #expect(try readFile(mount.path("after-\(i)")) == [UInt8](repeating: UInt8(i), count: 3000)) }
+    }
+
     /// A short request whose handler blocks (here a mkdir, as if waiting for a lock a sync holds)
     /// keeps the reader token; a waiting worker must notice and read in its place, or every
     /// other request would wait behind it.
@@ -478,7 +504,7 @@ struct FuseBridgeTests {
             if let v = setattrValid { withUnsafeBytes(of: v.littleEndian) { bytes.replaceSubrange(40..<44, with: $0) } }
             return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
         }
-        for long: UInt32 in [15, 20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
+        for long: UInt32 in [20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
         // WRITE (16) is short up to 128 KiB of data (after the header and fuse_write_in); the
         // handler hands on when one may block (`writeMayTakeLong`).
         func writeMayTakeLong(payload: Int) -> Bool {
@@ -491,6 +517,19 @@ struct FuseBridgeTests {
         #expect(!writeMayTakeLong(payload: 128 * 1024), "a 128 KiB write")
         #expect(writeMayTakeLong(payload: 128 * 1024 + 1), "a write over 128 KiB")
         #expect(writeMayTakeLong(payload: 1 << 20), "a 1 MiB write")
+        // READ (15) likewise, by the size it asks for (byte 16 of fuse_read_in).
+        func readMayTakeLong(size: UInt32?) -> Bool {
+            var bytes = [UInt8](repeating: 0, count: 40 + (size == nil ? 8 : 40))
+            withUnsafeBytes(of: UInt32(bytes.count).littleEndian) { bytes.replaceSubrange(0..<4, with: $0) }
+            withUnsafeBytes(of: UInt32(15).littleEndian) { bytes.replaceSubrange(4..<8, with: $0) }
+            if let size { withUnsafeBytes(of: size.littleEndian) { bytes.replaceSubrange(56..<60, with: $0) } }
+            return bytes.withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0
+        }
+        #expect(!readMayTakeLong(size: 4096), "a 4 KiB read")
+        #expect(!readMayTakeLong(size: 128 * 1024), "a 128 KiB read")
+        #expect(readMayTakeLong(size: 128 * 1024 + 1), "a read over 128 KiB")
+        #expect(readMayTakeLong(size: 1 << 20), "a 1 MiB read-ahead")
+        #expect(readMayTakeLong(size: nil), "a READ too short to hold its size")
         // RELEASE and FLUSH (18, 25) are short: the handler hands on when it must. GETXATTR (22)
         // is short since FUSE_HANDLE_KILLPRIV_V2 (see docs/PERFORMANCE.md).
         for short: UInt32 in [1, 3, 9, 10, 11, 18, 22, 25, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }

@@ -44,6 +44,8 @@ final class MemoryFileSystem: FileSystemOperations {
     /// A small write is a short request too; `writeMayTakeLong` tells the bridge that a held
     /// one takes long.
     let writeHold = RequestHold()
+    /// A small read too, with `readMayTakeLong`.
+    let readHold = RequestHold()
     /// Mkdir is short too, and nothing tells the bridge: a handler stuck on a lock.
     let mkdirHold = RequestHold()
 
@@ -62,6 +64,10 @@ final class MemoryFileSystem: FileSystemOperations {
 
     func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool {
         writeHold.isHeld
+    }
+
+    func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool {
+        readHold.isHeld
     }
 
     init() {
@@ -341,7 +347,8 @@ final class MemoryFileSystem: FileSystemOperations {
     }
 
     func read(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) throws -> [UInt8] {
-        try state.withLock { state in
+        readHold.pass()
+        return try state.withLock { state in
             guard let node = state.nodes[inode] else { throw FSError.notFound }
             let start = min(Int(offset), node.data.count)
             let end = min(start + size, node.data.count)

@@ -165,6 +165,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// chunk it patches or to spill the buffer. The same contract as `closeMayTakeLong`.
     func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool
 
+    /// Asked before a `read` of up to 128 KiB, also a short request to the reader (md5sum of
+    /// a tree reads each small file in one request and waits for it): whether this one may
+    /// block for long, say to read a large chunk from disk. The same contract as
+    /// `closeMayTakeLong`.
+    func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool
+
     /// `dataOnly` is fdatasync.
     func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws
 
@@ -253,6 +259,7 @@ extension FileSystemOperations {
     public func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws {}
     public func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool { true }
     public func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool { true }
+    public func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool { true }
     public func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}

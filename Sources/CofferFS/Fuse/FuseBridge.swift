@@ -49,6 +49,13 @@ final class FuseBridge: Sendable {
         coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 
+    /// Before a read the reader counted as short (up to 128 KiB): if the filesystem says it
+    /// may take long, another worker reads requests meanwhile.
+    func handOnIfReadMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) {
+        guard operations.readMayTakeLong(inode: inode, handle: handle, offset: offset, size: size) else { return }
+        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
+    }
+
     // MARK: Setuid and setgid (FUSE_HANDLE_KILLPRIV_V2)
 
     /// Whether the request this worker is handling asks for setuid and setgid to be dropped

@@ -176,6 +176,9 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.read = { req, ino, size, offset, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
+            if size <= Int(COFFER_FUSE_SHORT_READ) {
+                bridge.handOnIfReadMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
+            }
             let pieces = try bridge.operations.readPieces(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
             bridge.replyData(req, pieces, limit: size)
