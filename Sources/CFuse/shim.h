@@ -191,7 +191,7 @@ struct coffer_fuse_in_header {
 /* Reads of up to this many bytes count as short requests too; the handler
    hands on if one may block (`FileSystemOperations.readMayTakeLong`). md5sum
    of a tree after dropping caches sends OPEN and one READ per small file and
-   waits for each: 2.42-2.50 -> 1.83-1.96 s in three A/B pairs. The size is
+   waits for each: 2.67-2.76 -> 2.24-2.35 s in three A/B pairs. The size is
    at byte 16 of struct fuse_read_in. */
 #define COFFER_FUSE_SHORT_READ (128 * 1024)
 
