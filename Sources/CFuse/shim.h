@@ -104,10 +104,11 @@ static inline int coffer_pin_thread_to_cpu(int cpu) {
    handles a short request, so when it comes back for the next one it polls
    the device without blocking for a spin time (catching the request the
    caller sends right after getting its reply) before it blocks in poll(2).
-   Before a request that may take long (data, fsync, a truncate) it hands
-   the token on, so another worker reads meanwhile. FLUSH and RELEASE are
-   usually short (closing a small file): the handler decides, and hands the
-   token on itself with `coffer_fuse_reader_hand_on` when it may block.
+   Before a request that may take long (a read or write of more than 128 KiB,
+   fsync, a truncate) it hands the token on, so another worker reads
+   meanwhile. FLUSH, RELEASE and small reads and writes are usually short
+   (closing, reading or writing a small file): the handler decides, and hands
+   the token on itself with `coffer_fuse_reader_hand_on` when it may block.
 
    A short request can still block (a lock held by a sync or by the CLI):
    then every other request would wait behind it. Waiting workers therefore
