@@ -122,29 +122,34 @@ extension CofferFileSystem {
         }
     }
 
+    /// The answer for a handle the bridge asks about before a short request (`closeMayTakeLong`
+    /// and its kin): `decide` sees the handle if the table is free. A busy table answers true
+    /// (do not wait for it here), an unknown handle false (the request fails at once).
+    private func mayTakeLong(_ fh: UInt64, _ decide: (OpenFileHandle) -> Bool) -> Bool {
+        switch handles.withLockIfAvailable({ $0.files[fh] }) {
+        case .none: return true
+        case .some(nil): return false
+        case .some(let h?): return decide(h)
+        }
+    }
+
     /// Closing a small file commits it within a few dozen microseconds; a large buffer, a spill
     /// still running or a busy lock can take much longer.
     public func closeMayTakeLong(inode: InodeNumber, handle fh: UInt64, releasing: Bool) -> Bool {
-        switch handles.withLockIfAvailable({ $0.files[fh] }) {
-        case .none: return true // the table is busy: do not wait for it here
-        case .some(nil): return false // unknown handle: answered at once
-        case .some(let h?):
+        mayTakeLong(fh) { h in
             // A read-only handle's flush does nothing; its release may be the document's last
             // and commit what other handles wrote.
-            guard h.writable || releasing else { return false }
-            return h.document.commitMayTakeLong
+            (h.writable || releasing) && h.document.commitMayTakeLong
         }
     }
 
     /// A write into the buffer returns within microseconds; one that patches a chunk it must
-    /// read back, spills, or waits for the document's lock may take much longer.
+    /// read back, spills, or waits for the document's lock may take much longer. A write the
+    /// handle may not make, or at a negative offset, is refused at once.
     public func writeMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, count: Int) -> Bool {
-        switch handles.withLockIfAvailable({ $0.files[fh] }) {
-        case .none: return true // the table is busy: do not wait for it here
-        case .some(nil): return false // unknown handle: answered at once
-        case .some(let h?):
-            guard h.writable, offset >= 0 else { return false } // refused at once
-            return h.document.writeMayTakeLong(offset: UInt64(offset), count: count, appending: h.append)
+        mayTakeLong(fh) { h in
+            h.writable && offset >= 0
+                && h.document.writeMayTakeLong(offset: UInt64(offset), count: count, appending: h.append)
         }
     }
 
@@ -152,13 +157,7 @@ extension CofferFileSystem {
     /// loads a large chunk from a pack file, waits for the store's writer or for the
     /// document's lock may take much longer.
     public func readMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) -> Bool {
-        switch handles.withLockIfAvailable({ $0.files[fh] }) {
-        case .none: return true // the table is busy: do not wait for it here
-        case .some(nil): return false // unknown handle: answered at once
-        case .some(let h?):
-            guard offset >= 0 else { return false } // refused at once
-            return h.document.readMayTakeLong(offset: UInt64(offset), count: size)
-        }
+        mayTakeLong(fh) { h in offset >= 0 && h.document.readMayTakeLong(offset: UInt64(offset), count: size) }
     }
 
     public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {

@@ -76,6 +76,20 @@ public final class OpenDocument: Sendable {
         /// Chunk `index`'s buffered plaintext, if any: a write's, else one being spilled.
         func buffered(_ index: Int) -> [UInt8]? { dirty[index] ?? sealing[index]?.plain }
 
+        /// The committed chunk whose plaintext must be loaded from the store before chunk
+        /// `index` can be read or patched: nil if it is buffered, cached, or was never stored.
+        func refToLoad(_ index: Int) -> ChunkRef? {
+            guard buffered(index) == nil, index < refs.count, let ref = refs[index], cache[ref.id] == nil else { return nil }
+            return ref
+        }
+
+        /// The length chunk `index` has in a file of `size` bytes.
+        func expectedLength(_ index: Int, size: UInt64) -> Int {
+            let start = UInt64(index) * UInt64(chunkSize)
+            guard size > start else { return 0 }
+            return Int(min(UInt64(chunkSize), size - start))
+        }
+
         /// Buffers `plain` as chunk `index`'s new content.
         mutating func setDirty(_ index: Int, _ plain: [UInt8]?) {
             dirtyBytes += (plain?.count ?? 0) - (dirty[index]?.count ?? 0)
@@ -179,12 +193,7 @@ public final class OpenDocument: Sendable {
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
-            let end = min(s.size, offset + UInt64(count))
-            var pos = offset
-            while pos < end {
-                let index = Int(pos / UInt64(s.chunkSize))
-                let within = Int(pos - UInt64(index) * UInt64(s.chunkSize))
-                let take = min(s.chunkSize - within, Int(end - pos))
+            for (index, within, take) in ChunkSpans(from: offset, to: min(s.size, offset + UInt64(count)), chunkSize: s.chunkSize) {
                 if let d = s.buffered(index) {
                     pieces.append(Self.piece(of: d, within, take))
                 } else if index < s.refs.count, let ref = s.refs[index] {
@@ -197,7 +206,6 @@ public final class OpenDocument: Sendable {
                 } else {
                     pieces.append(ArraySlice(repeating: 0, count: take)) // a gap
                 }
-                pos += UInt64(take)
             }
         }
         guard !loads.isEmpty else { return pieces }
@@ -231,9 +239,7 @@ public final class OpenDocument: Sendable {
     }
 
     func expectedLength(_ index: Int, _ s: DocumentState) -> Int {
-        let start = UInt64(index) * UInt64(s.chunkSize)
-        guard s.size > start else { return 0 }
-        return Int(min(UInt64(s.chunkSize), s.size - start))
+        s.expectedLength(index, size: s.size)
     }
 
     /// The current plaintext of chunk `index`, sized for the current file size (zero-padded
@@ -268,12 +274,8 @@ public final class OpenDocument: Sendable {
             if let e = s.spillError { s.spillError = nil; throw e }
             let end = offset + UInt64(bytes.count)
             if end > s.size { s.size = end }
-            var pos = offset
             var consumed = 0
-            while pos < end {
-                let index = Int(pos / UInt64(s.chunkSize))
-                let within = Int(pos - UInt64(index) * UInt64(s.chunkSize))
-                let take = min(s.chunkSize - within, Int(end - pos))
+            for (index, within, take) in ChunkSpans(from: offset, to: end, chunkSize: s.chunkSize) {
                 var chunk: [UInt8]
                 if within == 0 && take == expectedLength(index, s) {
                     // Fully overwritten: built from the written bytes alone (no read, no zero fill).
@@ -286,7 +288,6 @@ public final class OpenDocument: Sendable {
                     }
                 }
                 s.setDirty(index, chunk)
-                pos += UInt64(take)
                 consumed += take
             }
             contentChanged(&s)
@@ -427,29 +428,19 @@ public final class OpenDocument: Sendable {
     /// the store to patch it, or wait for another thread holding this document. A guess that
     /// never blocks, for the FUSE reader (see `FileSystemOperations.writeMayTakeLong`); untar's
     /// writes (new files, a record of tar's buffer at a time) answer false.
-    public func writeMayTakeLong(offset: UInt64, count: Int, appending: Bool = false) -> Bool {
+    public func writeMayTakeLong(offset: UInt64, count: Int, appending: Bool) -> Bool {
         guard count > 0 else { return false }
         return state.withLockIfAvailable { s in
             if s.spillInFlight || s.dirtyBytes + count > Vault.writeBufferLimit { return true }
             let start = appending ? s.size : offset
             let (end, overflow) = start.addingReportingOverflow(UInt64(count))
             if overflow { return true }
-            let chunkSize = UInt64(s.chunkSize)
             let sizeAfter = max(s.size, end)
-            var pos = start
-            while pos < end {
-                let index = Int(pos / chunkSize)
-                let chunkStart = UInt64(index) * chunkSize
-                let take = min(chunkSize - (pos - chunkStart), end - pos)
-                // As `write` decides: a chunk it overwrites whole is built from the new bytes;
-                // any other needs its current plaintext, from a buffer, the cache or the store.
-                let whole = pos == chunkStart && take == min(chunkSize, sizeAfter - chunkStart)
-                if !whole, s.buffered(index) == nil, index < s.refs.count, let ref = s.refs[index], s.cache[ref.id] == nil {
-                    return true
-                }
-                pos += take
+            // As `write` decides: a chunk it overwrites whole is built from the new bytes; any
+            // other needs its current plaintext, from a buffer, the cache or the store.
+            return ChunkSpans(from: start, to: end, chunkSize: s.chunkSize).contains { index, within, take in
+                !(within == 0 && take == s.expectedLength(index, size: sizeAfter)) && s.refToLoad(index) != nil
             }
-            return false
         } ?? true
     }
 
@@ -462,20 +453,10 @@ public final class OpenDocument: Sendable {
         guard count > 0 else { return false }
         return state.withLockIfAvailable { s in
             guard offset < s.size else { return false }
-            let end = min(s.size, offset &+ UInt64(count))
-            let chunkSize = UInt64(s.chunkSize)
-            var pos = offset
-            var loads = false
-            while pos < end {
-                let index = Int(pos / chunkSize)
-                let take = min(chunkSize - (pos - UInt64(index) * chunkSize), end - pos)
-                if s.buffered(index) == nil, index < s.refs.count, let ref = s.refs[index], s.cache[ref.id] == nil {
-                    if Int(ref.length) > Self.deferredSealingLimit { return true }
-                    loads = true
-                }
-                pos += take
-            }
-            return loads && vault.store.readsGoThroughWriter
+            let loads = ChunkSpans(from: offset, to: min(s.size, offset &+ UInt64(count)), chunkSize: s.chunkSize)
+                .compactMap { index, _, _ in s.refToLoad(index) }
+            return loads.contains { Int($0.length) > Self.deferredSealingLimit }
+                || (!loads.isEmpty && vault.store.readsGoThroughWriter)
         } ?? true
     }
 
@@ -634,5 +615,29 @@ public final class OpenDocument: Sendable {
             changedNow()
             return true
         }
+    }
+}
+
+/// The chunks a byte range `[start, end)` of a document touches, in order: each chunk's index,
+/// where in the chunk the range begins, and how many of its bytes the range covers. The walk
+/// reading, writing and the FUSE reader's guesses share.
+struct ChunkSpans: Sequence, IteratorProtocol {
+    private let chunkSize: UInt64
+    private var position: UInt64
+    private let end: UInt64
+
+    init(from start: UInt64, to end: UInt64, chunkSize: Int) {
+        self.chunkSize = UInt64(chunkSize)
+        self.position = start
+        self.end = end
+    }
+
+    mutating func next() -> (index: Int, within: Int, take: Int)? {
+        guard position < end else { return nil }
+        let index = position / chunkSize
+        let within = position - index * chunkSize
+        let take = Swift.min(chunkSize - within, end - position)
+        position += take
+        return (Int(index), Int(within), Int(take))
     }
 }

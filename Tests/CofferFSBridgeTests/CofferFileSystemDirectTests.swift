@@ -44,11 +44,17 @@ import Glibc
         return try fs.lookup(parent: FuseRootInode, name: name)
     }
 
-    /// Opens the inode, reads up to 100 bytes and closes it again.
-    func contents(_ fs: CofferFileSystem, _ inode: InodeNumber) throws -> [UInt8] {
+    /// `file`, then the kernel's lookup of it: the inode, for tests that open it themselves.
+    func created(_ fs: CofferFileSystem, _ name: String, _ bytes: [UInt8]) throws -> InodeNumber {
+        try file(fs, name, bytes)
+        return try fs.lookup(parent: FuseRootInode, name: name).inode
+    }
+
+    /// Opens the inode, reads up to `size` bytes and closes it again.
+    func contents(_ fs: CofferFileSystem, _ inode: InodeNumber, size: Int = 100) throws -> [UInt8] {
         let reply = try fs.open(inode: inode, flags: O_RDONLY, context: context)
         defer { try? fs.release(inode: inode, handle: reply.handle, flags: O_RDONLY) }
-        return try fs.read(inode: inode, handle: reply.handle, offset: 0, size: 100)
+        return try fs.read(inode: inode, handle: reply.handle, offset: 0, size: size)
     }
 
     func isStale(_ body: () throws -> Void) -> Bool {
@@ -111,8 +117,7 @@ import Glibc
     @Test func writeMayTakeLongFollowsWhatTheWriteWillDo() throws {
         let f = try Fixture()
         let fs = f.fs
-        try file(fs, "f", [])
-        let inode = try fs.lookup(parent: FuseRootInode, name: "f").inode
+        let inode = try created(fs, "f", [])
         var writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
         #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: 4096), "a new file")
         _ = try fs.write(inode: inode, handle: writer.handle, offset: 0, data: [UInt8](repeating: 1, count: 10_000))
@@ -136,21 +141,18 @@ import Glibc
         try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
         var expected = [UInt8](repeating: 1, count: 10_000)
         expected.replaceSubrange(100..<150, with: [UInt8](repeating: 2, count: 50))
-        let check = try fs.open(inode: inode, flags: O_RDONLY, context: context)
-        #expect(try fs.read(inode: inode, handle: check.handle, offset: 0, size: 20_000) == expected)
-        try fs.release(inode: inode, handle: check.handle, flags: O_RDONLY)
+        #expect(try contents(fs, inode, size: 20_000) == expected)
     }
 
     /// What the bridge asks before a small read: a chunk small enough for a store row is one
-    /// query and does not take long; a large chunk, which lives in a pack file, may.
+    /// query and does not take long, unless the store's reads wait for its writer (a group
+    /// transaction is open); a large chunk, which lives in a pack file, may.
     @Test func readMayTakeLongFollowsWhereTheChunksLive() throws {
         let f = try Fixture()
         let fs = f.fs
-        try file(fs, "small", [UInt8](repeating: 4, count: 5000))
+        let small = try created(fs, "small", [UInt8](repeating: 4, count: 5000))
         // Random bytes do not compress: a 200 KiB chunk goes to a pack file.
-        try file(fs, "large", (0..<200_000).map { _ in UInt8.random(in: 0...255) })
-        let small = try fs.lookup(parent: FuseRootInode, name: "small").inode
-        let large = try fs.lookup(parent: FuseRootInode, name: "large").inode
+        let large = try created(fs, "large", (0..<200_000).map { _ in UInt8.random(in: 0...255) })
         let s = try fs.open(inode: small, flags: O_RDONLY, context: context)
         let l = try fs.open(inode: large, flags: O_RDWR, context: context)
         #expect(!fs.readMayTakeLong(inode: small, handle: s.handle, offset: 0, size: 8192), "a row-sized chunk")
@@ -162,6 +164,17 @@ import Glibc
         #expect(!fs.readMayTakeLong(inode: large, handle: l.handle, offset: 8192, size: 8192), "the chunk is cached now")
         try fs.release(inode: small, handle: s.handle, flags: O_RDONLY)
         try fs.release(inode: large, handle: l.handle, flags: O_RDWR)
+
+        // With a group open (a write since, in the daemon's group-commit mode), reads of the
+        // store go through the writer's connection, behind whatever it is running.
+        let store = fs.vault.store
+        store.enableGroupCommit(window: 60, longest: 60)
+        defer { try? store.disableGroupCommit() }
+        _ = try created(fs, "other", [9])
+        #expect(store.readsGoThroughWriter)
+        let again = try fs.open(inode: small, flags: O_RDONLY, context: context)
+        #expect(fs.readMayTakeLong(inode: small, handle: again.handle, offset: 0, size: 8192), "a row-sized chunk, through the writer")
+        try fs.release(inode: small, handle: again.handle, flags: O_RDONLY)
     }
 
     /// What the bridge asks before a flush or release: a close with a megabyte buffered may

@@ -34,25 +34,13 @@ final class FuseBridge: Sendable {
         return Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
     }
 
-    /// Before a flush or release, which the reader counts as short (see
-    /// `coffer_fuse_request_may_take_long`): if the filesystem says this close may take long,
-    /// another worker reads requests meanwhile.
-    func handOnIfCloseMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) {
-        guard operations.closeMayTakeLong(inode: inode, handle: handle, releasing: releasing) else { return }
-        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
-    }
-
-    /// Before a write the reader counted as short (up to `shortWriteLimit` bytes): if the
-    /// filesystem says it may take long, another worker reads requests meanwhile.
-    func handOnIfWriteMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) {
-        guard operations.writeMayTakeLong(inode: inode, handle: handle, offset: offset, count: count) else { return }
-        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
-    }
-
-    /// Before a read the reader counted as short (up to 128 KiB): if the filesystem says it
-    /// may take long, another worker reads requests meanwhile.
-    func handOnIfReadMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) {
-        guard operations.readMayTakeLong(inode: inode, handle: handle, offset: offset, size: size) else { return }
+    /// Before a request the reader counts as short but whose handler may block (a flush or
+    /// release: `closeMayTakeLong`; a read or write of up to 128 KiB: `readMayTakeLong`,
+    /// `writeMayTakeLong`, see `coffer_fuse_request_may_take_long`): if the filesystem says this
+    /// one may take long, another worker reads requests meanwhile. Does nothing for a worker
+    /// that no longer holds the reader's token (a long request hands it on as it is read).
+    func handOnReading(if mayTakeLong: Bool) {
+        guard mayTakeLong else { return }
         coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
     }
 

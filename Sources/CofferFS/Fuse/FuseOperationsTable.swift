@@ -177,7 +177,8 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
             if size <= Int(COFFER_FUSE_SHORT_READ) {
-                bridge.handOnIfReadMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
+                bridge.handOnReading(if: bridge.operations.readMayTakeLong(
+                    inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size))
             }
             let pieces = try bridge.operations.readPieces(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
@@ -190,7 +191,8 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
             if data.count <= Int(COFFER_FUSE_SHORT_WRITE) {
-                bridge.handOnIfWriteMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), count: data.count)
+                bridge.handOnReading(if: bridge.operations.writeMayTakeLong(
+                    inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), count: data.count))
             }
             // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
             try bridge.dropSetIDBits(before: .write, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
@@ -204,7 +206,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.flush = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            bridge.handOnIfCloseMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: false)
+            bridge.handOnReading(if: bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: false))
             try bridge.operations.flush(
                 inode: ino, handle: coffer_fi_get_fh(fi), lockOwner: coffer_fi_get_lock_owner(fi))
             fuse_reply_err(req, 0)
@@ -214,7 +216,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.release = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            bridge.handOnIfCloseMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: true)
+            bridge.handOnReading(if: bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: true))
             try bridge.operations.release(inode: ino, handle: coffer_fi_get_fh(fi), flags: coffer_fi_get_flags(fi))
             fuse_reply_err(req, 0)
         }
