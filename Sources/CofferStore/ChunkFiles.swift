@@ -177,6 +177,37 @@ final class ChunkFiles: Sendable {
         return try Self.read(Int(locator.length), from: fd, at: Int(locator.offset), path: p)
     }
 
+    /// Asks the kernel to read these packed chunks into its page cache now, without waiting
+    /// (`POSIX_FADV_WILLNEED`). Why: a chunk read is a `pread` on a freshly opened descriptor,
+    /// so the kernel's own read-ahead of the pack starts small at every chunk, and the threads
+    /// opening chunks wait for the disk one chunk at a time; a cold 256 MiB read kept the disk
+    /// idle a third of the time. Neighbouring ranges of one pack go in one call.
+    func prefetch(_ locators: [PackLocator]) {
+        var order: [[UInt8]] = []
+        var byPack: [[UInt8]: [(offset: UInt64, end: UInt64)]] = [:]
+        for l in locators {
+            if byPack[l.pack] == nil { order.append(l.pack) }
+            byPack[l.pack, default: []].append((l.offset, l.offset + l.length))
+        }
+        for pack in order {
+            guard let ranges = byPack[pack]?.sorted(by: { $0.offset < $1.offset }) else { continue }
+            var merged: [(offset: UInt64, end: UInt64)] = []
+            for r in ranges {
+                if let last = merged.last, r.offset <= last.end + 64 * 1024 {
+                    merged[merged.count - 1].end = max(last.end, r.end)
+                } else {
+                    merged.append(r)
+                }
+            }
+            let fd = open(packPath(pack), O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { continue }
+            for r in merged {
+                _ = posix_fadvise(fd, off_t(r.offset), off_t(r.end - r.offset), Int32(POSIX_FADV_WILLNEED))
+            }
+            close(fd)
+        }
+    }
+
     /// A pack file's size in bytes, nil if it is missing.
     func packSize(_ pack: [UInt8]) -> Int? {
         var st = stat()

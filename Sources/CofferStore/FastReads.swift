@@ -39,6 +39,11 @@ final class FastReads: Sendable {
         return try files.resolve(id, row: bytes, place: place)
     }
 
+    /// A chunk's row as stored: its `sealed` column (for a packed chunk, the locator) and place.
+    func chunkRow(_ id: [UInt8]) throws -> (bytes: [UInt8], flag: Int64)? {
+        try withReader { try $0.row(.chunk, key: id) }
+    }
+
     private func withReader<T>(_ body: (Reader) throws -> T) throws -> T {
         let reader = try idle.withLock { $0.popLast() } ?? Reader(path: path)
         defer {

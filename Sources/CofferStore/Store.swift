@@ -180,6 +180,20 @@ public final class Store: Sendable {
         return try fast.chunk(id, files: files)
     }
 
+    /// Starts reading the pack files that hold these chunks from the disk, without waiting for
+    /// them: a sequential reader's next chunks are then on their way while the current ones
+    /// are opened. Best effort and silent: chunks kept in rows, unknown ids and missing packs
+    /// are skipped, and nothing is done while a group is open (the lookups would queue behind
+    /// the writer). See `ChunkFiles.prefetch`.
+    public func prefetch(_ ids: [[UInt8]]) {
+        guard !ids.isEmpty, !group.isOpen else { return }
+        let locators = ids.compactMap { id -> PackLocator? in
+            guard let row = try? fast.chunkRow(id), row.flag == ChunkFiles.Place.pack.rawValue else { return nil }
+            return try? PackLocator(decoding: row.bytes)
+        }
+        files.prefetch(locators)
+    }
+
     /// Runs `body` atomically: all of it lands, or none of it. Without group commit that is one
     /// immediate transaction. With group commit, it joins the open group transaction (opening
     /// one if none is), committed together with its neighbours by the group-commit thread (see

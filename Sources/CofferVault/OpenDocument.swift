@@ -72,6 +72,10 @@ public final class OpenDocument: Sendable {
         /// A background spill's failure, reported by the next write or flush (its chunks went
         /// back to `dirty`, so nothing is lost).
         var spillError: (any Error)?
+        /// Where the last read ended, and the chunks up to which a sequential run of reads has
+        /// asked the store to prefetch (`readPieces`).
+        var lastReadEnd: UInt64 = 0
+        var prefetchedThrough = 0
 
         /// Chunk `index`'s buffered plaintext, if any: a write's, else one being spilled.
         func buffered(_ index: Int) -> [UInt8]? { dirty[index] ?? sealing[index]?.plain }
@@ -190,10 +194,16 @@ public final class OpenDocument: Sendable {
     public func readPieces(offset: UInt64, count: Int) throws -> [ArraySlice<UInt8>] {
         var pieces: [ArraySlice<UInt8>] = []
         var loads: [(ref: ChunkRef, piece: Int, within: Int, take: Int)] = []
+        var prefetch: [[UInt8]] = []
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
-            for (index, within, take) in ChunkSpans(from: offset, to: min(s.size, offset + UInt64(count)), chunkSize: s.chunkSize) {
+            let end = min(s.size, offset + UInt64(count))
+            defer {
+                if !loads.isEmpty { prefetch = Self.planPrefetch(&s, offset: offset, end: end) }
+                s.lastReadEnd = end
+            }
+            for (index, within, take) in ChunkSpans(from: offset, to: end, chunkSize: s.chunkSize) {
                 if let d = s.buffered(index) {
                     pieces.append(Self.piece(of: d, within, take))
                 } else if index < s.refs.count, let ref = s.refs[index] {
@@ -209,6 +219,7 @@ public final class OpenDocument: Sendable {
             }
         }
         guard !loads.isEmpty else { return pieces }
+        vault.store.prefetch(prefetch)
         var unique: [ChunkRef] = []
         var seen: Set<[UInt8]> = []
         for load in loads where seen.insert(load.ref.id).inserted { unique.append(load.ref) }
@@ -219,6 +230,35 @@ public final class OpenDocument: Sendable {
             pieces[load.piece] = Self.piece(of: opened[load.ref.id] ?? [], load.within, load.take)
         }
         return pieces
+    }
+
+    /// How far ahead of a sequential reader the store is asked to prefetch chunks from disk.
+    static let prefetchBytes: UInt64 = 8 << 20
+
+    /// The ids of the stored chunks a read of `[offset, end)` that must load chunks asks the
+    /// store to start fetching from disk: in a sequential run of reads (from the file's start,
+    /// or near where the last read ended, allowing for the kernel's read-ahead requests
+    /// arriving out of order), this read's own chunks and the next `prefetchBytes`, each once
+    /// per run; none for a random read. Only chunks large enough to live in pack files are
+    /// worth asking for; the store skips the others anyway.
+    static func planPrefetch(_ s: inout DocumentState, offset: UInt64, end: UInt64) -> [[UInt8]] {
+        let chunk = UInt64(s.chunkSize)
+        let first = Int(offset / chunk)
+        let slack = prefetchBytes
+        let sequential = offset == 0 || (offset <= s.lastReadEnd &+ slack && offset &+ slack >= s.lastReadEnd)
+        guard sequential else {
+            s.prefetchedThrough = Int((end + chunk - 1) / chunk)
+            return []
+        }
+        if offset == 0 { s.prefetchedThrough = 0 } // reading from the start again
+        let from = max(first, s.prefetchedThrough)
+        let through = min(s.refs.count, Int((min(end, UInt64.max - prefetchBytes) + prefetchBytes + chunk - 1) / chunk))
+        guard from < through else { return [] }
+        s.prefetchedThrough = through
+        return (from..<through).compactMap { index in
+            guard let ref = s.refToLoad(index), Int(ref.length) > deferredSealingLimit else { return nil }
+            return ref.id
+        }
     }
 
     /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's
