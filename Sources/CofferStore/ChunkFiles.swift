@@ -177,11 +177,17 @@ final class ChunkFiles: Sendable {
         return try Self.read(Int(locator.length), from: fd, at: Int(locator.offset), path: p)
     }
 
-    /// Asks the kernel to read these packed chunks into its page cache now, without waiting
-    /// (`POSIX_FADV_WILLNEED`). Why: a chunk read is a `pread` on a freshly opened descriptor,
+    /// Brings these packed chunks into the kernel's page cache ahead of their reads, without
+    /// making the caller wait. Why: a chunk read is a `pread` on a freshly opened descriptor,
     /// so the kernel's own read-ahead of the pack starts small at every chunk, and the threads
-    /// opening chunks wait for the disk one chunk at a time; a cold 256 MiB read kept the disk
-    /// idle a third of the time. Neighbouring ranges of one pack go in one call.
+    /// opening chunks waited for the disk one chunk at a time; a cold 256 MiB read kept the
+    /// disk idle a third of the time. Neighbouring ranges of one pack are read as one.
+    ///
+    /// The reading happens on `prefetcher`'s thread, as a `sendfile` of each range to
+    /// /dev/null: that goes through the kernel's ordinary read-ahead (large folios) and copies
+    /// nothing, about a fifth of the CPU of `POSIX_FADV_WILLNEED` (0.007 against 0.04 s for
+    /// 256 MiB here), which would also have run on the reader's own request. Best effort: at
+    /// most `prefetchLimit` bytes wait at once, the rest is dropped.
     func prefetch(_ locators: [PackLocator]) {
         var order: [[UInt8]] = []
         var byPack: [[UInt8]: [(offset: UInt64, end: UInt64)]] = [:]
@@ -199,12 +205,47 @@ final class ChunkFiles: Sendable {
                     merged.append(r)
                 }
             }
-            let fd = open(packPath(pack), O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { continue }
-            for r in merged {
-                _ = posix_fadvise(fd, off_t(r.offset), off_t(r.end - r.offset), Int32(POSIX_FADV_WILLNEED))
+            let bytes = merged.reduce(0) { $0 + Int($1.end - $1.offset) }
+            guard prefetchPending.add(bytes, ordering: .relaxed).newValue <= Self.prefetchLimit else {
+                prefetchPending.subtract(bytes, ordering: .relaxed)
+                continue
             }
-            close(fd)
+            let path = packPath(pack)
+            let spans = merged.map { (offset: $0.offset, length: $0.end - $0.offset) }
+            prefetcher.async { [self] in
+                Self.readIntoPageCache(path, spans)
+                prefetchPending.subtract(bytes, ordering: .relaxed)
+            }
+        }
+    }
+
+    /// The most bytes of prefetching that may wait at once (a sequential reader asks for 8 MiB
+    /// ahead; several readers at once share this).
+    static let prefetchLimit = 64 << 20
+    private let prefetchPending = Atomic<Int>(0)
+    /// A serial queue (its own thread: a queue made this way does not wait for the global pool's
+    /// threads, which are busy opening chunks while this one waits for the disk).
+    private let prefetcher = DispatchQueue(label: "coffer.pack-prefetch", qos: .utility)
+
+    /// Reads `spans` of the file at `path` into the page cache by sending them to /dev/null.
+    private static func readIntoPageCache(_ path: String, _ spans: [(offset: UInt64, length: UInt64)]) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return } // the pack went away meanwhile: nothing to fetch
+        defer { close(fd) }
+        let sink = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        guard sink >= 0 else { return }
+        defer { close(sink) }
+        for span in spans {
+            var offset = off_t(span.offset)
+            let end = off_t(span.offset + span.length)
+            while offset < end {
+                let n = sendfile(sink, fd, &offset, Int(end - offset))
+                if n < 0 && errno == EINTR { continue }
+                if n < 0 { // a filesystem that cannot splice: let the kernel read ahead instead
+                    _ = posix_fadvise(fd, offset, end - offset, Int32(POSIX_FADV_WILLNEED))
+                }
+                if n <= 0 { break } // done that way, or past the end of the pack
+            }
         }
     }
 
