@@ -49,8 +49,23 @@ extension Vault {
         // Keys, names, attributes; then content.
         for m in tree.files.values.sorted(by: { $0.id < $1.id }) {
             guard tree.isLive(m.id) else { continue }
+            let n: Node
             do {
-                let n = try node(m.id)
+                n = try node(m.id)
+            } catch {
+                // This vault's tree may be older than the records read above: another process
+                // (the mount's group commit) committed since the vault was opened. Catch up and
+                // ask once more; only what is still wrong then is a problem.
+                do {
+                    _ = try refresh()
+                    n = try node(m.id)
+                } catch {
+                    if try !isCurrentContent(m) { continue }
+                    report.problems.append("\(m.id): \(VaultError.wrap(error).description)")
+                    continue
+                }
+            }
+            do {
                 if m.type == .document {
                     report.documents += 1
                     var found = CheckReport()

@@ -127,6 +127,21 @@ struct VaultStoreTests {
         #expect(r.unreferencedChunks == 0 && r.unreferencedManifests == 0)
     }
 
+    /// fsck reads the records from the store, but decrypts through its vault's tree, which may
+    /// be older: a file another process (the mount) committed after the vault was opened is
+    /// checked, not reported missing.
+    @Test func checkSeesFilesCommittedAfterTheVaultWasOpened() throws {
+        let f = try VaultFixture()
+        let fsck = try Vault.open(dataDirectory: f.dataDir)
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        let doc = try mount.create(in: mount.rootID, name: "late", type: .document, mode: 0o644)
+        try mount.writeAll(doc.id, Array("written after fsck opened".utf8))
+        let r = try fsck.check()
+        #expect(r.isClean, "\(r.problems)")
+        #expect(r.documents == 1)
+        #expect(r.chunksVerified == 1)
+    }
+
     @Test func checkReportsACorruptChunk() throws {
         let f = try VaultFixture()
         let doc = try f.document("a", contents: noise(600_000, seed: 2))
