@@ -177,76 +177,51 @@ final class ChunkFiles: Sendable {
         return try Self.read(Int(locator.length), from: fd, at: Int(locator.offset), path: p)
     }
 
-    /// Brings these packed chunks into the kernel's page cache ahead of their reads, without
-    /// making the caller wait. Why: a chunk read is a `pread` on a freshly opened descriptor,
-    /// so the kernel's own read-ahead of the pack starts small at every chunk, and the threads
-    /// opening chunks waited for the disk one chunk at a time; a cold 256 MiB read kept the
-    /// disk idle a third of the time. Neighbouring ranges of one pack are read as one.
-    ///
-    /// The reading happens on `prefetcher`'s thread, as a `sendfile` of each range to
-    /// /dev/null: that goes through the kernel's ordinary read-ahead (large folios) and copies
-    /// nothing, about a fifth of the CPU of `POSIX_FADV_WILLNEED` (0.007 against 0.04 s for
-    /// 256 MiB here), which would also have run on the reader's own request. Best effort: at
-    /// most `prefetchLimit` bytes wait at once, the rest is dropped.
-    func prefetch(_ locators: [PackLocator]) {
+    /// Reads these packed chunks into the kernel's page cache, waiting for the disk (the store
+    /// calls this on its prefetch thread, see `Store.prefetch`). Neighbouring ranges of one pack
+    /// are read as one, each as a `sendfile` to /dev/null: that goes through the kernel's
+    /// ordinary read-ahead (large folios) and copies nothing, about a fifth of the CPU of
+    /// `POSIX_FADV_WILLNEED` (0.007 against 0.04 s for 256 MiB here), which stays the fallback
+    /// for a filesystem that cannot splice. A pack that is gone is skipped.
+    func readIntoPageCache(_ locators: [PackLocator]) {
         var order: [[UInt8]] = []
         var byPack: [[UInt8]: [(offset: UInt64, end: UInt64)]] = [:]
         for l in locators {
             if byPack[l.pack] == nil { order.append(l.pack) }
             byPack[l.pack, default: []].append((l.offset, l.offset + l.length))
         }
+        guard !order.isEmpty else { return }
+        let sink = open("/dev/null", O_WRONLY | O_CLOEXEC)
+        guard sink >= 0 else { return }
+        defer { close(sink) }
         for pack in order {
-            guard let ranges = byPack[pack]?.sorted(by: { $0.offset < $1.offset }) else { continue }
-            var merged: [(offset: UInt64, end: UInt64)] = []
-            for r in ranges {
-                if let last = merged.last, r.offset <= last.end + 64 * 1024 {
-                    merged[merged.count - 1].end = max(last.end, r.end)
-                } else {
-                    merged.append(r)
+            let fd = open(packPath(pack), O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { continue }
+            defer { close(fd) }
+            for span in Self.merged(byPack[pack] ?? []) {
+                var offset = off_t(span.offset)
+                let end = off_t(span.end)
+                while offset < end {
+                    let n = sendfile(sink, fd, &offset, Int(end - offset))
+                    if n < 0 && errno == EINTR { continue }
+                    if n < 0 { _ = posix_fadvise(fd, offset, end - offset, Int32(POSIX_FADV_WILLNEED)) }
+                    if n <= 0 { break } // handed to fadvise, or past the end of the pack
                 }
-            }
-            let bytes = merged.reduce(0) { $0 + Int($1.end - $1.offset) }
-            guard prefetchPending.add(bytes, ordering: .relaxed).newValue <= Self.prefetchLimit else {
-                prefetchPending.subtract(bytes, ordering: .relaxed)
-                continue
-            }
-            let path = packPath(pack)
-            let spans = merged.map { (offset: $0.offset, length: $0.end - $0.offset) }
-            prefetcher.async { [self] in
-                Self.readIntoPageCache(path, spans)
-                prefetchPending.subtract(bytes, ordering: .relaxed)
             }
         }
     }
 
-    /// The most bytes of prefetching that may wait at once (a sequential reader asks for 8 MiB
-    /// ahead; several readers at once share this).
-    static let prefetchLimit = 64 << 20
-    private let prefetchPending = Atomic<Int>(0)
-    /// A serial queue (its own thread: a queue made this way does not wait for the global pool's
-    /// threads, which are busy opening chunks while this one waits for the disk).
-    private let prefetcher = DispatchQueue(label: "coffer.pack-prefetch", qos: .utility)
-
-    /// Reads `spans` of the file at `path` into the page cache by sending them to /dev/null.
-    private static func readIntoPageCache(_ path: String, _ spans: [(offset: UInt64, length: UInt64)]) {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return } // the pack went away meanwhile: nothing to fetch
-        defer { close(fd) }
-        let sink = open("/dev/null", O_WRONLY | O_CLOEXEC)
-        guard sink >= 0 else { return }
-        defer { close(sink) }
-        for span in spans {
-            var offset = off_t(span.offset)
-            let end = off_t(span.offset + span.length)
-            while offset < end {
-                let n = sendfile(sink, fd, &offset, Int(end - offset))
-                if n < 0 && errno == EINTR { continue }
-                if n < 0 { // a filesystem that cannot splice: let the kernel read ahead instead
-                    _ = posix_fadvise(fd, offset, end - offset, Int32(POSIX_FADV_WILLNEED))
-                }
-                if n <= 0 { break } // done that way, or past the end of the pack
+    /// Ranges sorted, with those less than 64 KiB apart joined.
+    private static func merged(_ ranges: [(offset: UInt64, end: UInt64)]) -> [(offset: UInt64, end: UInt64)] {
+        var out: [(offset: UInt64, end: UInt64)] = []
+        for r in ranges.sorted(by: { $0.offset < $1.offset }) {
+            if let last = out.last, r.offset <= last.end + 64 * 1024 {
+                out[out.count - 1].end = max(last.end, r.end)
+            } else {
+                out.append(r)
             }
         }
+        return out
     }
 
     /// A pack file's size in bytes, nil if it is missing.

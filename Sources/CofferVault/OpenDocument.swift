@@ -77,6 +77,37 @@ public final class OpenDocument: Sendable {
         var lastReadEnd: UInt64 = 0
         var prefetchedThrough = 0
 
+        /// How far ahead of a sequential reader the store is asked to prefetch chunks from disk.
+        static let prefetchBytes: UInt64 = 8 << 20
+
+        /// Notes a read of `[offset, end)` and returns the ids of the stored chunks to ask the
+        /// store to start fetching from disk, if the read must load chunks from the store: in a
+        /// sequential run of reads (from the file's start, or within `prefetchBytes` of where
+        /// the last read ended, since the kernel's read-ahead requests may arrive out of order),
+        /// this read's own chunks and the next `prefetchBytes`, each once per run; none for a
+        /// random read. Only chunks large enough to live in pack files are worth asking for.
+        mutating func noteRead(offset: UInt64, end: UInt64, loadsFromStore: Bool) -> [[UInt8]] {
+            defer { lastReadEnd = end }
+            guard loadsFromStore else { return [] }
+            let chunk = UInt64(chunkSize)
+            let sequential = offset == 0
+                || (offset <= lastReadEnd + Self.prefetchBytes && offset + Self.prefetchBytes >= lastReadEnd)
+            guard sequential else {
+                prefetchedThrough = Int((end + chunk - 1) / chunk)
+                return []
+            }
+            if offset == 0 { prefetchedThrough = 0 } // reading from the start again
+            // `end` is within the document, so far below overflow.
+            let from = max(Int(offset / chunk), prefetchedThrough)
+            let through = min(refs.count, Int((end + Self.prefetchBytes + chunk - 1) / chunk))
+            guard from < through else { return [] }
+            prefetchedThrough = through
+            return (from..<through).compactMap { index in
+                guard let ref = refToLoad(index), Int(ref.length) > OpenDocument.deferredSealingLimit else { return nil }
+                return ref.id
+            }
+        }
+
         /// Chunk `index`'s buffered plaintext, if any: a write's, else one being spilled.
         func buffered(_ index: Int) -> [UInt8]? { dirty[index] ?? sealing[index]?.plain }
 
@@ -199,10 +230,6 @@ public final class OpenDocument: Sendable {
             if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
-            defer {
-                if !loads.isEmpty { prefetch = Self.planPrefetch(&s, offset: offset, end: end) }
-                s.lastReadEnd = end
-            }
             for (index, within, take) in ChunkSpans(from: offset, to: end, chunkSize: s.chunkSize) {
                 if let d = s.buffered(index) {
                     pieces.append(Self.piece(of: d, within, take))
@@ -217,6 +244,7 @@ public final class OpenDocument: Sendable {
                     pieces.append(ArraySlice(repeating: 0, count: take)) // a gap
                 }
             }
+            prefetch = s.noteRead(offset: offset, end: end, loadsFromStore: !loads.isEmpty)
         }
         guard !loads.isEmpty else { return pieces }
         vault.store.prefetch(prefetch)
@@ -230,35 +258,6 @@ public final class OpenDocument: Sendable {
             pieces[load.piece] = Self.piece(of: opened[load.ref.id] ?? [], load.within, load.take)
         }
         return pieces
-    }
-
-    /// How far ahead of a sequential reader the store is asked to prefetch chunks from disk.
-    static let prefetchBytes: UInt64 = 8 << 20
-
-    /// The ids of the stored chunks a read of `[offset, end)` that must load chunks asks the
-    /// store to start fetching from disk: in a sequential run of reads (from the file's start,
-    /// or near where the last read ended, allowing for the kernel's read-ahead requests
-    /// arriving out of order), this read's own chunks and the next `prefetchBytes`, each once
-    /// per run; none for a random read. Only chunks large enough to live in pack files are
-    /// worth asking for; the store skips the others anyway.
-    static func planPrefetch(_ s: inout DocumentState, offset: UInt64, end: UInt64) -> [[UInt8]] {
-        let chunk = UInt64(s.chunkSize)
-        let first = Int(offset / chunk)
-        let slack = prefetchBytes
-        let sequential = offset == 0 || (offset <= s.lastReadEnd &+ slack && offset &+ slack >= s.lastReadEnd)
-        guard sequential else {
-            s.prefetchedThrough = Int((end + chunk - 1) / chunk)
-            return []
-        }
-        if offset == 0 { s.prefetchedThrough = 0 } // reading from the start again
-        let from = max(first, s.prefetchedThrough)
-        let through = min(s.refs.count, Int((min(end, UInt64.max - prefetchBytes) + prefetchBytes + chunk - 1) / chunk))
-        guard from < through else { return [] }
-        s.prefetchedThrough = through
-        return (from..<through).compactMap { index in
-            guard let ref = s.refToLoad(index), Int(ref.length) > deferredSealingLimit else { return nil }
-            return ref.id
-        }
     }
 
     /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's

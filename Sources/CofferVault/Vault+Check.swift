@@ -29,6 +29,11 @@ extension Vault {
         for f in base { merged[f.metadata.id] = f }
         for f in local { merged[f.metadata.id] = f }
         report.files = merged.count
+        // Names and keys are decrypted through this vault's tree, which may be older than the
+        // records just read (another process, such as the mount's group commit, committed since
+        // the vault was opened): catch it up to at least that snapshot, keeping what changed
+        // for whoever asks `refresh` next.
+        try state.withLock { s in s.externalChanges.formUnion(try catchUp(&s)) }
 
         // Signatures: every record must be signed by the account it names as writer, except this
         // device's unpushed edits, which are signed when they are pushed.
@@ -49,23 +54,8 @@ extension Vault {
         // Keys, names, attributes; then content.
         for m in tree.files.values.sorted(by: { $0.id < $1.id }) {
             guard tree.isLive(m.id) else { continue }
-            let n: Node
             do {
-                n = try node(m.id)
-            } catch {
-                // This vault's tree may be older than the records read above: another process
-                // (the mount's group commit) committed since the vault was opened. Catch up and
-                // ask once more; only what is still wrong then is a problem.
-                do {
-                    _ = try refresh()
-                    n = try node(m.id)
-                } catch {
-                    if try !isCurrentContent(m) { continue }
-                    report.problems.append("\(m.id): \(VaultError.wrap(error).description)")
-                    continue
-                }
-            }
-            do {
+                let n = try node(m.id)
                 if m.type == .document {
                     report.documents += 1
                     var found = CheckReport()

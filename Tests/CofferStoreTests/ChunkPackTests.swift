@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import CofferTestSupport
 @testable import CofferStore
 
 /// Large chunks stored together share one pack file (see `ChunkFiles`).
@@ -151,22 +152,6 @@ struct ChunkPackTests {
         }
     }
 
-    /// Which of a file's pages are in the kernel's page cache (`mincore` over a mapping).
-    func residentPages(_ path: String) -> [Bool] {
-        let fd = open(path, O_RDONLY)
-        guard fd >= 0 else { return [] }
-        defer { close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0, st.st_size > 0 else { return [] }
-        let size = Int(st.st_size)
-        guard let map = mmap(nil, size, PROT_READ, MAP_SHARED, fd, 0), map != MAP_FAILED else { return [] }
-        defer { munmap(map, size) }
-        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
-        var vec = [UInt8](repeating: 0, count: (size + page - 1) / page)
-        guard mincore(map, size, &vec) == 0 else { return [] }
-        return vec.map { $0 & 1 == 1 }
-    }
-
     /// Prefetching packed chunks starts reading them from disk into the page cache, without
     /// waiting; a chunk kept in a row, an unknown id or a pack that is gone is skipped quietly.
     @Test func prefetchBringsPackedChunksIntoThePageCache() throws {
@@ -176,25 +161,15 @@ struct ChunkPackTests {
             let packs = packFiles(dir)
             try #require(packs.count == 1)
             let path = dir + "/chunks/packs/" + packs[0]
-            // Out of the page cache (its pages are clean once synced), as after a reboot.
-            let fd = open(path, O_RDONLY)
-            try #require(fd >= 0)
-            #expect(fsync(fd) == 0)
-            #expect(posix_fadvise(fd, 0, 0, Int32(POSIX_FADV_DONTNEED)) == 0)
-            close(fd)
-            try #require(residentPages(path).filter { $0 }.count < 8, "the pack left the page cache")
+            // Out of the page cache, as after a reboot.
+            try #require(PageCache.evict(path) < 8, "the pack left the page cache")
 
             // Chunks 3 to 6 (bytes 400,000 to 1,200,000 of the pack), plus ones to skip.
             store.prefetch([chunkID(3), chunkID(4), chunkID(9), chunkID(77), chunkID(5), chunkID(6)])
-            let page = Int(sysconf(Int32(_SC_PAGESIZE)))
-            let wanted = (400_000 / page)..<(1_200_000 / page)
-            var resident: [Bool] = []
-            for _ in 0..<200 { // the reads are asynchronous: give the disk up to 2 s
-                resident = residentPages(path)
-                if wanted.allSatisfy({ $0 < resident.count && resident[$0] }) { break }
-                usleep(10_000)
-            }
-            #expect(wanted.allSatisfy { $0 < resident.count && resident[$0] }, "chunks 3-6 are in the page cache")
+            let page = PageCache.pageSize
+            // The reads are asynchronous: give the disk up to 2 s.
+            #expect(PageCache.waitUntilResident(path, pages: (400_000 / page)..<(1_200_000 / page)),
+                    "chunks 3-6 are in the page cache")
             // And what was prefetched reads back as stored.
             #expect(try store.chunk(chunkID(4)) == sealed(4, 200_000))
 
