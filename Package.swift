@@ -98,7 +98,7 @@ let package = Package(
             .product(name: "HTTPTypes", package: "swift-http-types"),
         ]),
         .testTarget(name: "CofferSyncTests", dependencies: [
-            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferTestSupport",
+            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore", "CofferTestSupport",
         ]),
         .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
     ]

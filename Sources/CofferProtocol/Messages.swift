@@ -28,15 +28,18 @@ public struct AccountResponse: Codable, Sendable {
     public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
 }
 
-/// One metadata record to upsert, with the precondition the client saw: the parent and name MAC
-/// of its base version (both nil for a file the server has never seen). A stale precondition
-/// makes the whole batch fail with `get_updates_required`.
+/// One metadata record to upsert, with the precondition the client saw: the parent, name MAC and
+/// signed revision of its base version (all nil for a file the server has never seen). A stale
+/// precondition makes the whole batch fail with `get_updates_required`, so a record is only ever
+/// written over the one it was based on.
 public struct FileUpdate: Codable, Sendable {
     public var record: Data
     public var expectedParent: Data?
     public var expectedNameMAC: Data?
-    public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?) {
+    public var expectedRevision: UInt64?
+    public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?, expectedRevision: UInt64? = nil) {
         self.record = record; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+        self.expectedRevision = expectedRevision
     }
 }
 

@@ -33,7 +33,7 @@ extension CofferServer {
                 guard let s = try? SignedMetadata(decoding: Array(f.record)) else { problems.append("undecodable record"); continue }
                 var m = s.metadata
                 if m.owner != accountID { problems.append("file \(m.id) not owned by the account") }
-                if !key.verify(signature: s.signature, message: m.encoded()) { problems.append("bad signature on file \(m.id)") }
+                if !key.verify(signature: s.signature, message: s.message) { problems.append("bad signature on file \(m.id)") }
                 if f.deleted != (m.isDeleted || f.serverDeleted) { problems.append("file \(m.id): deleted flag inconsistent") }
                 if f.deleted { m.isDeleted = true }
                 tree.insert(m)

@@ -185,7 +185,7 @@ public final class SyncEngine: Sendable {
         for records in batches {
             let request = UpsertRequest(updates: records.map {
                 FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
             })
             let response = try await client.upsert(request)
             let changed = try vault.markPushed(records, version: response.version)

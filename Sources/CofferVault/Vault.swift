@@ -159,7 +159,7 @@ public final class Vault: Sendable {
             batch.upsertUnchecked(m)
             _ = try batch.validate()
             try store.write { w in
-                try w.put(StoredFile(signed: sign(m)), .local)
+                try w.put(StoredFile(signed: unsigned(m)), .local)
                 _ = try w.inode(for: id, fixed: 1)
             }
             s.keys[id] = key
@@ -169,8 +169,14 @@ public final class Vault: Sendable {
 
     // MARK: Helpers used under the state lock
 
-    func sign(_ m: FileMetadata) -> SignedMetadata {
-        SignedMetadata(metadata: m, signature: signing.sign(m.encoded()))
+    func sign(_ m: FileMetadata, revision: UInt64) -> SignedMetadata {
+        SignedMetadata(metadata: m, revision: revision, signature: signing.sign(SignedMetadata.message(metadata: m, revision: revision)))
+    }
+
+    /// Wall-clock milliseconds, for record revisions.
+    var nowMillis: UInt64 {
+        let t = now()
+        return UInt64(max(0, t.seconds)) &* 1000 &+ UInt64(max(0, t.nanoseconds)) / 1_000_000
     }
 
     /// A local edit as stored until it is pushed. Signatures are for what leaves the device:
@@ -182,9 +188,7 @@ public final class Vault: Sendable {
     }
 
     func nextStamp(_ s: inout VaultState) -> HybridTimestamp {
-        let t = now()
-        let millis = UInt64(max(0, t.seconds)) * 1000 + UInt64(max(0, t.nanoseconds)) / 1_000_000
-        s.clock = HybridTimestamp.next(after: s.clock, now: millis, device: deviceID)
+        s.clock = HybridTimestamp.next(after: s.clock, now: nowMillis, device: deviceID)
         return s.clock
     }
 

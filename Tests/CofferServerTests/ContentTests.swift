@@ -236,6 +236,7 @@ import Testing
         try d1.push([root, f])
         let d2 = try Device(s2, user, register: false)
         d2.seen = d1.seen
+        d2.sent = d1.sent
         var renamed = f
         renamed.name = sealedName("g")
         try d2.push([renamed])
@@ -244,6 +245,7 @@ import Testing
         moved.isDeleted = true
         expectRefusal(409, ErrorResponse.getUpdatesRequired) { try d1.push([moved]) }
         d1.seen[f.id] = renamed
+        d1.sent[f.id] = d2.sent[f.id]
         // And a name conflict with what s2 wrote is seen by s1.
         expectRefusal(409, ErrorResponse.invalidTree) { try d1.push([record(user, .folder, in: root.id, named: "g")]) }
         try d1.push([record(user, .folder, in: root.id, named: "f")])

@@ -16,6 +16,7 @@ public struct PendingRecord: Sendable {
     public let stored: StoredFile
     public let expectedParent: FileID?
     public let expectedNameMAC: [UInt8]?
+    public let expectedRevision: UInt64?
 }
 
 extension Vault {
@@ -42,15 +43,19 @@ extension Vault {
     }
 
     /// Every local record, signed (local edits are stored unsigned, see `unsigned`), with its
-    /// base version's parent and name MAC as the precondition.
+    /// base version's parent and name MAC as the precondition. Each is signed afresh with a
+    /// revision above its base's, so the server can refuse a push based on an older record and
+    /// other devices can refuse an older record served again (`SignedMetadata`).
     public func pendingRecords() throws -> [PendingRecord] {
         try flushFolderTimes() // what is pushed includes the latest folder times
+        let millis = nowMillis
         return try store.read { r in
             try r.files(.local).map { local in
                 let base = try r.file(local.metadata.id, .base)
                 var signed = local
-                if signed.signed.signature.isEmpty { signed.signed = sign(local.metadata) }
-                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac)
+                signed.signed = sign(local.metadata, revision: SignedMetadata.revision(after: base?.signed.revision, now: millis))
+                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac,
+                                     expectedRevision: base?.signed.revision)
             }
         }
     }
