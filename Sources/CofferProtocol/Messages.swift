@@ -14,6 +14,13 @@ public enum API {
     public static let updatesPageSize = 5000
 }
 
+/// `GET /v1/server` (unauthenticated): the server's identity, which every request signature
+/// covers. Devices pin it on first contact and refuse a server whose id changed.
+public struct ServerInfoResponse: Codable, Sendable {
+    public var id: Data
+    public init(id: Data) { self.id = id }
+}
+
 public struct CreateAccountRequest: Codable, Sendable {
     public var username: String
     public var signingKey: Data

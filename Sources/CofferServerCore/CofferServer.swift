@@ -14,6 +14,8 @@ public final class CofferServer: Sendable {
     public let metadata: any MetadataStorage
     public let content: any ContentStorage
     public let quotaBytes: Int64
+    /// This server's id (`RequestSigning`): signatures made for another server do not verify here.
+    public let identity: [UInt8]
     /// Milliseconds since the epoch; injectable for tests.
     let clock: @Sendable () -> Int64
     let trees: Mutex<[Data: CachedTree]> = Mutex([:])
@@ -25,10 +27,12 @@ public final class CofferServer: Sendable {
     public static let defaultQuotaBytes: Int64 = 10 * 1024 * 1024 * 1024
 
     public init(metadata: any MetadataStorage, content: any ContentStorage, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
+                identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
         self.metadata = metadata
         self.content = content
         self.quotaBytes = quotaBytes
+        self.identity = identity
         self.clock = clock
     }
 
@@ -38,7 +42,32 @@ public final class CofferServer: Sendable {
         let meta = try SQLiteMetadataStorage(path: directory.appendingPathComponent("metadata.sqlite").path)
         let chunks = try DirectoryContentStorage(root: directory.appendingPathComponent("chunks", isDirectory: true),
                                                  tmp: directory.appendingPathComponent("tmp", isDirectory: true))
-        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes)
+        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes,
+                            identity: try identity(in: directory))
+    }
+
+    /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
+    /// so it survives restarts and travels with backups of the data directory; several processes
+    /// serving one storage share the directory, and so the id.
+    static func identity(in directory: URL) throws -> [UInt8] {
+        let path = directory.appendingPathComponent("server.id").path
+        if let data = FileManager.default.contents(atPath: path) {
+            guard let id = RequestSigning.unhex(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
+                  id.count == RequestSigning.serverIDBytes else {
+                throw StorageError("\(path) does not hold a server id (\(RequestSigning.serverIDBytes * 2) hex digits)")
+            }
+            return id
+        }
+        let id = randomBytes(RequestSigning.serverIDBytes)
+        let tmp = path + ".tmp-\(getpid())"
+        guard FileManager.default.createFile(atPath: tmp, contents: Data((RequestSigning.hex(id) + "\n").utf8),
+                                             attributes: [.posixPermissions: 0o600]) else {
+            throw StorageError("cannot write \(tmp)")
+        }
+        // Two processes starting at once: link refuses to replace, so the first id stays and both read it.
+        if link(tmp, path) != 0 && errno != EEXIST { unlink(tmp); throw StorageError("cannot create \(path)") }
+        unlink(tmp)
+        return try identity(in: directory)
     }
 
     public var now: Int64 { clock() }
@@ -72,7 +101,8 @@ public final class CofferServer: Sendable {
         guard let sig = RequestSigning.unhex(signature), sig.count == 64 else {
             throw .unauthorized("\(RequestSigning.signatureHeader) is not a hex signature")
         }
-        guard RequestSigning.verify(account: key, method: method, path: path, body: body, timestamp: ts, nonce: nonce, signature: sig) else {
+        guard RequestSigning.verify(account: key, server: identity, method: method, path: path, body: body, timestamp: ts, nonce: nonce,
+                                    signature: sig) else {
             throw .unauthorized("request signature does not verify")
         }
         let keyData = Data(keyBytes)

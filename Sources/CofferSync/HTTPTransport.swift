@@ -2,18 +2,82 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOSSL
+import Synchronization
 
 /// The production transport: AsyncHTTPClient's shared client (connection pooling, robust in a
 /// long-running daemon).
 public struct HTTPTransport: ServerTransport {
     public let baseURL: String
     public let timeout: TimeAmount
+    /// The shared client, or one that also trusts a server's own certificate.
+    let client: HTTPClient
 
     public init(baseURL: String, timeout: TimeAmount = .seconds(60)) {
         var url = baseURL
         while url.hasSuffix("/") { url.removeLast() }
         self.baseURL = url
         self.timeout = timeout
+        self.client = .shared
+    }
+
+    /// A transport that trusts `trustedCertificatePEM` (a self-signed server certificate or a
+    /// private CA) besides the system's roots.
+    public init(baseURL: String, trustedCertificatePEM: [UInt8]?, timeout: TimeAmount = .seconds(60)) throws {
+        self.init(baseURL: baseURL, timeout: timeout)
+        guard let pem = trustedCertificatePEM else { return }
+        self = HTTPTransport(baseURL: self.baseURL, timeout: timeout, client: try Self.client(trusting: pem))
+    }
+
+    init(baseURL: String, timeout: TimeAmount, client: HTTPClient) {
+        self.baseURL = baseURL
+        self.timeout = timeout
+        self.client = client
+    }
+
+    /// One client per trusted certificate for the life of the process (a client must be shut
+    /// down before it is released; these never are).
+    private static let clients = Mutex<[[UInt8]: HTTPClient]>([:])
+
+    static func client(trusting pem: [UInt8]) throws -> HTTPClient {
+        let certificates: [NIOSSLCertificate]
+        do { certificates = try NIOSSLCertificate.fromPEMBytes(pem) } catch {
+            throw SyncError.protocolError("the server certificate to trust is not PEM: \(error)")
+        }
+        guard !certificates.isEmpty else { throw SyncError.protocolError("the server certificate to trust holds no certificate") }
+        return clients.withLock { cache in
+            if let c = cache[pem] { return c }
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.additionalTrustRoots = [.certificates(certificates)]
+            let c = HTTPClient(eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
+            cache[pem] = c
+            return c
+        }
+    }
+
+    /// `url` if it is one to send an account's requests to: HTTPS, or plain HTTP only to a
+    /// loopback address (where nothing crosses a network) unless `allowInsecureHTTP`, since
+    /// plain HTTP shows every request's metadata to the network and lets anyone on the path
+    /// answer in the server's place.
+    public static func checkedURL(_ url: String, allowInsecureHTTP: Bool) throws -> String {
+        guard let comps = URLComponents(string: url), let scheme = comps.scheme?.lowercased(), let host = comps.host, !host.isEmpty else {
+            throw SyncError.protocolError("\(url) is not a server URL (like https://host:port)")
+        }
+        switch scheme {
+        case "https": return url
+        case "http":
+            if allowInsecureHTTP || isLoopback(host) { return url }
+            throw SyncError.protocolError("refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to allow it")
+        default:
+            throw SyncError.protocolError("\(url): the server URL must start with https:// (or http:// for this machine)")
+        }
+    }
+
+    static func isLoopback(_ host: String) -> Bool {
+        let h = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        if h == "localhost" || h == "::1" { return true }
+        var addr = in_addr()
+        return inet_pton(AF_INET, h, &addr) == 1 && (UInt32(bigEndian: addr.s_addr) >> 24) == 127
     }
 
     /// Whether the server accepts a TCP connection within `timeout` seconds. AsyncHTTPClient
@@ -56,7 +120,7 @@ public struct HTTPTransport: ServerTransport {
             request.headers.add(name: "content-type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
         }
-        let response = try await HTTPClient.shared.execute(request, timeout: timeout)
+        let response = try await client.execute(request, timeout: timeout)
         let data = try await response.body.collect(upTo: 256 * 1024 * 1024)
         return (Int(response.status.code), Array(data.readableBytesView))
     }

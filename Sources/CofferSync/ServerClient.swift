@@ -52,15 +52,63 @@ public struct ServerClient: Sendable {
         public var requestCount: Int { requests.load(ordering: .relaxed) }
     }
 
-    public init(transport: any ServerTransport, keys: SigningKeyPair,
+    /// The server's id, which every signature covers: asked once (`GET /v1/server`), checked
+    /// against the one pinned at first contact, and handed to `learned` when there was none.
+    public final class ServerIdentity: Sendable {
+        let pinned: @Sendable () -> [UInt8]?
+        let learned: @Sendable ([UInt8]) throws -> Void
+        let known = Mutex<[UInt8]?>(nil)
+        /// `pinned` reads the id pinned so far (nil before the first contact), `learned` pins one.
+        public init(pinned: @escaping @Sendable () -> [UInt8]? = { nil }, learned: @escaping @Sendable ([UInt8]) throws -> Void = { _ in }) {
+            self.pinned = pinned
+            self.learned = learned
+        }
+    }
+    let identity: ServerIdentity
+
+    public init(transport: any ServerTransport, keys: SigningKeyPair, identity: ServerIdentity = ServerIdentity(),
                 now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
         self.transport = transport
         self.keys = keys
+        self.identity = identity
         self.now = now
     }
 
+    /// The id requests are signed for. A server whose id differs from the pinned one is another
+    /// server (replaced, restored without its data directory, or an impostor): nothing is sent.
+    func serverID() async throws -> [UInt8] {
+        if let id = identity.known.withLock({ $0 }) { return id }
+        let (status, body): (Int, [UInt8])
+        do {
+            (status, body) = try await transport.send(method: "GET", path: API.prefix + "/server", headers: [], body: [], contentType: "application/json")
+        } catch let e as SyncError {
+            throw e
+        } catch {
+            throw SyncError.offline("\(error)")
+        }
+        guard status == 200, let info = try? JSONDecoder().decode(ServerInfoResponse.self, from: Data(body)),
+              info.id.count == RequestSigning.serverIDBytes else {
+            if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
+            throw SyncError.protocolError("the server did not tell its id (GET \(API.prefix)/server answered \(status))")
+        }
+        let id = [UInt8](info.id)
+        let pinned = identity.pinned()
+        if let pinned, pinned != id {
+            throw SyncError.protocolError(
+                "the server at this address is not the one this device synced with (its id changed from \(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent")
+        }
+        if pinned == nil { try identity.learned(id) }
+        identity.known.withLock { $0 = id }
+        return id
+    }
+
+    /// Asks the server's id again before the next request: once per sync, so a server replaced
+    /// under a long-running mount is noticed rather than answering every request with 401.
+    public func recheckServerID() { identity.known.withLock { $0 = nil } }
+
     func raw(_ method: String, _ path: String, body: [UInt8] = [], contentType: String = "application/json") async throws -> [UInt8] {
-        let headers = RequestSigning.headers(keys: keys, method: method, path: path, body: body, timestamp: now())
+        let server = try await serverID()
+        let headers = RequestSigning.headers(keys: keys, server: server, method: method, path: path, body: body, timestamp: now())
         let (status, response): (Int, [UInt8])
         do {
             (status, response) = try await transport.send(method: method, path: path, headers: headers, body: body, contentType: contentType)

@@ -27,18 +27,22 @@ public final class SyncEngine: Sendable {
     public let client: ServerClient
     let transport: any ServerTransport
 
+    /// An engine over `transport`; the server's id is pinned in the vault at first contact.
     public init(vault: Vault, transport: any ServerTransport) {
         self.vault = vault
         self.transport = transport
-        self.client = ServerClient(transport: transport, keys: vault.signing)
+        let identity = ServerClient.ServerIdentity(pinned: { [vault] in vault.serverSettings?.pinnedID }) { [vault] id in try vault.pinServerID(id) }
+        self.client = ServerClient(transport: transport, keys: vault.signing, identity: identity)
     }
 
-    /// An engine for the server recorded in the store.
+    /// An engine for the server recorded in the store, over HTTPS (or plain HTTP to loopback, or
+    /// where the user allowed it), trusting the certificate recorded with it if any.
     public static func forStore(_ vault: Vault) throws -> SyncEngine {
-        guard let url = vault.syncStatus.server else {
+        guard let server = vault.serverSettings else {
             throw SyncError.protocolError("no server configured; create the account with `coffer init NAME --server URL`")
         }
-        return SyncEngine(vault: vault, transport: HTTPTransport(baseURL: url))
+        let url = try HTTPTransport.checkedURL(server.url, allowInsecureHTTP: server.insecureHTTP)
+        return SyncEngine(vault: vault, transport: try HTTPTransport(baseURL: url, trustedCertificatePEM: server.trustedCertificatePEM))
     }
 
     /// Registers this account with the server.
@@ -55,6 +59,7 @@ public final class SyncEngine: Sendable {
         var report = SyncReport()
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
+            client.recheckServerID()
             try await pull(&report)
             var attempts = 0
             while true {

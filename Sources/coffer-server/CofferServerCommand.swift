@@ -35,6 +35,12 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Flag(help: "Remove content no current record references (left by interrupted uploads), then exit.")
     var cleanup = false
 
+    @Option(help: "Serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key.")
+    var tlsCert: String?
+
+    @Option(help: "The PEM private key of --tls-cert.")
+    var tlsKey: String?
+
     @Option(help: "Log level (trace, debug, info, notice, warning, error, critical).")
     var logLevel: String = "info"
 
@@ -61,12 +67,24 @@ struct CofferServerCommand: AsyncParsableCommand {
             return
         }
         let host = self.host
-        let app = CofferHTTP.application(
-            server: server, host: host, port: port,
-            options: .init(accountCreationsPerMinute: accountsPerMinute), logger: logger,
+        var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute)
+        switch (tlsCert, tlsKey) {
+        case (nil, nil): break
+        case (let cert?, let key?):
+            do { options.tls = try CofferHTTP.tlsConfiguration(certificateFile: cert, keyFile: key) } catch {
+                FileHandle.standardError.write(Data("coffer-server: cannot load the TLS certificate or key: \(error)\n".utf8))
+                throw ExitCode(1)
+            }
+        default:
+            FileHandle.standardError.write(Data("coffer-server: --tls-cert and --tls-key go together\n".utf8))
+            throw ExitCode(1)
+        }
+        let scheme = options.tls == nil ? "http" : "https"
+        let app = try CofferHTTP.application(
+            server: server, host: host, port: port, options: options, logger: logger,
             onRunning: { port in
                 // Unbuffered, so a parent process reading the pipe sees it at once.
-                FileHandle.standardOutput.write(Data("listening on http://\(host):\(port)\n".utf8))
+                FileHandle.standardOutput.write(Data("listening on \(scheme)://\(host):\(port)\n".utf8))
             })
         try await app.runService(gracefulShutdownSignals: [.sigterm, .sigint])
     }

@@ -8,16 +8,18 @@ struct Init: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Create a new account and an empty encrypted tree.")
     @OptionGroup var store: StoreOptions
     @Argument(help: "Your username (letters, digits, '-', '_', '.').") var username: String
-    @Option(help: "Register the account with this coffer-server (e.g. http://127.0.0.1:8080) and sync with it.") var server: String?
+    @Option(help: "Register the account with this coffer-server (e.g. https://host:8443, or http://127.0.0.1:8080) and sync with it.") var server: String?
+    @OptionGroup var connection: ServerConnectionOptions
 
     func run() throws {
         try guarded {
             let dir = store.resolvedDataDir
+            let trusted = try server.map { try connection.checked($0) } ?? nil
             let vault = try Vault.create(dataDirectory: dir, username: username)
             if let server {
                 do {
-                    try vault.setServer(server)
-                    let engine = SyncEngine(vault: vault, transport: HTTPTransport(baseURL: server))
+                    try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
+                    let engine = try SyncEngine.forStore(vault)
                     try runBlocking { try await engine.register() }
                     try runBlocking { try await engine.sync() }
                 } catch {
@@ -55,9 +57,11 @@ struct Account: ParsableCommand {
         @OptionGroup var store: StoreOptions
         @Option(help: "Username for the restored tree (without --server).") var username: String = "coffer"
         @Option(help: "Join the account on this server and bring the whole tree down.") var server: String?
+        @OptionGroup var connection: ServerConnectionOptions
 
         func run() throws {
             try guarded {
+                let trusted = try server.map { try connection.checked($0) } ?? nil
                 let input = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
                 let secret = try AccountSecret(exported: input)
                 let dir = store.resolvedDataDir
@@ -67,10 +71,10 @@ struct Account: ParsableCommand {
                     return
                 }
                 // The tree arrives with the first pull; the username is the server's.
-                let probe = SyncEngine(vault: try Vault.create(dataDirectory: dir, username: username, secret: secret, createRoot: false),
-                                       transport: HTTPTransport(baseURL: server))
+                let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, createRoot: false)
                 do {
-                    try probe.vault.setServer(server)
+                    try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
+                    let probe = try SyncEngine.forStore(vault)
                     let report = try runBlocking { try await probe.sync() }
                     guard probe.vault.hasRoot else { throw CLIError("the server has no tree for this account; create it with `coffer init NAME --server URL`") }
                     print("Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): \(report.pulled) files.")
@@ -104,6 +108,23 @@ struct Completions: ParsableCommand {
             guard let kind = CompletionShell(rawValue: shell) else { throw CLIError("unknown shell \"\(shell)\"; use bash, zsh or fish") }
             print(Coffer.completionScript(for: kind))
         }
+    }
+}
+
+/// How to reach a server: a certificate to trust for it, and consent to plain HTTP beyond this
+/// machine.
+struct ServerConnectionOptions: ParsableArguments {
+    @Option(help: "Trust this PEM certificate for the server (a self-signed one or a private CA).") var serverCa: String?
+    @Flag(help: "Allow plain http:// to a server that is not on this machine (requests can then be read and answered by anyone on the path).")
+    var insecureHttp = false
+
+    /// Checks the URL against the HTTP policy and reads the certificate, before anything is created.
+    func checked(_ server: String) throws -> [UInt8]? {
+        _ = try HTTPTransport.checkedURL(server, allowInsecureHTTP: insecureHttp)
+        guard let serverCa else { return nil }
+        guard let pem = FileManager.default.contents(atPath: serverCa) else { throw CLIError("cannot read \(serverCa)") }
+        _ = try HTTPTransport(baseURL: server, trustedCertificatePEM: Array(pem))
+        return Array(pem)
     }
 }
 
