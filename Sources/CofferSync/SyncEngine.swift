@@ -3,6 +3,7 @@ import CofferProtocol
 import CofferStore
 import CofferVault
 import Foundation
+import Synchronization
 
 /// What one sync did.
 public struct SyncReport: Sendable {
@@ -11,6 +12,9 @@ public struct SyncReport: Sendable {
     public var pushedChunks = 0
     public var fetchedChunks = 0
     public var pruned = 0
+    /// Files sent again because the server had lost them (restored from an older backup), or nil
+    /// when the server was not found behind this device.
+    public var resentToServer: Int?
     /// Ids whose view changed on this device (the daemon tells the kernel).
     public var changed: Set<FileID> = []
 }
@@ -26,11 +30,17 @@ public final class SyncEngine: Sendable {
     public let vault: Vault
     public let client: ServerClient
     let transport: any ServerTransport
+    /// Seconds between checks that the server still holds what this device last saw (one small
+    /// `updates` request, made only by a sync whose pull found nothing new); the first sync of an
+    /// engine always checks.
+    let serverCheckInterval: Double
+    let lastServerCheck = Mutex<Date?>(nil)
 
-    public init(vault: Vault, transport: any ServerTransport) {
+    public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
         self.vault = vault
         self.transport = transport
         self.client = ServerClient(transport: transport, keys: vault.signing)
+        self.serverCheckInterval = serverCheckInterval
     }
 
     /// An engine for the server recorded in the store.
@@ -55,7 +65,9 @@ public final class SyncEngine: Sendable {
         var report = SyncReport()
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
+            let pulledBefore = report.pulled
             try await pull(&report)
+            if report.pulled == pulledBefore, serverCheckDue() { try await catchUpIfServerBehind(&report) }
             var attempts = 0
             while true {
                 try await pushContent(&report)
@@ -72,7 +84,8 @@ public final class SyncEngine: Sendable {
             vault.recordSyncOutcome(error: nil)
             return report
         } catch {
-            vault.recordSyncOutcome(error: "\(error)")
+            // Kept for `coffer status`: never a control character, whatever the error carries.
+            vault.recordSyncOutcome(error: ServerText.sanitized("\(error)", limit: 1000))
             throw error
         }
     }
@@ -83,8 +96,10 @@ public final class SyncEngine: Sendable {
         let cursor = vault.syncStatus.cursor
         var since = cursor
         var byID: [FileID: RemoteFile] = [:]
+        var progress = PageProgress()
         while true {
             let page = try await client.updates(since: since)
+            try progress.admit(page)
             for f in page.files {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
@@ -134,7 +149,11 @@ public final class SyncEngine: Sendable {
     // MARK: Push
 
     func pushContent(_ report: inout SyncReport) async throws {
-        let uploads = try vault.pendingContent()
+        try await upload(try vault.pendingContent(), &report)
+    }
+
+    /// Chunks the server lacks, then the manifests: content before the metadata naming it.
+    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport) async throws {
         guard !uploads.isEmpty else { return }
         var all: [[UInt8]] = []
         var seen: Set<[UInt8]> = []
@@ -166,6 +185,21 @@ public final class SyncEngine: Sendable {
     func pushMetadata(_ report: inout SyncReport) async throws {
         let all = try vault.pendingRecords()
         guard !all.isEmpty else { return }
+        for records in Self.parentsFirst(all) {
+            let request = UpsertRequest(updates: records.map {
+                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
+            })
+            let response = try await client.upsert(request)
+            let changed = try vault.markPushed(records, version: response.version)
+            report.pushedRecords += records.count
+            report.changed.formUnion(changed)
+        }
+    }
+
+    /// Upsert batches of at most `batchSize` records, parents before children when there is more
+    /// than one batch, so each batch is valid on its own.
+    static func parentsFirst(_ all: [PendingRecord]) -> [[PendingRecord]] {
         let batches: [[PendingRecord]]
         if all.count <= Self.batchSize {
             batches = [all]
@@ -182,16 +216,7 @@ public final class SyncEngine: Sendable {
             let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
             batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map { Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)]) }
         }
-        for records in batches {
-            let request = UpsertRequest(updates: records.map {
-                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
-            })
-            let response = try await client.upsert(request)
-            let changed = try vault.markPushed(records, version: response.version)
-            report.pushedRecords += records.count
-            report.changed.formUnion(changed)
-        }
+        return batches
     }
 }
 

@@ -16,6 +16,10 @@ public struct PendingRecord: Sendable {
     public let stored: StoredFile
     public let expectedParent: FileID?
     public let expectedNameMAC: [UInt8]?
+
+    public init(stored: StoredFile, expectedParent: FileID?, expectedNameMAC: [UInt8]?) {
+        self.stored = stored; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+    }
 }
 
 extension Vault {
@@ -31,6 +35,29 @@ extension Vault {
                     throw VaultError.corrupt("the manifest of \(local.metadata.id) is missing")
                 }
                 out.append(PendingUpload(fileID: local.metadata.id, digest: digest, sealedManifest: sealed,
+                                         chunkIDs: try r.chunkIDs(ofManifest: digest)))
+            }
+            return out
+        }
+    }
+
+    /// Every base record: what this device last agreed with the server, each already signed. A
+    /// server found to have lost some of it (restored from a backup) is sent these again.
+    public func baseRecords() throws -> [StoredFile] {
+        try store.read { r in try r.files(.base) }
+    }
+
+    /// The stored content (sealed manifest and chunk ids) of these records' documents, for
+    /// pushing base records again: content before the metadata naming it.
+    public func content(of records: [StoredFile]) throws -> [PendingUpload] {
+        try store.read { r in
+            var out: [PendingUpload] = []
+            for f in records where f.metadata.type == .document && !f.effectiveMetadata.isDeleted {
+                guard let digest = f.metadata.contentDigest else { continue }
+                guard let sealed = try r.manifest(digest) else {
+                    throw VaultError.corrupt("the manifest of \(f.metadata.id) is missing")
+                }
+                out.append(PendingUpload(fileID: f.metadata.id, digest: digest, sealedManifest: sealed,
                                          chunkIDs: try r.chunkIDs(ofManifest: digest)))
             }
             return out

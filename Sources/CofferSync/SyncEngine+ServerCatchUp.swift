@@ -1,0 +1,163 @@
+import CofferModel
+import CofferProtocol
+import CofferStore
+import CofferVault
+import Foundation
+
+/// Stops a pull whose pages bring nothing new. Every record a server can send is one the account
+/// signed (anything else is refused once the pull is verified), so a server that says "more" for
+/// ever must, page after page, run out of records it has not sent yet; a page with nothing unseen
+/// that still says "more" is a loop, not progress.
+struct PageProgress {
+    private var seen: Set<Int> = []
+
+    mutating func admit(_ page: UpdatesResponse) throws {
+        var fresh = false
+        for f in page.files {
+            var h = Hasher()
+            h.combine(f.record)
+            h.combine(f.serverDeleted)
+            if seen.insert(h.finalize()).inserted { fresh = true }
+        }
+        guard fresh || !page.more else {
+            throw SyncError.protocolError("the server keeps saying there are more updates without sending any new record; the pull was stopped")
+        }
+    }
+}
+
+/// A server restored from an older backup (or one that lost its last writes) no longer holds
+/// records this device already read or pushed, and it hands out again version numbers the
+/// device's cursor has already passed. Left alone, the device would say "pending: 0" for ever
+/// while the files it pushed never reach another device, and it would never see what other
+/// devices push at those reused versions. Devices are the server's backup: the device's base
+/// records are signed already, so it sends them again, with their content, and reads the whole
+/// tree again.
+extension SyncEngine {
+    func serverCheckDue() -> Bool {
+        lastServerCheck.withLock { last in
+            let now = Date()
+            if let last, now.timeIntervalSince(last) < serverCheckInterval { return false }
+            last = now
+            return true
+        }
+    }
+
+    /// Checks that the server still holds what this device last read from it and, if not, sends
+    /// the device's base again and resets the cursor. Called right after a pull that found nothing
+    /// new, so the records at the cursor's version are still exactly those the device holds.
+    func catchUpIfServerBehind(_ report: inout SyncReport) async throws {
+        let cursor = vault.syncStatus.cursor
+        guard cursor > 0 else { return }
+        // A server never forgets a record, and the cursor is the version of one this account
+        // has, so asking from just below the cursor must return that version (or a newer one).
+        let probe = try await client.updates(since: cursor - 1)
+        let base = try vault.baseRecords()
+        let baseByID = Dictionary(base.map { ($0.metadata.id, $0) }, uniquingKeysWith: { a, _ in a })
+        var behind = probe.files.isEmpty
+        let atCursor = probe.files.filter { $0.version == cursor }
+        for f in atCursor {
+            guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
+                throw SyncError.protocolError("the server sent a malformed record")
+            }
+            // Different bytes at a version this device read: the server reuses version numbers.
+            if let mine = baseByID[signed.metadata.id], mine.version == cursor, mine.signed.encoded() != [UInt8](f.record) { behind = true }
+        }
+        // Nothing at the cursor's version but something newer is only a suspicion (another device
+        // may have replaced that batch a moment ago); the full comparison below decides.
+        guard behind || atCursor.isEmpty else { return }
+
+        let server = try await serverTree()
+        var resend: [PendingRecord] = []
+        var skipped: Set<FileID> = []
+        let deletedOnServer = Set(server.values.filter { $0.serverDeleted || $0.signed.metadata.isDeleted }.map(\.signed.metadata.id))
+        for record in Self.parentsFirst(base.map { PendingRecord(stored: $0, expectedParent: nil, expectedNameMAC: nil) }).joined() {
+            let b = record.stored
+            let id = b.metadata.id
+            // Deleted here only because an ancestor is: that ancestor's record carries the deletion.
+            if b.serverDeleted && !b.metadata.isDeleted { skipped.insert(id); continue }
+            if let s = server[id] {
+                if s.signed.encoded() == b.signed.encoded() { continue }
+                // A deletion the device has not seen yet wins (the full pull below brings it).
+                if deletedOnServer.contains(id) { skipped.insert(id); continue }
+                resend.append(PendingRecord(stored: b, expectedParent: s.signed.metadata.parent, expectedNameMAC: s.signed.metadata.name.mac))
+            } else {
+                // A file gone from the server and deleted here has nothing to restore.
+                if b.effectiveMetadata.isDeleted { skipped.insert(id); continue }
+                resend.append(PendingRecord(stored: b, expectedParent: nil, expectedNameMAC: nil))
+            }
+        }
+        // The server refuses a live record under a folder it has deleted; such files follow the
+        // folder's deletion when the device reads the tree again.
+        resend = Self.dropUnderDeleted(resend, deleted: deletedOnServer.union(skipped), base: baseByID)
+        // Records the server changed at versions the cursor has passed are invisible to the
+        // device's pulls: the cursor must go back even when nothing needs sending.
+        let invisible = server.values.contains { s in
+            guard s.version <= cursor, !s.serverDeleted, !s.signed.metadata.isDeleted else { return false }
+            return baseByID[s.signed.metadata.id]?.signed.encoded() != s.signed.encoded()
+        }
+        guard behind || !resend.isEmpty || invisible else { return }
+
+        try await upload(try vault.content(of: resend.map(\.stored)), &report)
+        for records in Self.parentsFirst(resend) {
+            let request = UpsertRequest(updates: records.map {
+                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
+            })
+            let response = try await client.upsert(request)
+            report.changed.formUnion(try vault.markPushed(records, version: response.version))
+            report.pushedRecords += records.count
+        }
+        try vault.resetCursor()
+        report.resentToServer = resend.count
+        vault.recordServerCatchUp(Self.catchUpNotice(resent: resend.count, at: Date()))
+        try await pull(&report)
+    }
+
+    static func catchUpNotice(resent: Int, at date: Date) -> String {
+        let when = ISO8601DateFormatter().string(from: date)
+        return "the server was behind this device (restored from a backup?); re-sent \(resent) file\(resent == 1 ? "" : "s") (\(when))"
+    }
+
+    /// The server's whole tree for this account, newest record per file.
+    func serverTree() async throws -> [FileID: RemoteFile] {
+        var out: [FileID: RemoteFile] = [:]
+        var since: Int64 = 0
+        var progress = PageProgress()
+        while true {
+            let page = try await client.updates(since: since)
+            try progress.admit(page)
+            for f in page.files {
+                guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
+                    throw SyncError.protocolError("the server sent a malformed record")
+                }
+                if let prior = out[signed.metadata.id], prior.version > f.version { continue }
+                out[signed.metadata.id] = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted)
+            }
+            guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
+            since = page.latest
+            if !page.more { break }
+        }
+        return out
+    }
+
+    /// `records` without those whose parent chain (in the device's base) reaches a folder in `deleted`.
+    static func dropUnderDeleted(_ records: [PendingRecord], deleted: Set<FileID>, base: [FileID: StoredFile]) -> [PendingRecord] {
+        var verdict: [FileID: Bool] = [:]
+        func underDeleted(_ id: FileID) -> Bool {
+            var chain: [FileID] = []
+            var cursor = id
+            var result = false
+            while chain.count < 100_000 {
+                if let v = verdict[cursor] { result = v; break }
+                guard let f = base[cursor], !f.metadata.isRoot else { break }
+                let parent = f.metadata.parent
+                chain.append(cursor)
+                if deleted.contains(parent) { result = true; break }
+                cursor = parent
+            }
+            for c in chain { verdict[c] = result }
+            return result
+        }
+        return records.filter { $0.stored.effectiveMetadata.isDeleted || !underDeleted($0.stored.metadata.id) }
+    }
+}
