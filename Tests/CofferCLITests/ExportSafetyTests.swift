@@ -21,7 +21,7 @@ import Testing
         let imp = coffer(data, ["import", src + "/shared", "shared"])
         #expect(imp.status == 0, "\(imp.err)")
 
-        let out = tmp.path + "/out"
+        let out = tmp.sub("out")
         let exp = coffer(data, ["export", "shared", out])
         #expect(exp.status == 0, "\(exp.err)")
         let tool = try #require(lstatOf(out + "/shared/tool"))
