@@ -1,15 +1,19 @@
+import CofferCrypto
 import CofferModel
 import CofferProtocol
 import CofferStore
 import CofferVault
 import Foundation
 
-/// Stops a pull whose pages bring nothing new. Every record a server can send is one the account
-/// signed (anything else is refused once the pull is verified), so a server that says "more" for
-/// ever must, page after page, run out of records it has not sent yet; a page with nothing unseen
-/// that still says "more" is a loop, not progress.
+/// Stops a pull whose pages bring nothing new. A server holds only so many records the account
+/// signed, so one that says "more" for ever must, page after page, run out of signed records it
+/// has not sent yet: a page that still says "more" must bring at least one. (One signature is
+/// checked per page to tell; the whole pull is verified before anything is applied.)
 struct PageProgress {
     private var seen: Set<Int> = []
+    private let account: AccountID
+
+    init(account: AccountID) { self.account = account }
 
     mutating func admit(_ page: UpdatesResponse) throws {
         var fresh = false
@@ -17,7 +21,11 @@ struct PageProgress {
             var h = Hasher()
             h.combine(f.record)
             h.combine(f.serverDeleted)
-            if seen.insert(h.finalize()).inserted { fresh = true }
+            guard seen.insert(h.finalize()).inserted, !fresh else { continue }
+            if let s = try? SignedMetadata(decoding: [UInt8](f.record)), s.metadata.lastModifiedBy == account,
+               let key = try? PublicSigningKey(bytes: account.bytes), key.verify(signature: s.signature, message: s.metadata.encoded()) {
+                fresh = true
+            }
         }
         guard fresh || !page.more else {
             throw SyncError.protocolError("the server keeps saying there are more updates without sending any new record; the pull was stopped")
@@ -122,7 +130,7 @@ extension SyncEngine {
     func serverTree() async throws -> [FileID: RemoteFile] {
         var out: [FileID: RemoteFile] = [:]
         var since: Int64 = 0
-        var progress = PageProgress()
+        var progress = PageProgress(account: vault.accountID)
         while true {
             let page = try await client.updates(since: since)
             try progress.admit(page)

@@ -96,7 +96,7 @@ public final class SyncEngine: Sendable {
         let cursor = vault.syncStatus.cursor
         var since = cursor
         var byID: [FileID: RemoteFile] = [:]
-        var progress = PageProgress()
+        var progress = PageProgress(account: vault.accountID)
         while true {
             let page = try await client.updates(since: since)
             try progress.admit(page)

@@ -1,4 +1,5 @@
 import CofferCrypto
+import CofferModel
 import CofferSync
 import CofferTestSupport
 import CofferVault
@@ -171,6 +172,34 @@ func hasControlCharacters(_ s: String) -> Bool {
         // It stopped after a handful of requests, not thousands.
         #expect(server.requests.withLock { $0.count } < 10)
         #expect(vault.syncStatus.lastError != nil)
+    }
+
+    @Test func updatesThatKeepSendingUnsignedRecordsEndInAnError() async throws {
+        let tmp = TemporaryDirectory("coffer-hostile")
+        let pages = Atomic<Int>(0)
+        let stranger = try AccountID(bytes: [UInt8](repeating: 7, count: 32))
+        // Every page a new record and a cursor that moves on, but no record the account signed.
+        let server = try FakeServer { _, path in
+            guard path.hasSuffix("/updates") else { return .full(status: 404, body: []) }
+            let n = pages.add(1, ordering: .relaxed).newValue
+            let id = (try? FileID(random: (0..<16).map { _ in UInt8.random(in: 0...255) })) ?? FileID.none
+            let forged = SignedMetadata(metadata: FileMetadata(id: id, type: .folder, parent: id, name: SealedName(ciphertext: [1], mac: [2]),
+                                                               owner: stranger,
+                                                               wrappedKey: [], sealedAttributes: [3],
+                                                               lastModifiedBy: stranger),
+                                        signature: [UInt8](repeating: 9, count: 64))
+            let record = Data(forged.encoded()).base64EncodedString()
+            let json = #"{"files":[{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}],"latest":\#(n),"more":true}"#
+            return .full(status: 200, body: Array(json.utf8))
+        }
+        defer { server.stop() }
+        let (_, engine) = try hostileDevice(tmp, server.url)
+        let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
+            do { return .success(try await engine.sync()) } catch { return .failure(error) }
+        }
+        guard case .failure(let error) = outcome else { Issue.record("the sync succeeded against a looping server"); return }
+        #expect("\(error)".contains("without sending any new record"), "\(error)")
+        #expect(pages.load(ordering: .relaxed) < 10)
     }
 
     @Test func aTrickledBodyEndsInATimeout() async throws {
