@@ -51,28 +51,41 @@ extension SyncEngine {
     }
 
     /// Checks that the server still holds what this device last read from it and, if not, sends
-    /// the device's base again and resets the cursor. Called right after a pull that found nothing
-    /// new, so the records at the cursor's version are still exactly those the device holds.
+    /// the device's base again and resets the cursor. Runs before the sync's first pull: once the
+    /// cursor has moved past versions a restored server handed out again, nothing would tell.
     func catchUpIfServerBehind(_ report: inout SyncReport) async throws {
         let cursor = vault.syncStatus.cursor
         guard cursor > 0 else { return }
-        // A server never forgets a record, and the cursor is the version of one this account
-        // has, so asking from just below the cursor must return that version (or a newer one).
+        // A server never forgets a record; it only replaces it with a newer version. The cursor is
+        // the version of one of this account's records, so asking from just below it must return
+        // every record the device holds at that version, at that version with the same bytes
+        // or at a newer one.
         let probe = try await client.updates(since: cursor - 1)
         let base = try vault.baseRecords()
         let baseByID = Dictionary(base.map { ($0.metadata.id, $0) }, uniquingKeysWith: { a, _ in a })
         var behind = probe.files.isEmpty
-        let atCursor = probe.files.filter { $0.version == cursor }
-        for f in atCursor {
+        var suspicious = false
+        var answered: [FileID: ServerFile] = [:]
+        for f in probe.files {
             guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                 throw SyncError.protocolError("the server sent a malformed record")
             }
-            // Different bytes at a version this device read: the server reuses version numbers.
-            if let mine = baseByID[signed.metadata.id], mine.version == cursor, mine.signed.encoded() != [UInt8](f.record) { behind = true }
+            answered[signed.metadata.id] = f
         }
-        // Nothing at the cursor's version but something newer is only a suspicion (another device
-        // may have replaced that batch a moment ago); the full comparison below decides.
-        guard behind || atCursor.isEmpty else { return }
+        let mineAtCursor = base.filter { $0.version == cursor }
+        for mine in mineAtCursor {
+            if let f = answered[mine.metadata.id] {
+                // Different bytes at a version this device read: the server reuses version numbers.
+                if f.version == cursor, [UInt8](f.record) != mine.signed.encoded() { behind = true }
+            } else if probe.more {
+                suspicious = true // perhaps on a later page
+            } else {
+                behind = true // the server's copy is older than what the device read, or gone
+            }
+        }
+        // The device pruned what it read at the cursor (a deletion): the server still has it there.
+        if mineAtCursor.isEmpty && !probe.files.contains(where: { $0.version == cursor }) { suspicious = true }
+        guard behind || suspicious else { return }
 
         let server = try await serverTree()
         var resend: [PendingRecord] = []

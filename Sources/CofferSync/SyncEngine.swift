@@ -30,9 +30,8 @@ public final class SyncEngine: Sendable {
     public let vault: Vault
     public let client: ServerClient
     let transport: any ServerTransport
-    /// Seconds between checks that the server still holds what this device last saw (one small
-    /// `updates` request, made only by a sync whose pull found nothing new); the first sync of an
-    /// engine always checks.
+    /// Seconds between checks, at the start of a sync, that the server still holds what this
+    /// device last read (one small `updates` request); the first sync of an engine always checks.
     let serverCheckInterval: Double
     let lastServerCheck = Mutex<Date?>(nil)
 
@@ -65,9 +64,8 @@ public final class SyncEngine: Sendable {
         var report = SyncReport()
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
-            let pulledBefore = report.pulled
+            if serverCheckDue() { try await catchUpIfServerBehind(&report) }
             try await pull(&report)
-            if report.pulled == pulledBefore, serverCheckDue() { try await catchUpIfServerBehind(&report) }
             var attempts = 0
             while true {
                 try await pushContent(&report)

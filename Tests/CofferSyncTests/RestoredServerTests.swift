@@ -59,6 +59,35 @@ import Testing
         #expect(again.resentToServer == nil)
     }
 
+    @Test func bothDevicesKeepWorkingAfterARestoreAndNothingIsMissed() async throws {
+        let w = try await SyncWorld()
+        try w.a.write("/before.txt", "before")
+        try await w.sync(w.a, w.b)
+        let backup = w.tmp.path + "/server-backup"
+        w.server.stop()
+        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
+        try w.server.start()
+        try w.a.write("/lost.txt", "A's work the restore loses")
+        try await w.a.sync()
+        w.server.stop()
+        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
+        try w.server.start()
+
+        // B, whose cursor is older than the backup, keeps working through the restored server: its
+        // batches take version numbers A has already read past, then go beyond A's cursor.
+        for i in 0..<6 {
+            try w.b.write("/b\(i).txt", "b\(i)")
+            try await w.b.sync()
+        }
+        let report = try await SyncEngine(vault: w.a.vault, transport: HTTPTransport(baseURL: w.server.url)).sync()
+        #expect(report.resentToServer != nil, "A did not notice that the server was behind")
+        // A reads what B pushed at the reused versions, and B gets A's lost file.
+        for i in 0..<6 { #expect(try w.a.read("/b\(i).txt") == "b\(i)") }
+        try await w.b.sync()
+        #expect(try w.b.read("/lost.txt") == "A's work the restore loses")
+        try await w.expectConverged()
+    }
+
     @Test func aServerThatIsNotBehindIsLeftAlone() async throws {
         let w = try await SyncWorld()
         try w.a.write("/a.txt", "a")
