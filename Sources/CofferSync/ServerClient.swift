@@ -126,7 +126,8 @@ public struct ServerClient: Sendable {
                 throw SyncError.server(status: status, code: ServerText.sanitized(e.code, limit: 64), message: ServerText.sanitized(e.message))
             }
             if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
-            throw SyncError.server(status: status, code: "http_\(status)", message: ServerText.sanitized(String(decoding: response.prefix(1024), as: UTF8.self)))
+            let text = String(decoding: response.prefix(1024), as: UTF8.self)
+            throw SyncError.server(status: status, code: "http_\(status)", message: ServerText.sanitized(text))
         }
         return response
     }

@@ -152,7 +152,8 @@ extension SyncEngine {
                     throw SyncError.protocolError("the server sent a malformed record")
                 }
                 if let prior = out[signed.metadata.id], prior.version > f.version { continue }
-                out[signed.metadata.id] = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted)
+                out[signed.metadata.id] = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion,
+                                                     serverDeleted: f.serverDeleted)
             }
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
             since = page.latest
