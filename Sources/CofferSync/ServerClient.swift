@@ -34,6 +34,53 @@ public enum SyncError: Error, CustomStringConvertible, Sendable {
     }
 }
 
+/// Text that came from a server, made fit for a terminal and a log line: escape sequences
+/// (CSI, OSC, DCS and the like, in their ESC and C1 forms) removed with their parameters, every
+/// other control character (C0, DEL, C1) and bidirectional override removed, line breaks and tabs
+/// made spaces, and the length capped. A hostile server then cannot clear a screen, set a window
+/// title, hide text or flood a log through an error message.
+public enum ServerText {
+    public static func sanitized(_ text: String, limit: Int = 300) -> String {
+        var out = ""
+        var kept = 0
+        var truncated = false
+        var scalars = text.unicodeScalars.makeIterator()
+        // Skips an escape sequence's remainder; `kind` is the byte after ESC (or the C1 form's 7-bit equivalent).
+        func skipSequence(_ kind: UInt32) {
+            switch kind {
+            case 0x5B: // CSI: parameters and intermediates, then one final byte 0x40-0x7E
+                while let c = scalars.next() { if (0x40...0x7E).contains(c.value) || c.value < 0x20 { return } }
+            case 0x5D, 0x50, 0x58, 0x5E, 0x5F: // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \ or 0x9C)
+                while let c = scalars.next() {
+                    if c.value == 0x07 || c.value == 0x9C { return }
+                    if c.value == 0x1B { _ = scalars.next(); return }
+                }
+            default: // two-character sequences (ESC c, ESC 7, ...), the one byte is already gone
+                return
+            }
+        }
+        while let c = scalars.next() {
+            let v = c.value
+            if v == 0x1B {
+                guard let kind = scalars.next() else { break }
+                skipSequence(kind.value)
+                continue
+            }
+            if (0x80...0x9F).contains(v) {
+                if [0x9B, 0x9D, 0x90, 0x98, 0x9E, 0x9F].contains(v) { skipSequence(v - 0x40) }
+                continue
+            }
+            var scalar = c
+            if v == 0x09 || v == 0x0A || v == 0x0D { scalar = " " } else if v < 0x20 || v == 0x7F { continue }
+            if (0x202A...0x202E).contains(v) || (0x2066...0x2069).contains(v) || v == 0x200E || v == 0x200F || v == 0x061C { continue }
+            guard kept < limit else { truncated = true; break }
+            out.unicodeScalars.append(scalar)
+            kept += 1
+        }
+        return truncated ? out + "…" : out
+    }
+}
+
 /// Typed, signed calls to the server's endpoints (docs/PROTOCOL.md).
 public struct ServerClient: Sendable {
     let transport: any ServerTransport
@@ -115,17 +162,20 @@ public struct ServerClient: Sendable {
         } catch let e as SyncError {
             throw e
         } catch {
-            throw SyncError.offline("\(error)")
+            throw SyncError.offline(ServerText.sanitized("\(error)"))
         }
         traffic.sent.add(body.count, ordering: .relaxed)
         traffic.received.add(response.count, ordering: .relaxed)
         traffic.requests.add(1, ordering: .relaxed)
         guard (200..<300).contains(status) else {
+            // The one place where server text becomes an error message (shown by `coffer`, kept in
+            // `coffer status`, logged by the daemon): made safe for a terminal first.
             if let e = try? JSONDecoder().decode(ErrorResponse.self, from: Data(response)) {
-                throw SyncError.server(status: status, code: e.code, message: e.message)
+                throw SyncError.server(status: status, code: ServerText.sanitized(e.code, limit: 64), message: ServerText.sanitized(e.message))
             }
             if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
-            throw SyncError.server(status: status, code: "http_\(status)", message: String(decoding: response.prefix(200), as: UTF8.self))
+            let text = String(decoding: response.prefix(1024), as: UTF8.self)
+            throw SyncError.server(status: status, code: "http_\(status)", message: ServerText.sanitized(text))
         }
         return response
     }

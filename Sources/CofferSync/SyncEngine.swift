@@ -3,6 +3,7 @@ import CofferProtocol
 import CofferStore
 import CofferVault
 import Foundation
+import Synchronization
 
 /// What one sync did.
 public struct SyncReport: Sendable {
@@ -11,6 +12,9 @@ public struct SyncReport: Sendable {
     public var pushedChunks = 0
     public var fetchedChunks = 0
     public var pruned = 0
+    /// Files sent again because the server had lost them (restored from an older backup), or nil
+    /// when the server was not found behind this device.
+    public var resentToServer: Int?
     /// Ids whose view changed on this device (the daemon tells the kernel).
     public var changed: Set<FileID> = []
 }
@@ -26,13 +30,18 @@ public final class SyncEngine: Sendable {
     public let vault: Vault
     public let client: ServerClient
     let transport: any ServerTransport
+    /// Seconds between checks, at the start of a sync, that the server still holds what this
+    /// device last read (one small `updates` request); the first sync of an engine always checks.
+    let serverCheckInterval: Double
+    let lastServerCheck = Mutex<Date?>(nil)
 
     /// An engine over `transport`; the server's id is pinned in the vault at first contact.
-    public init(vault: Vault, transport: any ServerTransport) {
+    public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
         self.vault = vault
         self.transport = transport
         let identity = ServerClient.ServerIdentity(pinned: { [vault] in vault.serverSettings?.pinnedID }) { [vault] id in try vault.pinServerID(id) }
         self.client = ServerClient(transport: transport, keys: vault.signing, identity: identity)
+        self.serverCheckInterval = serverCheckInterval
     }
 
     /// An engine for the server recorded in the store, over HTTPS (or plain HTTP to loopback, or
@@ -60,6 +69,7 @@ public final class SyncEngine: Sendable {
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
             client.recheckServerID()
+            if serverCheckDue() { try await catchUpIfServerBehind(&report) }
             try await pull(&report)
             var attempts = 0
             while true {
@@ -77,7 +87,8 @@ public final class SyncEngine: Sendable {
             vault.recordSyncOutcome(error: nil)
             return report
         } catch {
-            vault.recordSyncOutcome(error: "\(error)")
+            // Kept for `coffer status`: never a control character, whatever the error carries.
+            vault.recordSyncOutcome(error: ServerText.sanitized("\(error)", limit: 1000))
             throw error
         }
     }
@@ -88,8 +99,10 @@ public final class SyncEngine: Sendable {
         let cursor = vault.syncStatus.cursor
         var since = cursor
         var byID: [FileID: RemoteFile] = [:]
+        var progress = PageProgress(account: vault.accountID)
         while true {
             let page = try await client.updates(since: since)
+            try progress.admit(page)
             for f in page.files {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
@@ -139,7 +152,11 @@ public final class SyncEngine: Sendable {
     // MARK: Push
 
     func pushContent(_ report: inout SyncReport) async throws {
-        let uploads = try vault.pendingContent()
+        try await upload(try vault.pendingContent(), &report)
+    }
+
+    /// Chunks the server lacks, then the manifests: content before the metadata naming it.
+    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport) async throws {
         guard !uploads.isEmpty else { return }
         var all: [[UInt8]] = []
         var seen: Set<[UInt8]> = []
@@ -171,6 +188,21 @@ public final class SyncEngine: Sendable {
     func pushMetadata(_ report: inout SyncReport) async throws {
         let all = try vault.pendingRecords()
         guard !all.isEmpty else { return }
+        for records in Self.parentsFirst(all) {
+            let request = UpsertRequest(updates: records.map {
+                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
+            })
+            let response = try await client.upsert(request)
+            let changed = try vault.markPushed(records, version: response.version)
+            report.pushedRecords += records.count
+            report.changed.formUnion(changed)
+        }
+    }
+
+    /// Upsert batches of at most `batchSize` records, parents before children when there is more
+    /// than one batch, so each batch is valid on its own.
+    static func parentsFirst(_ all: [PendingRecord]) -> [[PendingRecord]] {
         let batches: [[PendingRecord]]
         if all.count <= Self.batchSize {
             batches = [all]
@@ -187,16 +219,7 @@ public final class SyncEngine: Sendable {
             let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
             batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map { Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)]) }
         }
-        for records in batches {
-            let request = UpsertRequest(updates: records.map {
-                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
-            })
-            let response = try await client.upsert(request)
-            let changed = try vault.markPushed(records, version: response.version)
-            report.pushedRecords += records.count
-            report.changed.formUnion(changed)
-        }
+        return batches
     }
 }
 

@@ -147,6 +147,9 @@ struct Sync: ParsableCommand {
             let vault = try store.openVault()
             let engine = try SyncEngine.forStore(vault)
             let report = try runBlocking { try await engine.sync() }
+            if let n = report.resentToServer {
+                print("note: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")")
+            }
             print("synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed \(report.pushedRecords) records (\(report.pushedChunks) chunks)")
             if stats {
                 let t = engine.traffic

@@ -71,6 +71,23 @@ extension Vault {
         }
     }
 
+    /// Forgets how far this device has read the server's changes, so the next pull reads them all
+    /// again. Used when the server's versions stopped meaning what the cursor says (a server
+    /// restored from a backup reuses version numbers the device has already read past).
+    public func resetCursor() throws {
+        try store.write { w in try w.setSetting("cursor", Self.bytes(0)) }
+    }
+
+    /// The last time a sync found the server behind this device (restored from a backup, or lost
+    /// its last writes) and what it did, for `coffer status`; nil if that never happened.
+    public var serverCatchUpNotice: String? {
+        (try? store.read { r in try r.setting("serverCatchUp") }).flatMap { $0 }.flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
+    }
+
+    public func recordServerCatchUp(_ notice: String) {
+        try? store.write { w in try w.setSetting("serverCatchUp", Array(notice.utf8)) }
+    }
+
     static func int64(_ b: [UInt8]) -> Int64 { Int64(bitPattern: b.reduce(UInt64(0)) { ($0 << 8) | UInt64($1) }) }
     static func bytes(_ v: Int64) -> [UInt8] { withUnsafeBytes(of: UInt64(bitPattern: v).bigEndian) { Array($0) } }
 
