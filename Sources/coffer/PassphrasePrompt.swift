@@ -14,7 +14,10 @@ struct CLIPassphraseSource: PassphraseSource {
     private var environment: [String: String] { ProcessInfo.processInfo.environment }
 
     func existingPassphrase() throws -> Passphrase {
-        if let fd = environment[Self.descriptorVariable].flatMap({ Int32($0) }), fd >= 0 {
+        // Only above stdio: this descriptor is closed after reading, and the variable dropped so
+        // nothing this process starts inherits it.
+        if let fd = environment[Self.descriptorVariable].flatMap({ Int32($0) }), fd > 2 {
+            unsetenv(Self.descriptorVariable)
             defer { close(fd) }
             return try readFirstLine(fd: fd, what: "the passphrase handed to the mount daemon")
         }
