@@ -24,6 +24,15 @@ struct PassphraseTests {
         #expect(!SealedAccountSecret.isSealed(Array(secret.base64.utf8)))
     }
 
+    /// A file written by format version 1 (seed 00 01 … 1f, passphrase "coffer vector", 2
+    /// passes over 64 KiB) opens forever: pins the layout, Argon2id13, the associated data.
+    @Test func versionOneVectorStillOpens() throws {
+        let sealed = unhex("434650570100000000000000020000000000010000381aee9629c44dcef6af7d33a9f05090dbe57cf8f8c61c17beaa084668"
+                           + "fdd86d73cbd7761726b842efa8e13e74b09979918aaca2c2d9e970efee03c0f06eb69ad6a4fe2ef1eaee25968e468b4142907c44941dfd2f772953")
+        #expect(sealed.count == SealedAccountSecret.sealedBytes)
+        #expect(try SealedAccountSecret.open(sealed, passphrase: passphrase("coffer vector")).seed == Array(0..<32))
+    }
+
     @Test func wrongPassphraseIsRefusedClearly() throws {
         let sealed = try SealedAccountSecret.seal(.generate(), passphrase: passphrase("right"), cost: Self.cheap)
         #expect(throws: PassphraseError.wrongPassphrase) { try SealedAccountSecret.open(sealed, passphrase: passphrase("wrong")) }
