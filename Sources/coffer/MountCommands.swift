@@ -95,7 +95,7 @@ struct Mount: ParsableCommand {
         // to see closed, a file on another mount that could then not be unmounted).
         posix_spawn_file_actions_adddup2(&actions, fds[1], Self.readyDescriptor)
         if let passphraseFD { posix_spawn_file_actions_adddup2(&actions, passphraseFD, Self.passphraseDescriptor) }
-        closeDescriptors(from: Self.passphraseDescriptor + 1, in: &actions)
+        closeDescriptors(from: (passphraseFD == nil ? Self.readyDescriptor : Self.passphraseDescriptor) + 1, in: &actions)
         var attr = posix_spawnattr_t()
         posix_spawnattr_init(&attr)
         posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
