@@ -104,10 +104,18 @@ private final class Terminal {
         var saved = termios()
         let isTerminal = tcgetattr(fd, &saved) == 0
         var previous: [(Int32, __sighandler_t?)] = []
+        var previousMask = sigset_t()
         if isTerminal {
             promptSavedModes = saved
             promptTerminalFD = fd
-            for sig in [SIGINT, SIGTERM, SIGHUP, SIGQUIT] { previous.append((sig, signal(sig, restoreTerminalAndDie))) }
+            let interrupts = [SIGINT, SIGTERM, SIGHUP, SIGQUIT]
+            for sig in interrupts { previous.append((sig, signal(sig, restoreTerminalAndDie))) }
+            // A parent may have left them blocked (posix_spawn passes the mask on, and
+            // libdispatch's threads block them); then Ctrl-C could not cancel the prompt.
+            var unblock = sigset_t()
+            sigemptyset(&unblock)
+            for sig in interrupts { sigaddset(&unblock, sig) }
+            pthread_sigmask(SIG_UNBLOCK, &unblock, &previousMask)
             var quiet = saved
             quiet.c_lflag &= ~tcflag_t(ECHO)
             quiet.c_lflag |= tcflag_t(ECHONL)
@@ -120,6 +128,7 @@ private final class Terminal {
         defer {
             if isTerminal {
                 tcsetattr(fd, TCSAFLUSH, &saved)
+                pthread_sigmask(SIG_SETMASK, &previousMask, nil)
                 for (sig, handler) in previous { signal(sig, handler) }
                 promptTerminalFD = -1
             }

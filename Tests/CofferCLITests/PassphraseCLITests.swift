@@ -199,6 +199,15 @@ import Testing
         #expect(!whoami.output.contains(typed))
         let file = try passphraseFile(tmp, "typed", typed + "\n")
         #expect(coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": file]).out.hasPrefix("erin"))
+
+        // Ctrl-C at the prompt: the command dies of SIGINT and the terminal has its echo back.
+        let interrupted = try PseudoTerminal(cofferBinary, ["whoami"], environment: ["COFFER_DATA_DIR": data])
+        try interrupted.answer(after: "Passphrase for the account key", with: "\u{03}", enter: false)
+        let killed = interrupted.finish()
+        #expect(killed.status == 128 + SIGINT, "\(killed.output)")
+        var modes = termios()
+        #expect(tcgetattr(interrupted.master, &modes) == 0)
+        #expect(modes.c_lflag & tcflag_t(ECHO) != 0, "echo left off after Ctrl-C")
     }
 }
 
@@ -261,21 +270,27 @@ final class PseudoTerminal {
 
     /// Reads until `prompt` shows, then types `text` and Enter. The wait is bounded only so that
     /// a broken build fails instead of hanging the suite.
-    func answer(after prompt: String, with text: String) throws {
+    func answer(after prompt: String, with text: String, enter: Bool = true) throws {
         let seen = output.utf8.count
         while !String(decoding: output.utf8.dropFirst(seen), as: UTF8.self).contains(prompt) {
             guard readSome(timeoutMilliseconds: 60_000) else {
                 throw FixtureError("no prompt \"\(prompt)\" on the terminal; it showed: \(output)")
             }
         }
-        let line = Array((text + "\n").utf8)
+        let line = Array((text + (enter ? "\n" : "")).utf8)
         _ = line.withUnsafeBytes { write(master, $0.baseAddress, $0.count) }
     }
 
-    /// Reads everything until the child closes the terminal, then its exit status.
+    /// Reads everything until the child closes the terminal, then its exit status. A child
+    /// that goes a minute without closing it is stuck (waiting for input it will never get):
+    /// it is killed, so the test fails instead of hanging.
     func finish() -> (status: Int32, output: String) {
         while readSome(timeoutMilliseconds: 60_000) {}
         var status: Int32 = 0
+        if waitpid(pid, &status, WNOHANG) == 0 {
+            output += "\n[still running after the terminal went quiet: killed]"
+            Glibc.kill(pid, SIGKILL)
+        }
         while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
         reaped = true
         return ((status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f), output)
@@ -283,7 +298,9 @@ final class PseudoTerminal {
 
     private func readSome(timeoutMilliseconds: Int32) -> Bool {
         var p = pollfd(fd: master, events: Int16(POLLIN), revents: 0)
-        guard poll(&p, 1, timeoutMilliseconds) > 0 else { return false }
+        var ready = poll(&p, 1, timeoutMilliseconds)
+        while ready < 0 && errno == EINTR { ready = poll(&p, 1, timeoutMilliseconds) }
+        guard ready > 0 else { return false }
         var buffer = [UInt8](repeating: 0, count: 4096)
         let n = buffer.withUnsafeMutableBytes { read(master, $0.baseAddress, $0.count) }
         guard n > 0 else { return false } // EIO: the child closed its side
