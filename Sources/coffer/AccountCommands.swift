@@ -10,12 +10,14 @@ struct Init: ParsableCommand {
     @Argument(help: "Your username (letters, digits, '-', '_', '.').") var username: String
     @Option(help: "Register the account with this coffer-server (e.g. https://host:8443, or http://127.0.0.1:8080) and sync with it.") var server: String?
     @OptionGroup var connection: ServerConnectionOptions
+    @Flag(help: "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE).")
+    var passphrase = false
 
     func run() throws {
         try guarded {
             let dir = store.resolvedDataDir
             let trusted = try server.map { try connection.checked($0) } ?? nil
-            let vault = try Vault.create(dataDirectory: dir, username: username)
+            let vault = try Vault.create(dataDirectory: dir, username: username, passphrase: passphrase ? CLIPassphraseSource() : nil)
             if let server {
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
@@ -36,7 +38,7 @@ struct Init: ParsableCommand {
 
 struct Account: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Export or import the account key.",
-                                                    subcommands: [ExportKey.self, ImportKey.self])
+                                                    subcommands: [ExportKey.self, ImportKey.self, SetPassphrase.self])
 
     struct ExportKey: ParsableCommand {
         static let configuration = CommandConfiguration(commandName: "export", abstract: "Print the account key (base64, or the 24-word phrase).")
@@ -58,6 +60,8 @@ struct Account: ParsableCommand {
         @Option(help: "Username for the restored tree (without --server).") var username: String = "coffer"
         @Option(help: "Join the account on this server and bring the whole tree down.") var server: String?
         @OptionGroup var connection: ServerConnectionOptions
+        @Flag(help: "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE).")
+        var passphrase = false
 
         func run() throws {
             try guarded {
@@ -65,13 +69,14 @@ struct Account: ParsableCommand {
                 let input = String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
                 let secret = try AccountSecret(exported: input)
                 let dir = store.resolvedDataDir
+                let sealing = passphrase ? CLIPassphraseSource() : nil
                 guard let server else {
-                    let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret)
+                    let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, passphrase: sealing)
                     print("Imported account \(vault.username) (\(vault.accountID)) into \(vault.dataDirectory).")
                     return
                 }
                 // The tree arrives with the first pull; the username is the server's.
-                let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, createRoot: false)
+                let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, passphrase: sealing, createRoot: false)
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
                     let probe = try SyncEngine.forStore(vault)
@@ -81,6 +86,39 @@ struct Account: ParsableCommand {
                 } catch {
                     removeNewStore(dir)
                     throw error
+                }
+            }
+        }
+    }
+
+    struct SetPassphrase: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "passphrase", abstract: "Set, change or remove the passphrase that seals the account key on this device.",
+            discussion: """
+                Asks for the current passphrase (if there is one), then the new one twice. From a script:                 $COFFER_PASSPHRASE_FILE holds the current one and $COFFER_NEW_PASSPHRASE_FILE the new one                 (either file's first line). The passphrase protects this device's copy of the key only:                 `coffer account export` still prints the key itself.
+                """)
+        @OptionGroup var store: StoreOptions
+        @Flag(help: "Store the account key without a passphrase again.") var remove = false
+
+        func run() throws {
+            try guarded {
+                let source = CLIPassphraseSource()
+                let dir = store.resolvedDataDir
+                let protected = try Vault.accountKeyIsProtected(dataDirectory: dir)
+                if remove && !protected {
+                    print("The account key in \(dir) has no passphrase; nothing to remove.")
+                    return
+                }
+                if !remove && protected && source.scriptGivesNoNewPassphrase {
+                    throw CLIError("$\(CLIPassphraseSource.fileVariable) gives the current passphrase; put the new one in $\(CLIPassphraseSource.newFileVariable)")
+                }
+                let vault = try store.openVault()
+                if remove {
+                    try vault.protectAccountKey(with: nil)
+                    print("Removed the passphrase: the account key in \(dir) is stored unsealed (readable by its owner only).")
+                } else {
+                    try vault.protectAccountKey(with: try source.newPassphrase())
+                    print("\(protected ? "Changed" : "Set") the passphrase of the account key in \(dir).")
                 }
             }
         }

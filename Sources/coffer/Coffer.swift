@@ -34,8 +34,9 @@ struct StoreOptions: ParsableArguments {
         return home + "/.local/share/coffer"
     }
 
+    /// Opens the store's vault, asking for the account key's passphrase (once) if it has one.
     func openVault() throws -> Vault {
-        try Vault.open(dataDirectory: resolvedDataDir)
+        try Vault.open(dataDirectory: resolvedDataDir, passphrase: CLIPassphraseSource())
     }
 }
 
