@@ -9,7 +9,8 @@ import Logging
 struct CofferServerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "coffer-server",
-        abstract: "Serve Coffer accounts: encrypted metadata and content, nothing readable.")
+        abstract: "Serve Coffer accounts: encrypted metadata and content, nothing readable.",
+        subcommands: [Invite.self])
 
     @Option(help: "Directory for the database (metadata.sqlite) and chunks.")
     var data: String
@@ -22,6 +23,10 @@ struct CofferServerCommand: AsyncParsableCommand {
 
     @Option(help: "Stored bytes allowed per account.")
     var quotaBytes: Int64 = CofferServer.defaultQuotaBytes
+
+    @Option(help: ArgumentHelp("Who may create accounts: open, invite (codes from `coffer-server invite`) or closed.",
+                               discussion: "Default: open when listening on loopback only, invite otherwise."))
+    var registration: String?
 
     @Option(help: "Accounts one client address may create per minute (0: no limit).")
     var accountsPerMinute: Int = 10
@@ -38,12 +43,20 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Option(help: "Log level (trace, debug, info, notice, warning, error, critical).")
     var logLevel: String = "info"
 
+    func validate() throws {
+        if let registration, CofferServer.RegistrationPolicy(rawValue: registration) == nil {
+            throw ValidationError("--registration must be open, invite or closed")
+        }
+    }
+
     func run() async throws {
         var logger = Logger(label: "coffer-server")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         let server: CofferServer
         do {
-            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes)
+            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes,
+                                           registration: registration.flatMap(CofferServer.RegistrationPolicy.init(rawValue:))
+                                               ?? Self.defaultRegistration(host: host))
         } catch {
             FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
             throw ExitCode(1)
@@ -69,5 +82,43 @@ struct CofferServerCommand: AsyncParsableCommand {
                 FileHandle.standardOutput.write(Data("listening on http://\(host):\(port)\n".utf8))
             })
         try await app.runService(gracefulShutdownSignals: [.sigterm, .sigint])
+    }
+
+    /// A server only this machine can reach is open; one others can reach needs invites unless
+    /// its operator says otherwise (behind a reverse proxy on loopback, say so with
+    /// `--registration`).
+    static func defaultRegistration(host: String) -> CofferServer.RegistrationPolicy {
+        ["127.0.0.1", "::1", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.") ? .open : .invite
+    }
+}
+
+/// `coffer-server invite --data DIR [--count N]`: prints new single-use invite codes, one a line.
+struct Invite: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).")
+
+    @Option(help: "The server's data directory.")
+    var data: String
+
+    @Option(help: "How many codes to make.")
+    var count: Int = 1
+
+    func validate() throws {
+        guard (1...10_000).contains(count) else { throw ValidationError("--count must be 1 to 10000") }
+    }
+
+    func run() throws {
+        guard FileManager.default.fileExists(atPath: URL(fileURLWithPath: data).appendingPathComponent("metadata.sqlite").path) else {
+            FileHandle.standardError.write(Data("coffer-server: no server data in \(data) (start the server there once first)\n".utf8))
+            throw ExitCode(1)
+        }
+        let server: CofferServer
+        do {
+            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true))
+        } catch {
+            FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        for code in try server.makeInvites(count: count) { print(code) }
     }
 }

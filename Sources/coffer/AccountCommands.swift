@@ -9,6 +9,7 @@ struct Init: ParsableCommand {
     @OptionGroup var store: StoreOptions
     @Argument(help: "Your username (letters, digits, '-', '_', '.').") var username: String
     @Option(help: "Register the account with this coffer-server (e.g. http://127.0.0.1:8080) and sync with it.") var server: String?
+    @Option(help: "An invite code from the server's operator (for a server that registers by invite).") var invite: String?
 
     func run() throws {
         try guarded {
@@ -18,7 +19,7 @@ struct Init: ParsableCommand {
                 do {
                     try vault.setServer(server)
                     let engine = SyncEngine(vault: vault, transport: HTTPTransport(baseURL: server))
-                    try runBlocking { try await engine.register() }
+                    try runBlocking { [invite] in try await engine.register(invite: invite) }
                     try runBlocking { try await engine.sync() }
                 } catch {
                     // Nothing half-applied: without the server account, the local one is removed too.
