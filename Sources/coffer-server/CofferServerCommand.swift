@@ -10,10 +10,13 @@ struct CofferServerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "coffer-server",
         abstract: "Serve Coffer accounts: encrypted metadata and content, nothing readable.",
+        usage: "coffer-server --data <data> [<options>]\n       coffer-server invite --data <data> [--count <count>]",
         subcommands: [Invite.self])
 
-    @Option(help: "Directory for the database (metadata.sqlite) and chunks.")
-    var data: String
+    // Optional because `coffer-server invite` reads it too (ArgumentParser gives this command's
+    // options to it wherever they appear); serving requires it (checked in `run`).
+    @Option(help: "Directory for the database (metadata.sqlite) and chunks (required).")
+    var data: String?
 
     @Option(help: "Address to listen on.")
     var host: String = "127.0.0.1"
@@ -50,6 +53,7 @@ struct CofferServerCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
+        guard let data else { throw ValidationError("Missing expected argument '--data <data>'") }
         var logger = Logger(label: "coffer-server")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         let server: CofferServer
@@ -95,10 +99,11 @@ struct CofferServerCommand: AsyncParsableCommand {
 /// `coffer-server invite --data DIR [--count N]`: prints new single-use invite codes, one a line.
 struct Invite: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).")
+        abstract: "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).",
+        usage: "coffer-server invite --data <data> [--count <count>]")
 
-    @Option(help: "The server's data directory.")
-    var data: String
+    /// `--data` is the server command's own option (given after `invite` too).
+    @ParentCommand var server: CofferServerCommand
 
     @Option(help: "How many codes to make.")
     var count: Int = 1
@@ -108,17 +113,15 @@ struct Invite: ParsableCommand {
     }
 
     func run() throws {
-        guard FileManager.default.fileExists(atPath: URL(fileURLWithPath: data).appendingPathComponent("metadata.sqlite").path) else {
-            FileHandle.standardError.write(Data("coffer-server: no server data in \(data) (start the server there once first)\n".utf8))
-            throw ExitCode(1)
-        }
-        let server: CofferServer
+        guard let data = server.data else { throw ValidationError("Missing expected argument '--data <data>'") }
+        let store: CofferServer
         do {
-            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true))
+            // Created if new, as the server would: invites can be made before its first start.
+            store = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true))
         } catch {
             FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
             throw ExitCode(1)
         }
-        for code in try server.makeInvites(count: count) { print(code) }
+        for code in try store.makeInvites(count: count) { print(code) }
     }
 }

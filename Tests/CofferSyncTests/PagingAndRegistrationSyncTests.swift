@@ -84,10 +84,10 @@ final class StuckCursorTransport: ServerTransport {
     @Test func inviteAndClosedRegistration() async throws {
         let tmp = TemporaryDirectory("coffer-sync-invite")
         let server = try ServerProcess(dataDirectory: tmp.sub("server"), extraArguments: ["--registration", "invite"])
-        let made = run(server.binary, ["invite", "--data", server.dataDirectory, "--count", "2"])
+        let made = run(server.binary, ["invite", "--data", server.dataDirectory, "--count", "3"])
         #expect(made.status == 0, "\(made.err)")
         let codes = made.out.split(separator: "\n").map(String.init)
-        #expect(codes.count == 2)
+        #expect(codes.count == 3)
         func engine(_ name: String) throws -> SyncEngine {
             let vault = try Vault.create(dataDirectory: tmp.sub(name), username: name, secret: AccountSecret.generate())
             try vault.setServer(server.url)
@@ -104,6 +104,11 @@ final class StuckCursorTransport: ServerTransport {
         let second = try engine("second")
         #expect(await refusal { try await second.register(invite: codes[0]) } == 403)
         try await second.register(invite: codes[1])
+        // The CLI sends a code with `coffer init --invite`.
+        let cli = ["init", "third", "--server", server.url, "--data-dir"]
+        #expect(run(cofferBinary, cli + [tmp.path + "/cli-without"]).status != 0)
+        let joined = run(cofferBinary, cli + [tmp.path + "/cli", "--invite", codes[2]])
+        #expect(joined.status == 0, "\(joined.err)")
 
         // The same data, served closed: nobody new, existing accounts still sync.
         server.stop()
