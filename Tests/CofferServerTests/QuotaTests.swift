@@ -170,7 +170,8 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
             }
             #expect(failures.load(ordering: .relaxed) == 0)
             let stored = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id]))?.first?.sealed)
-            #expect(uploads.contains(stored))
+            let isOneOfTheUploads = uploads.contains(stored) // not printed on failure: megabytes of numbers
+            #expect(isOneOfTheUploads, "the stored chunk (\(stored.count) bytes) is none of the uploads")
             let file = dir.appendingPathComponent("chunks/\(RequestSigning.hex(Array(a.user.key)))/\(RequestSigning.hex(Array(id.prefix(1))))/\(RequestSigning.hex(Array(id)))")
             // The file in place is the upload that was counted.
             #expect(try Data(contentsOf: file) == Data(stored))
