@@ -129,7 +129,8 @@ func isAfter(_ a: (Int64, Data?), _ b: (Int64, Data?)) -> Bool {
         let (server, content, _) = try makeWatchedServer()
         var logger = Logger(label: "coffer-server-test")
         logger.logLevel = .warning
-        let app = Application(router: CofferHTTP.router(server: server, options: .init(accountCreationsPerMinute: 0), logger: logger), logger: logger)
+        let router = CofferHTTP.router(server: server, options: .init(accountCreationsPerMinute: 0), logger: logger)
+        let app = Application(router: router, logger: logger)
         let u = TestUser()
         _ = try server.createAccount(caller: u.key, u.createRequest)
         let chunks = [randomBytes(3 * CofferServer.chunkPieceBytes + 17), [], randomBytes(100)]

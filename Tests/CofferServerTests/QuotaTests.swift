@@ -32,7 +32,11 @@ final class WatchedContentStorage: ContentStorage {
         if let meta = metadata.withLock({ $0 }) {
             // A read sees only committed state: the transaction recording this chunk is still open.
             let recorded = try meta.read { try $0.presentChunks(account: staged.key.account, ids: [staged.key.id]) }
-            if recorded.isEmpty { publishedBeforeRecorded.add(1, ordering: .relaxed) } else { publishedAfterRecorded.add(1, ordering: .relaxed) }
+            if recorded.isEmpty {
+                publishedBeforeRecorded.add(1, ordering: .relaxed)
+            } else {
+                publishedAfterRecorded.add(1, ordering: .relaxed)
+            }
         }
         try inner.publish(staged)
     }
@@ -172,7 +176,8 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
             let stored = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id]))?.first?.sealed)
             let isOneOfTheUploads = uploads.contains(stored) // not printed on failure: megabytes of numbers
             #expect(isOneOfTheUploads, "the stored chunk (\(stored.count) bytes) is none of the uploads")
-            let file = dir.appendingPathComponent("chunks/\(RequestSigning.hex(Array(a.user.key)))/\(RequestSigning.hex(Array(id.prefix(1))))/\(RequestSigning.hex(Array(id)))")
+            let idHex = RequestSigning.hex(Array(id))
+            let file = dir.appendingPathComponent("chunks/\(RequestSigning.hex(Array(a.user.key)))/\(idHex.prefix(2))/\(idHex)")
             // The file in place is the upload that was counted.
             #expect(try Data(contentsOf: file) == Data(stored))
             #expect(try server.usage(caller: a.user.key).bytes - before == Int64(stored.count))
