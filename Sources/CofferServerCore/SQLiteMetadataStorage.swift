@@ -83,10 +83,7 @@ public final class SQLiteMetadataStorage: MetadataStorage {
             // object counts at least its minimum (`QuotaRule`).
             try db.execute(sql: """
                 CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
-                UPDATE account SET bytes_used =
-                    COALESCE((SELECT SUM(MAX(length(record), \(QuotaRule.minimumRowBytes))) FROM file WHERE file.account = account.key), 0)
-                  + COALESCE((SELECT SUM(MAX(length(sealed), \(QuotaRule.minimumRowBytes))) FROM manifest WHERE manifest.account = account.key), 0)
-                  + COALESCE((SELECT SUM(MAX(size, \(QuotaRule.minimumChunkBytes))) FROM chunk WHERE chunk.account = account.key), 0);
+                UPDATE account SET bytes_used = \(usageSQL("account.key"));
                 """)
         }
         return m
@@ -95,6 +92,16 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     /// A setting as the reader and the writer connections have it (for the durability checks).
     func pragma(_ name: String) throws -> (reader: String?, writer: String?) {
         (try pool.read { try String.fetchOne($0, sql: "PRAGMA \(name)") }, try pool.write { try String.fetchOne($0, sql: "PRAGMA \(name)") })
+    }
+
+    /// Usage by `QuotaRule`, counted from the tables for the account named by `account` (an SQL
+    /// expression).
+    static func usageSQL(_ account: String) -> String {
+        """
+        COALESCE((SELECT SUM(MAX(length(record), \(QuotaRule.minimumRowBytes))) FROM file WHERE file.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(length(sealed), \(QuotaRule.minimumRowBytes))) FROM manifest WHERE manifest.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(size, \(QuotaRule.minimumChunkBytes))) FROM chunk WHERE chunk.account = \(account)), 0)
+        """
     }
 
     public func read<T>(_ body: (any MetadataReader) throws -> T) throws -> T {
@@ -185,6 +192,10 @@ struct SQLiteTransaction: MetadataWriter {
         let statement = try db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM chunk WHERE account = ? AND id = ?)")
         for id in ids where try Bool.fetchOne(statement, arguments: [account, id]) == true { out.insert(id) }
         return out
+    }
+
+    func recountedUsage(account: Data) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT " + SQLiteMetadataStorage.usageSQL("?1"), arguments: [account]) ?? 0
     }
 
     func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64] {

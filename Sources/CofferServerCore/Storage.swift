@@ -110,6 +110,8 @@ public protocol MetadataReader {
     func hasManifest(_ key: ManifestKey) throws -> Bool
     /// Which of these chunks the metadata store knows (and so the content store holds).
     func presentChunks(account: Data, ids: [Data]) throws -> Set<Data>
+    /// The account's usage counted afresh from what is stored (`QuotaRule`), for the audit.
+    func recountedUsage(account: Data) throws -> Int64
     /// The stored length of each of these chunks the metadata store knows.
     func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64]
     /// Manifests that no current (not deleted) document record names, created before `before`

@@ -159,6 +159,19 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
         #expect(try server.usage(caller: a.user.key).bytes == countedRows(a.user, [root, doc]))
     }
 
+    /// The audit recounts usage from what is stored, so accounting that drifts is caught.
+    @Test func theAuditRecountsUsage() throws {
+        let (server, _) = try makeServer()
+        let a = try Device(server, TestUser())
+        let root = rootRecord(a.user)
+        var doc = record(a.user, .document, in: root.id, named: "d")
+        doc.contentDigest = try a.putContent(doc.id, chunks: [randomBytes(10), randomBytes(9000)])
+        try a.push([root, doc])
+        #expect(try server.audit(account: a.user.key).isEmpty)
+        try server.metadata.write { try $0.addUsage(account: a.user.key, bytes: 1) }
+        #expect(try server.audit(account: a.user.key).contains { $0.contains("usage") })
+    }
+
     /// Several uploads of one chunk id at once, each with different bytes (the server cannot tell
     /// which are right: ids are keyed hashes), store exactly one of them, and count exactly that.
     @Test func racingUploadsOfOneChunkStoreItOnce() throws {
