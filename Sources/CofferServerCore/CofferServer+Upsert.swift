@@ -108,7 +108,13 @@ extension CofferServer {
                     let plan = try makePlan(caller: caller, decoded: decoded, entry: entry, reader: tx)
                     if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
                     cleanEntry = nil // release the copy so the tree below is mutated in place
-                    return try apply(plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
+                    let v = try apply(plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
+                    // Records count against the quota (`QuotaRule`): a batch that leaves usage
+                    // above the quota is refused unless it lowers usage (as deleting content does).
+                    if let after = try tx.account(key: caller), after.bytesUsed > account.bytesUsed, after.bytesUsed > quotaBytes {
+                        throw ServerError.quotaExceeded("storing these records would exceed the account's quota of \(quotaBytes) bytes")
+                    }
+                    return v
                 }
             }
         } catch {

@@ -76,7 +76,7 @@ public enum CofferHTTP {
             let req = try decode(UpdatesRequest.self, context.body)
             return try json(try await offload { () throws(ServerError) in
                 _ = try server.requireAccount(caller)
-                return try server.updates(caller: caller, since: req.since)
+                return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
             })
         }
 
@@ -92,11 +92,19 @@ public enum CofferHTTP {
         router.post("/v1/chunks/get") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(ChunkIDsRequest.self, context.body)
-            let bytes = try await offload { () throws(ServerError) in
+            // Planned from the recorded sizes (404, 413) before anything is read, then streamed a
+            // piece at a time: memory is bounded by a piece, not by the answer.
+            let reader = try await offload { () throws(ServerError) in
                 _ = try server.requireAccount(caller)
-                return try server.getChunks(caller: caller, ids: req.ids)
+                return server.bundleReader(try server.planChunks(caller: caller, ids: req.ids))
             }
-            return octets(bytes)
+            let body = ResponseBody(contentLength: reader.byteCount) { writer in
+                while let piece = try await offload({ () throws(ServerError) in try reader.next() }) {
+                    try await writer.write(ByteBuffer(bytes: piece))
+                }
+                try await writer.finish(nil)
+            }
+            return Response(status: .ok, headers: [.contentType: "application/octet-stream"], body: body)
         }
 
         router.put("/v1/chunks/:id") { _, context -> Response in

@@ -207,8 +207,8 @@ public struct ServerClient: Sendable {
         try await json("POST", API.prefix + "/files/upsert", request)
     }
 
-    public func updates(since: Int64) async throws -> UpdatesResponse {
-        try await json("POST", API.prefix + "/updates", UpdatesRequest(since: since))
+    public func updates(since: Int64, afterID: Data? = nil) async throws -> UpdatesResponse {
+        try await json("POST", API.prefix + "/updates", UpdatesRequest(since: since, afterID: afterID))
     }
 
     public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {

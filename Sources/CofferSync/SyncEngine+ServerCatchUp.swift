@@ -152,27 +152,7 @@ extension SyncEngine {
     }
 
     /// The server's whole tree for this account, newest record per file.
-    func serverTree() async throws -> [FileID: RemoteFile] {
-        var out: [FileID: RemoteFile] = [:]
-        var since: Int64 = 0
-        var progress = PageProgress(account: vault.accountID)
-        while true {
-            let page = try await client.updates(since: since)
-            try progress.admit(page)
-            for f in page.files {
-                guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
-                    throw SyncError.protocolError("the server sent a malformed record")
-                }
-                if let prior = out[signed.metadata.id], prior.version > f.version { continue }
-                out[signed.metadata.id] = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion,
-                                                     serverDeleted: f.serverDeleted)
-            }
-            guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
-            since = page.latest
-            if !page.more { break }
-        }
-        return out
-    }
+    func serverTree() async throws -> [FileID: RemoteFile] { try await updates(since: 0).files }
 
     /// `records` without those whose parent chain (in the device's base) reaches a folder in `deleted`.
     static func dropUnderDeleted(_ records: [PendingRecord], deleted: Set<FileID>, base: [FileID: StoredFile]) -> [PendingRecord] {

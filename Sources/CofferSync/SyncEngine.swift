@@ -54,13 +54,13 @@ public final class SyncEngine: Sendable {
         return SyncEngine(vault: vault, transport: try HTTPTransport(baseURL: url, trustedCertificatePEM: server.trustedCertificatePEM))
     }
 
-    /// Registers this account with the server.
-    public func register() async throws {
+    /// Registers this account with the server (with an invite code when the server asks for one).
+    public func register(invite: String? = nil) async throws {
         guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
         _ = try await client.createAccount(CreateAccountRequest(username: vault.username,
                                                                 signingKey: Data(keys.signingKeys.publicKey.bytes),
-                                                                boxKey: Data(keys.boxKeys.publicKey.bytes)))
+                                                                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite))
     }
 
     @discardableResult
@@ -95,14 +95,17 @@ public final class SyncEngine: Sendable {
 
     // MARK: Pull
 
-    func pull(_ report: inout SyncReport) async throws {
-        let cursor = vault.syncStatus.cursor
+    /// Every record after version `since`, newest per file, read page by page, and the version
+    /// read up to. A hostile server can neither loop it (each page must move the cursor on and
+    /// bring a signed record not seen yet) nor leave it inside a version.
+    func updates(since cursor: Int64) async throws -> (files: [FileID: RemoteFile], latest: Int64) {
         var since = cursor
+        // Set while a version larger than a page is being read: the last file id of it seen.
+        var afterID: Data?
         var byID: [FileID: RemoteFile] = [:]
         var progress = PageProgress(account: vault.accountID)
         while true {
-            let page = try await client.updates(since: since)
-            try progress.admit(page)
+            let page = try await client.updates(since: since, afterID: afterID)
             for f in page.files {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
@@ -112,9 +115,24 @@ public final class SyncEngine: Sendable {
                 byID[signed.metadata.id] = r
             }
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
+            // A page that says "more" must move the cursor on, or the loop would never end; and
+            // the last page must end on a whole version, the only cursor worth keeping.
+            if page.more, !Self.cursor((page.latest, page.nextAfterID), isAfter: (since, afterID)) {
+                throw SyncError.protocolError("the server's update cursor did not advance")
+            }
+            if !page.more, page.nextAfterID != nil { throw SyncError.protocolError("the server's updates ended inside a version") }
+            if let next = page.nextAfterID, next.count != 16 { throw SyncError.protocolError("the server sent a malformed update cursor") }
+            try progress.admit(page)
             since = page.latest
+            afterID = page.nextAfterID
             if !page.more { break }
         }
+        return (byID, since)
+    }
+
+    func pull(_ report: inout SyncReport) async throws {
+        let cursor = vault.syncStatus.cursor
+        let (byID, since) = try await updates(since: cursor)
         guard !byID.isEmpty || since != cursor else { return }
         let files = Array(byID.values)
         try vault.verifyRemote(files)
@@ -142,6 +160,18 @@ public final class SyncEngine: Sendable {
         let changed = try vault.applyPull(files, cursor: since)
         report.pulled += files.count
         report.changed.formUnion(changed)
+    }
+
+    /// Whether cursor `a` is past `b` in (version, file id) order, where a nil id stands for the
+    /// end of its version (every id of it read).
+    static func cursor(_ a: (Int64, Data?), isAfter b: (Int64, Data?)) -> Bool {
+        if a.0 != b.0 { return a.0 > b.0 }
+        switch (a.1, b.1) {
+        case (nil, nil): return false
+        case (nil, _?): return true
+        case (_?, nil): return false
+        case (let x?, let y?): return y.lexicographicallyPrecedes(x)
+        }
     }
 
     /// Body bytes sent and received by this engine so far.

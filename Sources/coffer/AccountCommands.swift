@@ -12,6 +12,7 @@ struct Init: ParsableCommand {
     @OptionGroup var connection: ServerConnectionOptions
     @Flag(help: "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE).")
     var passphrase = false
+    @Option(help: "An invite code from the server's operator (for a server that registers by invite).") var invite: String?
 
     func run() throws {
         try guarded {
@@ -22,7 +23,7 @@ struct Init: ParsableCommand {
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
                     let engine = try SyncEngine.forStore(vault)
-                    try runBlocking { try await engine.register() }
+                    try runBlocking { [invite] in try await engine.register(invite: invite) }
                     try runBlocking { try await engine.sync() }
                 } catch {
                     // Nothing half-applied: without the server account, the local one is removed too.

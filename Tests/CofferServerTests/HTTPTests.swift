@@ -217,7 +217,7 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(chunks.status == .ok && ChunkBundle.decode(chunks.bytes)?.first?.sealed == chunk)
             let usage = try await client.signed(alice, .get, "/v1/usage")
             let u = try usage.json(UsageResponse.self)
-            #expect(u.files == 2 && u.bytes == 3100 && u.quotaBytes == 100_000)
+            #expect(u.files == 2 && u.bytes == 4096 + 256 + countedRows(alice, [root, doc]) && u.quotaBytes == 100_000)
             // Over quota.
             let huge = randomBytes(100_000)
             let over = try await client.signed(alice, .put, "/v1/chunks/\(RequestSigning.hex(blake2b(huge)))", body: huge)
