@@ -66,6 +66,7 @@ let package = Package(
         .target(name: "CofferServerHTTP", dependencies: [
             "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
             .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "HummingbirdCore", package: "hummingbird"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "HTTPTypes", package: "swift-http-types"),

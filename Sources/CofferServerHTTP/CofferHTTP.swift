@@ -3,6 +3,7 @@ import CofferServerCore
 import Foundation
 import HTTPTypes
 import Hummingbird
+import HummingbirdCore
 import Logging
 import NIOCore
 
@@ -18,7 +19,19 @@ public enum CofferHTTP {
     public struct Options: Sendable {
         /// Account creations allowed per client address per minute (a token bucket); 0 = no limit.
         public var accountCreationsPerMinute: Int
-        public init(accountCreationsPerMinute: Int = 10) { self.accountCreationsPerMinute = accountCreationsPerMinute }
+        /// A connection that sends nothing (not even the rest of a request head) for this long is
+        /// closed; nil = never.
+        public var idleTimeoutSeconds: Int?
+        /// Open connections at most; more are closed on arrival.
+        public var maxConnections: Int
+        public static let defaultIdleTimeoutSeconds = 60
+        public static let defaultMaxConnections = 512
+        public init(accountCreationsPerMinute: Int = 10, idleTimeoutSeconds: Int? = Options.defaultIdleTimeoutSeconds,
+                    maxConnections: Int = Options.defaultMaxConnections) {
+            self.accountCreationsPerMinute = accountCreationsPerMinute
+            self.idleTimeoutSeconds = idleTimeoutSeconds
+            self.maxConnections = maxConnections
+        }
     }
 
     /// The router with every route and middleware.
@@ -34,9 +47,11 @@ public enum CofferHTTP {
 
         router.post("/v1/accounts") { _, context -> Response in
             let caller = try context.requireCaller()
+            // A malformed request costs no token: the rate limit is for accounts that could exist.
+            let req = try decode(CreateAccountRequest.self, context.body)
+            _ = try server.checkCreateAccount(caller: caller, req)
             let address = context.remoteAddress?.ipAddress ?? "unknown"
             guard limiter.allow(address) else { throw ServerError.rateLimited("too many accounts created from this address; try again later") }
-            let req = try decode(CreateAccountRequest.self, context.body)
             return try json(try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
         }
 
@@ -125,14 +140,18 @@ public enum CofferHTTP {
         return router
     }
 
-    /// An application serving `server` on host:port. `onRunning` gets the bound port (useful with
-    /// port 0).
+    /// An application serving `server` on host:port, with the idle timeout and connection cap of
+    /// `options`. `onRunning` gets the bound port (useful with port 0).
     public static func application(server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
                                    onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
-        Application(router: router(server: server, options: options, logger: logger),
-                    configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
-                    onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
-                    logger: logger)
+        let gate = ConnectionGate(max: options.maxConnections)
+        let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ConnectionCounter(gate: gate)],
+                                               idleTimeout: options.idleTimeoutSeconds.map { .seconds(Int64(min(max($0, 1), 86_400))) })
+        return Application(router: router(server: server, options: options, logger: logger),
+                           server: .http1(configuration: http1),
+                           configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
+                           onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
+                           logger: logger)
     }
 
     // MARK: - Helpers

@@ -26,6 +26,12 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Option(help: "Accounts one client address may create per minute (0: no limit).")
     var accountsPerMinute: Int = 10
 
+    @Option(help: "Close a connection idle for this many seconds (1 to 86400).")
+    var idleTimeoutSeconds: Int = CofferHTTP.Options.defaultIdleTimeoutSeconds
+
+    @Option(help: "Open connections at most; more are closed on arrival.")
+    var maxConnections: Int = CofferHTTP.Options.defaultMaxConnections
+
     @Option(help: "With --cleanup: keep unreferenced content younger than this many seconds.")
     var graceSeconds: Int64 = 0
 
@@ -37,6 +43,12 @@ struct CofferServerCommand: AsyncParsableCommand {
 
     @Option(help: "Log level (trace, debug, info, notice, warning, error, critical).")
     var logLevel: String = "info"
+
+    func validate() throws {
+        guard (1...86_400).contains(idleTimeoutSeconds) else { throw ValidationError("--idle-timeout-seconds must be 1 to 86400") }
+        guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+        guard (0...(100 * 365 * 86_400)).contains(graceSeconds) else { throw ValidationError("--grace-seconds must be 0 to 100 years") }
+    }
 
     func run() async throws {
         var logger = Logger(label: "coffer-server")
@@ -63,7 +75,8 @@ struct CofferServerCommand: AsyncParsableCommand {
         let host = self.host
         let app = CofferHTTP.application(
             server: server, host: host, port: port,
-            options: .init(accountCreationsPerMinute: accountsPerMinute), logger: logger,
+            options: .init(accountCreationsPerMinute: accountsPerMinute, idleTimeoutSeconds: idleTimeoutSeconds,
+                           maxConnections: maxConnections), logger: logger,
             onRunning: { port in
                 // Unbuffered, so a parent process reading the pipe sees it at once.
                 FileHandle.standardOutput.write(Data("listening on http://\(host):\(port)\n".utf8))
