@@ -24,13 +24,18 @@ public enum CofferHTTP {
         public var idleTimeoutSeconds: Int?
         /// Open connections at most; more are closed on arrival.
         public var maxConnections: Int
+        /// Request body bytes held at once over all connections; past it, 503 `busy`.
+        public var maxBufferedBodyBytes: Int
         public static let defaultIdleTimeoutSeconds = 60
         public static let defaultMaxConnections = 512
+        public static let defaultMaxBufferedBodyBytes = 512 * 1024 * 1024
         public init(accountCreationsPerMinute: Int = 10, idleTimeoutSeconds: Int? = Options.defaultIdleTimeoutSeconds,
-                    maxConnections: Int = Options.defaultMaxConnections) {
+                    maxConnections: Int = Options.defaultMaxConnections,
+                    maxBufferedBodyBytes: Int = Options.defaultMaxBufferedBodyBytes) {
             self.accountCreationsPerMinute = accountCreationsPerMinute
             self.idleTimeoutSeconds = idleTimeoutSeconds
             self.maxConnections = maxConnections
+            self.maxBufferedBodyBytes = maxBufferedBodyBytes
         }
     }
 
@@ -38,7 +43,7 @@ public enum CofferHTTP {
     public static func router(server: CofferServer, options: Options = Options(), logger: Logger) -> Router<CofferRequestContext> {
         let router = Router(context: CofferRequestContext.self)
         router.add(middleware: ErrorAndLogMiddleware(logger: logger))
-        router.add(middleware: AuthenticationMiddleware(server: server))
+        router.add(middleware: AuthenticationMiddleware(server: server, budget: BodyBudget(limit: options.maxBufferedBodyBytes)))
         let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute)
 
         router.get("/health") { _, _ in

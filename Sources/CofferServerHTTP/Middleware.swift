@@ -89,9 +89,14 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
 ///    collected (Hummingbird discards whatever the client still sends);
 /// 2. then the body is collected within `API.maxBodyBytes` (413 `too_large` beyond), the
 ///    signature verified over it and the nonce recorded in the server's nonce store.
+///
+/// Bodies being collected at once, over all connections, are bounded by a `BodyBudget`: a
+/// request whose body would exceed it gets 503 `busy` at once (a key's account is public, so the
+/// checks before the body cannot keep a stranger from announcing large bodies).
 struct AuthenticationMiddleware: RouterMiddleware {
     typealias Context = CofferRequestContext
     let server: CofferServer
+    let budget: BodyBudget
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         if request.uri.path == "/health" { return try await next(request, context) }
@@ -102,9 +107,16 @@ struct AuthenticationMiddleware: RouterMiddleware {
                                        nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField],
                                        mayCreateAccount: mayCreateAccount)
         }
-        if let length = headers[.contentLength].flatMap({ Int($0) }), length > CofferHTTP.maxBodyBytes {
+        let announced = headers[.contentLength].flatMap { Int($0) }
+        if let length = announced, length > CofferHTTP.maxBodyBytes {
             throw ServerError.tooLarge("request body is larger than \(CofferHTTP.maxBodyBytes) bytes")
         }
+        // Without a length (chunked), the most a body may be is held for it.
+        let reserved = max(0, announced ?? CofferHTTP.maxBodyBytes)
+        guard budget.reserve(reserved) else {
+            throw ServerError(503, "busy", "the server is receiving too many request bodies at once; try again shortly")
+        }
+        defer { budget.release(reserved) }
         var request = request
         let buffer: ByteBuffer
         do {
@@ -123,6 +135,26 @@ struct AuthenticationMiddleware: RouterMiddleware {
         context.caller = caller
         return try await next(request, context)
     }
+}
+
+/// Bytes of request bodies held at once (from the start of their collection until their request
+/// is answered), over all connections.
+final class BodyBudget: Sendable {
+    let limit: Int
+    let inUse = Atomic<Int>(0)
+    init(limit: Int) { self.limit = limit }
+
+    func reserve(_ bytes: Int) -> Bool {
+        var current = inUse.load(ordering: .relaxed)
+        while true {
+            guard bytes <= limit - current else { return false }
+            let (exchanged, original) = inUse.compareExchange(expected: current, desired: current + bytes, ordering: .relaxed)
+            if exchanged { return true }
+            current = original
+        }
+    }
+
+    func release(_ bytes: Int) { inUse.wrappingSubtract(bytes, ordering: .relaxed) }
 }
 
 /// Caps the open connections of one server: a connection past `max` is closed as soon as it is

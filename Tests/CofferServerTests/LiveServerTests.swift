@@ -37,10 +37,20 @@ final class RawConnection {
     deinit { Glibc.close(fd) }
 
     @discardableResult
-    func send(_ text: String) -> Bool {
-        let bytes = Array(text.utf8)
-        return bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
+    func send(_ text: String) -> Bool { send(bytes: Array(text.utf8)) }
+
+    @discardableResult
+    func send(bytes: [UInt8]) -> Bool {
+        var sent = 0
+        while sent < bytes.count {
+            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            guard n > 0 else { return false }
+            sent += n
+        }
+        return true
     }
+
+    func shutdown() { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
 
     enum ReadOutcome: Equatable {
         /// Bytes arrived (up to the end of a response head, or whatever came before the close).
@@ -133,6 +143,43 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             #expect(idle.read() == .closed, "an idle connection stayed open")
             #expect(half.read() != .timedOut, "a half-sent request head kept its connection open")
             #expect(RawConnection(port: port)?.health() == true)
+        }
+    }
+
+    /// Bodies held at once are bounded: while one request of alice's holds most of the budget
+    /// (it announced 800 kB and sends nothing), another gets 503 `busy` at once; when the first
+    /// goes away, uploads go through again.
+    @Test func bodiesHeldAtOnceAreBounded() async throws {
+        let (server, _) = try makeServer()
+        let alice = TestUser()
+        _ = try server.createAccount(caller: alice.key, alice.createRequest)
+        let size = 800_000
+        @Sendable func put(_ body: [UInt8]?) -> String {
+            let bytes = body ?? []
+            let path = "/v1/chunks/\(RequestSigning.hex(randomBytes(32)))"
+            var lines = ["PUT \(path) HTTP/1.1", "Host: coffer", "Content-Length: \(size)"]
+            for (n, v) in RequestSigning.headers(keys: alice.keys, method: "PUT", path: path, body: bytes, timestamp: nowMillis()) {
+                lines.append("\(n): \(v)")
+            }
+            return lines.joined(separator: "\r\n") + "\r\n\r\n"
+        }
+        @Sendable func upload(_ port: Int) -> String? {
+            guard let c = RawConnection(port: port) else { return nil }
+            let body = randomBytes(size)
+            guard c.send(put(body)), c.send(bytes: body) else { return nil }
+            if case .data(let text) = c.read() { return String(text.prefix(12)) }
+            return nil
+        }
+        try await withLiveServer(server, options: .init(maxBufferedBodyBytes: 1_000_000)) { port in
+            #expect(upload(port) == "HTTP/1.1 204", "an upload within the budget")
+            guard let holder = RawConnection(port: port) else { Issue.record("cannot connect"); return }
+            holder.send(put(nil))
+            // The holder's reservation is made on the server's side; wait until it shows.
+            let refused = await eventually(seconds: 30) { upload(port) == "HTTP/1.1 503" }
+            #expect(refused, "a second large body was accepted while the first held the budget")
+            holder.shutdown()
+            let accepted = await eventually(seconds: 30) { upload(port) == "HTTP/1.1 204" }
+            #expect(accepted, "the budget was not given back")
         }
     }
 
