@@ -90,6 +90,21 @@ public struct UpdatesRequest: Codable, Sendable {
     public init(since: Int64, afterID: Data? = nil) { self.since = since; self.afterID = afterID }
 }
 
+/// Positions in the updates stream: (version, file id), a nil id standing for the end of its
+/// version (every id of it read). Pages follow this order (docs/PROTOCOL.md, "Paging").
+public enum UpdatesCursor {
+    /// Whether cursor `a` is past `b`.
+    public static func isAfter(_ a: (Int64, Data?), _ b: (Int64, Data?)) -> Bool {
+        if a.0 != b.0 { return a.0 > b.0 }
+        switch (a.1, b.1) {
+        case (nil, nil): return false
+        case (nil, _?): return true
+        case (_?, nil): return false
+        case (let x?, let y?): return y.lexicographicallyPrecedes(x)
+        }
+    }
+}
+
 public struct UpdatesResponse: Codable, Sendable {
     public var files: [ServerFile]
     /// The version to ask from next time (the last record's version, or `since` if none).

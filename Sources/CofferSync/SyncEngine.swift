@@ -117,7 +117,7 @@ public final class SyncEngine: Sendable {
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
             // A page that says "more" must move the cursor on, or the loop would never end; and
             // the last page must end on a whole version, the only cursor worth keeping.
-            if page.more, !Self.cursor((page.latest, page.nextAfterID), isAfter: (since, afterID)) {
+            if page.more, !UpdatesCursor.isAfter((page.latest, page.nextAfterID), (since, afterID)) {
                 throw SyncError.protocolError("the server's update cursor did not advance")
             }
             if !page.more, page.nextAfterID != nil { throw SyncError.protocolError("the server's updates ended inside a version") }
@@ -162,17 +162,6 @@ public final class SyncEngine: Sendable {
         report.changed.formUnion(changed)
     }
 
-    /// Whether cursor `a` is past `b` in (version, file id) order, where a nil id stands for the
-    /// end of its version (every id of it read).
-    static func cursor(_ a: (Int64, Data?), isAfter b: (Int64, Data?)) -> Bool {
-        if a.0 != b.0 { return a.0 > b.0 }
-        switch (a.1, b.1) {
-        case (nil, nil): return false
-        case (nil, _?): return true
-        case (_?, nil): return false
-        case (let x?, let y?): return y.lexicographicallyPrecedes(x)
-        }
-    }
 
     /// Body bytes sent and received by this engine so far.
     public var traffic: (sent: Int, received: Int, requests: Int) {

@@ -27,23 +27,13 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
             return pages
         }
         let next = (page.latest, page.nextAfterID)
-        let advanced = isAfter(next, cursor)
+        let advanced = UpdatesCursor.isAfter(next, cursor)
         #expect(advanced, "cursor \(cursor) → \(next)", sourceLocation: sourceLocation)
         guard advanced, pages.count < 1000 else { return pages }
         cursor = next
     }
 }
 
-/// (version, id) order, a nil id standing for the end of its version.
-func isAfter(_ a: (Int64, Data?), _ b: (Int64, Data?)) -> Bool {
-    if a.0 != b.0 { return a.0 > b.0 }
-    switch (a.1, b.1) {
-    case (nil, nil): return false
-    case (nil, _?): return true
-    case (_?, nil): return false
-    case (let x?, let y?): return y.lexicographicallyPrecedes(x)
-    }
-}
 
 @Suite struct BoundedReplyTests {
     /// Deleting a folder marks all its descendants with one version; that version is split across

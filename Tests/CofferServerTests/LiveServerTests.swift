@@ -170,15 +170,16 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             if case .data(let text) = c.read() { return String(text.prefix(12)) }
             return nil
         }
-        try await withLiveServer(server, options: .init(maxBufferedBodyBytes: 1_000_000)) { port in
+        // The holder must outlive the waits below even on a loaded machine: no idle timeout here.
+        try await withLiveServer(server, options: .init(idleTimeoutSeconds: nil, maxBufferedBodyBytes: 1_000_000)) { port in
             #expect(upload(port) == "HTTP/1.1 204", "an upload within the budget")
             guard let holder = RawConnection(port: port) else { Issue.record("cannot connect"); return }
             holder.send(put(nil))
             // The holder's reservation is made on the server's side; wait until it shows.
-            let refused = await eventually(seconds: 30) { upload(port) == "HTTP/1.1 503" }
+            let refused = await eventually(seconds: 120) { upload(port) == "HTTP/1.1 503" }
             #expect(refused, "a second large body was accepted while the first held the budget")
             holder.shutdown()
-            let accepted = await eventually(seconds: 30) { upload(port) == "HTTP/1.1 204" }
+            let accepted = await eventually(seconds: 120) { upload(port) == "HTTP/1.1 204" }
             #expect(accepted, "the budget was not given back")
         }
     }
