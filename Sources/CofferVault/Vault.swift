@@ -81,9 +81,10 @@ public final class Vault: Sendable {
     public static func create(dataDirectory: String, username: String, secret: AccountSecret = .generate(),
                               passphrase: (any PassphraseSource)? = nil, createRoot: Bool = true,
                               now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
-        let name = username.trimmingCharacters(in: .whitespaces)
-        guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }) else {
-            throw VaultError.invalidArgument("invalid username \"\(username)\": use 1-64 letters, digits, '-', '_' or '.'")
+        // The model's one rule, which the server applies too: a name this device accepts is one
+        // the server accepts, stored in the same normalised form.
+        guard let name = Username.normalized(username.trimmingCharacters(in: .whitespaces)) else {
+            throw VaultError.invalidArgument("invalid username \"\(username.prefix(80))\": \(Username.rule)")
         }
         if FileManager.default.fileExists(atPath: dataDirectory + "/" + secretFile) {
             throw VaultError.accountExists(dataDirectory)

@@ -358,9 +358,12 @@ struct VaultTreeTests {
         do { _ = try Vault.open(dataDirectory: empty) } catch let e as VaultError {
             if case .noAccount = e {} else { Issue.record("expected noAccount, got \(e)") }
         }
-        for bad in ["", "   ", "has space", "slash/", String(repeating: "u", count: 65)] {
+        for bad in ["", "   ", "has space", "slash/", String(repeating: "u", count: 65), "tab\tname", "esc\u{1b}[2J"] {
             expectErrno(22, "\(bad)") { _ = try Vault.create(dataDirectory: f.dir + "/u-\(UUID().uuidString)", username: bad) }
         }
+        // The model's rule, as the server applies it: stored NFKC-normalised, `@` and `+` allowed.
+        #expect(try Vault.create(dataDirectory: f.dir + "/wide", username: "ｖａｌ").username == "val")
+        #expect(try Vault.create(dataDirectory: f.dir + "/mail", username: "val+work@home").username == "val+work@home")
         // Importing the same secret elsewhere gives the same account.
         let other = try Vault.create(dataDirectory: f.dir + "/other", username: "alice2", secret: f.vault.exportedSecret)
         #expect(other.accountID == f.vault.accountID)
