@@ -56,6 +56,7 @@ let package = Package(
         .target(name: "CofferSync", dependencies: [
             "CofferVault", "CofferProtocol", "CofferModel", "CofferStore",
             .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
         ]),
         // The server's logic and its two storage interfaces (SQLite metadata, directory content).
         .target(name: "CofferServerCore", dependencies: [
@@ -66,6 +67,9 @@ let package = Package(
         .target(name: "CofferServerHTTP", dependencies: [
             "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
             .product(name: "Hummingbird", package: "hummingbird"),
+            .product(name: "HummingbirdCore", package: "hummingbird"),
+            .product(name: "HummingbirdTLS", package: "hummingbird"),
+            .product(name: "NIOSSL", package: "swift-nio-ssl"),
             .product(name: "Logging", package: "swift-log"),
             .product(name: "NIOCore", package: "swift-nio"),
             .product(name: "HTTPTypes", package: "swift-http-types"),
@@ -98,7 +102,7 @@ let package = Package(
             .product(name: "HTTPTypes", package: "swift-http-types"),
         ]),
         .testTarget(name: "CofferSyncTests", dependencies: [
-            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferTestSupport",
+            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore", "CofferTestSupport",
         ]),
         .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
 

@@ -9,6 +9,47 @@ public enum SealPurpose: UInt8, Sendable {
     case chunk = 4
     case manifest = 5
     case accountKey = 6
+
+    /// Names and attributes (which hold symlink targets and xattr values) are padded before
+    /// sealing (`Padding`), so the server does not learn their exact lengths.
+    var isPadded: Bool { self == .name || self == .attributes }
+}
+
+/// Length hiding for short values: the plaintext gets a 0x80 byte and zeros up to a bucket
+/// (ISO/IEC 7816-4 padding, removable without knowing the length). Names go to a multiple of 32
+/// bytes (gocryptfs uses 16; Coffer's 255-byte names take at most 8 sizes), attributes to a
+/// multiple of max(64, a sixteenth of the next power of two), so they leak about four bits of
+/// their length and cost at most 1/8 more.
+public enum Padding {
+    /// Sealed values stay below this (the record decoder's limit for attributes) unless the
+    /// value alone is already larger.
+    static let ceiling = (1 << 20) - AEAD.overhead
+
+    public static func paddedLength(_ length: Int, purpose: SealPurpose) -> Int {
+        let n = length + 1
+        var bucket = 32
+        if purpose == .attributes {
+            bucket = 64
+            while bucket * 16 < n { bucket *= 2 }
+        }
+        let padded = (n + bucket - 1) / bucket * bucket
+        return padded > ceiling ? max(n, ceiling) : padded
+    }
+
+    static func pad(_ plaintext: UnsafeRawBufferPointer, purpose: SealPurpose) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: paddedLength(plaintext.count, purpose: purpose))
+        out.withUnsafeMutableBytes { o in
+            if let base = plaintext.baseAddress, plaintext.count > 0 { o.baseAddress?.copyMemory(from: base, byteCount: plaintext.count) }
+        }
+        out[plaintext.count] = 0x80
+        return out
+    }
+
+    /// The value without its padding; nil when the padding is malformed.
+    static func unpad(_ padded: [UInt8]) -> [UInt8]? {
+        guard let end = padded.lastIndex(where: { $0 != 0 }), padded[end] == 0x80 else { return nil }
+        return Array(padded[..<end])
+    }
 }
 
 /// A 32-byte XChaCha20-Poly1305 key: every file has its own.
@@ -54,7 +95,9 @@ public enum AEAD {
 
     /// Associated data that binds a ciphertext to its file and purpose: version, purpose, id.
     public static func associatedData(purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = []) -> [UInt8] {
-        var ad: [UInt8] = [0x43, 0x46, 1, purpose.rawValue] // "CF", format version 1
+        // "CF", then the format: 2 for padded purposes, so a value sealed before padding fails
+        // to open instead of being read with its last bytes taken for padding.
+        var ad: [UInt8] = [0x43, 0x46, purpose.isPadded ? 2 : 1, purpose.rawValue]
         ad.append(UInt8(fileID.count))
         ad += fileID
         ad += extra
@@ -66,6 +109,15 @@ public enum AEAD {
     }
 
     public static func seal(_ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = []) -> [UInt8] {
+        if purpose.isPadded {
+            return Padding.pad(plaintext, purpose: purpose).withUnsafeBytes {
+                sealExactly($0, key: key, purpose: purpose, fileID: fileID, extra: extra)
+            }
+        }
+        return sealExactly(plaintext, key: key, purpose: purpose, fileID: fileID, extra: extra)
+    }
+
+    static func sealExactly(_ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8]) -> [UInt8] {
         ensureSodium()
         let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
         let nonce = randomBytes(nonceBytes)
@@ -115,7 +167,11 @@ public enum AEAD {
             count = rc == 0 && mlen == UInt64(length) ? length : 0
         }
         guard rc == 0, out.count == length else { throw CryptoError.authenticationFailed(what) }
-        return out
+        guard purpose.isPadded else { return out }
+        // Authentic but badly padded: only a key holder could have made it, so it is a bug or a
+        // hostile writer; refused all the same.
+        guard let value = Padding.unpad(out) else { throw CryptoError.authenticationFailed(what) }
+        return value
     }
 }
 
@@ -128,7 +184,7 @@ extension AEAD {
                                    extra: [UInt8] = [], what: String) throws -> Range<Int> {
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
         let length = sealed.count - overhead
-        guard Bulk.engine(for: length) == .boringSSL else {
+        guard Bulk.engine(for: length) == .boringSSL, !purpose.isPadded else {
             // libcrypto's path may fail for reasons other than the tag (an allocation), and its
             // fallback to libsodium needs the ciphertext intact: out of place, as `open` does it.
             sealed = try open(sealed, key: key, purpose: purpose, fileID: fileID, extra: extra, what: what)

@@ -115,17 +115,49 @@ public struct FileMetadata: Hashable, Sendable {
     }
 }
 
-/// Metadata plus the signature of the account that wrote it.
+/// Metadata plus the signature of the account that wrote it, over the metadata and the record's
+/// revision.
+///
+/// The revision orders one file's signed records: every record a device pushes has a revision
+/// greater than the one it was based on (`SignedMetadata.revision(after:now:)`), the server
+/// refuses a changed record whose revision is not greater than the stored one, and a device
+/// refuses a pulled record older than the newest it has seen. So a server that serves an old but
+/// validly signed record (a rollback) is caught: the signature binds the revision.
 public struct SignedMetadata: Hashable, Sendable {
     public var metadata: FileMetadata
+    public var revision: UInt64
     public var signature: [UInt8]
-    public init(metadata: FileMetadata, signature: [UInt8]) { self.metadata = metadata; self.signature = signature }
+    public init(metadata: FileMetadata, revision: UInt64 = 0, signature: [UInt8]) {
+        self.metadata = metadata; self.revision = revision; self.signature = signature
+    }
 
     public var id: FileID { metadata.id }
+
+    static let messageTag: [UInt8] = Array("CFSR".utf8)
+
+    /// The bytes the signature covers: a tag of their own (so no other signed message of the
+    /// account can be taken for a record), the revision, then the canonical metadata.
+    public static func message(metadata: FileMetadata, revision: UInt64) -> [UInt8] {
+        var w = ByteWriter(capacity: 300 + metadata.sealedAttributes.count)
+        w.raw(messageTag); w.u64(revision); w.raw(metadata.encoded())
+        return w.bytes
+    }
+
+    public var message: [UInt8] { Self.message(metadata: metadata, revision: revision) }
+
+    /// The revision for a record written on top of `base` (nil for a file's first record) at wall
+    /// time `now` (milliseconds): above the base, and at least the clock, so records written
+    /// concurrently on two devices still tend to order by time. Saturates instead of trapping on
+    /// a hostile base of `UInt64.max` (the server then refuses the push as not newer).
+    public static func revision(after base: UInt64?, now: UInt64) -> UInt64 {
+        let next = (base ?? 0).addingReportingOverflow(1)
+        return max(next.overflow ? UInt64.max : next.partialValue, now)
+    }
 
     public func encoded() -> [UInt8] {
         var w = ByteWriter()
         w.data(metadata.encoded())
+        w.u64(revision)
         w.data(signature)
         return w.bytes
     }
@@ -133,6 +165,7 @@ public struct SignedMetadata: Hashable, Sendable {
     public init(decoding bytes: [UInt8]) throws {
         var r = ByteReader(bytes)
         metadata = try FileMetadata(decoding: r.data(max: 2 << 20))
+        revision = try r.u64()
         signature = try r.data(max: 128)
         try r.expectEnd()
     }

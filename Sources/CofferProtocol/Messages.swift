@@ -10,15 +10,29 @@ public enum API {
     public static let maxBodyBytes = 32 * 1024 * 1024
     /// How far a request's timestamp may be from the server's clock.
     public static let maxClockSkewMillis: Int64 = 5 * 60 * 1000
-    /// Most records one updates response carries; clients page with `since`.
+    /// Most records one updates response carries; clients page with `since` and `afterID`.
     public static let updatesPageSize = 5000
+    /// Most bytes of records (as JSON, estimated from their lengths) one updates response carries.
+    public static let updatesPageBytes = 16 * 1024 * 1024
+}
+
+/// `GET /v1/server` (unauthenticated): the server's identity, which every request signature
+/// covers. Devices pin it on first contact and refuse a server whose id changed.
+public struct ServerInfoResponse: Codable, Sendable {
+    public var id: Data
+    public init(id: Data) { self.id = id }
 }
 
 public struct CreateAccountRequest: Codable, Sendable {
     public var username: String
     public var signingKey: Data
     public var boxKey: Data
-    public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
+    /// An invite code from the server's operator (`coffer-server invite`), needed when the server
+    /// runs with `--registration invite`.
+    public var invite: String?
+    public init(username: String, signingKey: Data, boxKey: Data, invite: String? = nil) {
+        self.username = username; self.signingKey = signingKey; self.boxKey = boxKey; self.invite = invite
+    }
 }
 
 public struct AccountResponse: Codable, Sendable {
@@ -28,15 +42,18 @@ public struct AccountResponse: Codable, Sendable {
     public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
 }
 
-/// One metadata record to upsert, with the precondition the client saw: the parent and name MAC
-/// of its base version (both nil for a file the server has never seen). A stale precondition
-/// makes the whole batch fail with `get_updates_required`.
+/// One metadata record to upsert, with the precondition the client saw: the parent, name MAC and
+/// signed revision of its base version (all nil for a file the server has never seen). A stale
+/// precondition makes the whole batch fail with `get_updates_required`, so a record is only ever
+/// written over the one it was based on.
 public struct FileUpdate: Codable, Sendable {
     public var record: Data
     public var expectedParent: Data?
     public var expectedNameMAC: Data?
-    public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?) {
+    public var expectedRevision: UInt64?
+    public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?, expectedRevision: UInt64? = nil) {
         self.record = record; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+        self.expectedRevision = expectedRevision
     }
 }
 
@@ -64,18 +81,27 @@ public struct ServerFile: Codable, Sendable, Equatable {
     }
 }
 
+/// Asks for records after a cursor, oldest first in (version, file id) order: without `afterID`,
+/// those with version > `since`; with it, those with (version, id) > (`since`, `afterID`), which
+/// continues a version that an earlier page split.
 public struct UpdatesRequest: Codable, Sendable {
     public var since: Int64
-    public init(since: Int64) { self.since = since }
+    public var afterID: Data?
+    public init(since: Int64, afterID: Data? = nil) { self.since = since; self.afterID = afterID }
 }
 
 public struct UpdatesResponse: Codable, Sendable {
     public var files: [ServerFile]
-    /// The version to ask from next time.
+    /// The version to ask from next time (the last record's version, or `since` if none).
     public var latest: Int64
-    /// More records remain past `latest`; ask again.
+    /// More records remain past the cursor; ask again with `since: latest, afterID: nextAfterID`.
     public var more: Bool
-    public init(files: [ServerFile], latest: Int64, more: Bool) { self.files = files; self.latest = latest; self.more = more }
+    /// Set when the page ended inside version `latest`: the last record's file id, to send as
+    /// `afterID`. A version is complete (and `latest` a cursor to keep) only when this is nil.
+    public var nextAfterID: Data?
+    public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil) {
+        self.files = files; self.latest = latest; self.more = more; self.nextAfterID = nextAfterID
+    }
 }
 
 public struct ChunkIDsRequest: Codable, Sendable {

@@ -6,29 +6,36 @@ import Foundation
 /// nonce and an Ed25519 signature over the canonical string below. The server refuses a bad
 /// signature, a timestamp more than `API.maxClockSkewMillis` away, and a nonce it has seen.
 ///
-///     COFFER-REQUEST-1\n<METHOD>\n<path with query>\n<hex sha256 of body>\n<timestamp ms>\n<hex nonce>
+///     COFFER-REQUEST-2\n<hex server id>\n<METHOD>\n<path with query>\n<hex sha256 of body>\n<timestamp ms>\n<hex nonce>
+///
+/// The server id (`GET /v1/server`, 16 random bytes the server made once) binds a request to the
+/// one server it was meant for: captured on its way, it cannot be replayed against another
+/// server, which checks signatures against its own id.
 public enum RequestSigning {
     public static let accountHeader = "coffer-account"
     public static let timestampHeader = "coffer-timestamp"
     public static let nonceHeader = "coffer-nonce"
     public static let signatureHeader = "coffer-signature"
+    /// Bytes in a server id.
+    public static let serverIDBytes = 16
 
-    public static func canonical(method: String, path: String, body: [UInt8], timestamp: Int64, nonce: String) -> [UInt8] {
-        Array("COFFER-REQUEST-1\n\(method.uppercased())\n\(path)\n\(hex(sha256(body)))\n\(timestamp)\n\(nonce)".utf8)
+    public static func canonical(server: [UInt8], method: String, path: String, body: [UInt8], timestamp: Int64, nonce: String) -> [UInt8] {
+        Array("COFFER-REQUEST-2\n\(hex(server))\n\(method.uppercased())\n\(path)\n\(hex(sha256(body)))\n\(timestamp)\n\(nonce)".utf8)
     }
 
-    /// The four headers for a request.
-    public static func headers(keys: SigningKeyPair, method: String, path: String, body: [UInt8],
+    /// The four headers for a request to the server whose id is `server`.
+    public static func headers(keys: SigningKeyPair, server: [UInt8], method: String, path: String, body: [UInt8],
                                timestamp: Int64, nonce: [UInt8] = randomBytes(16)) -> [(String, String)] {
         let n = hex(nonce)
-        let sig = keys.sign(canonical(method: method, path: path, body: body, timestamp: timestamp, nonce: n))
+        let sig = keys.sign(canonical(server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: n))
         return [(accountHeader, hex(keys.publicKey.bytes)), (timestampHeader, String(timestamp)),
                 (nonceHeader, n), (signatureHeader, hex(sig))]
     }
 
-    public static func verify(account: PublicSigningKey, method: String, path: String, body: [UInt8],
+    public static func verify(account: PublicSigningKey, server: [UInt8], method: String, path: String, body: [UInt8],
                               timestamp: Int64, nonce: String, signature: [UInt8]) -> Bool {
-        account.verify(signature: signature, message: canonical(method: method, path: path, body: body, timestamp: timestamp, nonce: nonce))
+        account.verify(signature: signature,
+                       message: canonical(server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: nonce))
     }
 
     public static func hex(_ bytes: [UInt8]) -> String { hexString(bytes) }

@@ -18,8 +18,9 @@ extension CofferServer {
     /// The server's own check of one account, read afresh from storage (not the cache): every
     /// record decodes, is owned and signed by the account, the effective tree satisfies every
     /// invariant (`Validator.validateAll`), every file under a deleted folder is marked deleted,
-    /// every live document's content has its manifest, and every chunk a manifest lists is in the
-    /// content store. Returns the problems found (empty when clean).
+    /// every live document's content has its manifest, every chunk a manifest lists is in the
+    /// content store, and the account's usage is what its stored records, manifests and chunks
+    /// count (`QuotaRule`). Returns the problems found (empty when clean).
     public func audit(account: Data) throws(ServerError) -> [String] {
         try guarded {
             var problems: [String] = []
@@ -33,7 +34,7 @@ extension CofferServer {
                 guard let s = try? SignedMetadata(decoding: Array(f.record)) else { problems.append("undecodable record"); continue }
                 var m = s.metadata
                 if m.owner != accountID { problems.append("file \(m.id) not owned by the account") }
-                if !key.verify(signature: s.signature, message: m.encoded()) { problems.append("bad signature on file \(m.id)") }
+                if !key.verify(signature: s.signature, message: s.message) { problems.append("bad signature on file \(m.id)") }
                 if f.deleted != (m.isDeleted || f.serverDeleted) { problems.append("file \(m.id): deleted flag inconsistent") }
                 if f.deleted { m.isDeleted = true }
                 tree.insert(m)
@@ -49,6 +50,8 @@ extension CofferServer {
                     if try !metadata.read({ try $0.hasManifest(k) }) { problems.append("document \(id) has no manifest for its content") }
                 }
             }
+            let (stored, recounted) = try metadata.read { tx in (try tx.account(key: account)?.bytesUsed, try tx.recountedUsage(account: account)) }
+            if let stored, stored != recounted { problems.append("usage is \(stored) bytes but what is stored counts \(recounted)") }
             let known = try metadata.read { try $0.allChunkKeys() }
             for k in known where k.account == account {
                 if try !content.has(k) { problems.append("chunk \(RequestSigning.hex(Array(k.id))) recorded but not stored") }

@@ -10,13 +10,17 @@ struct CachedTree: Sendable {
     var version: Int64 = 0
     var tree = FileTree()
     var contentVersion: [FileID: Int64] = [:]
+    /// Each file's stored signed revision: a changed record must come with a greater one.
+    var revision: [FileID: UInt64] = [:]
     var serverDeleted: Set<FileID> = []
 
     mutating func apply(_ f: StoredFile) throws {
-        var m = try SignedMetadata(decoding: Array(f.record)).metadata
+        let signed = try SignedMetadata(decoding: Array(f.record))
+        var m = signed.metadata
         if f.deleted { m.isDeleted = true }
         tree.insert(m)
         contentVersion[m.id] = f.contentVersion
+        revision[m.id] = signed.revision
         if f.serverDeleted { serverDeleted.insert(m.id) } else { serverDeleted.remove(m.id) }
         version = max(version, f.version)
     }
@@ -55,6 +59,7 @@ extension CofferServer {
         /// Changed records in their effective form.
         var changed: [FileMetadata] = []
         var rawRecords: [FileID: Data] = [:]
+        var revisions: [FileID: UInt64] = [:]
         /// Files newly marked `serverDeleted` (changed or not).
         var marked: Set<FileID> = []
         var superseded: [ManifestKey] = []
@@ -78,7 +83,7 @@ extension CofferServer {
             guard ids.insert(m.id).inserted else { throw .badRequest("file \(m.id) appears twice in the batch") }
             guard m.owner == callerID else { throw .forbidden("record \(i) (file \(m.id)) is not owned by the caller") }
             guard m.lastModifiedBy == callerID else { throw .forbidden("record \(i) (file \(m.id)) was not written by the caller") }
-            guard callerKey.verify(signature: s.signature, message: m.encoded()) else {
+            guard callerKey.verify(signature: s.signature, message: s.message) else {
                 throw .forbidden("record \(i) (file \(m.id)): signature does not verify")
             }
             if m.type != .document, m.contentDigest != nil { throw .badRequest("file \(m.id) is not a document but names content") }
@@ -103,7 +108,13 @@ extension CofferServer {
                     let plan = try makePlan(caller: caller, decoded: decoded, entry: entry, reader: tx)
                     if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
                     cleanEntry = nil // release the copy so the tree below is mutated in place
-                    return try apply(plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
+                    let v = try apply(plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
+                    // Records count against the quota (`QuotaRule`): a batch that leaves usage
+                    // above the quota is refused unless it lowers usage (as deleting content does).
+                    if let after = try tx.account(key: caller), after.bytesUsed > account.bytesUsed, after.bytesUsed > quotaBytes {
+                        throw ServerError.quotaExceeded("storing these records would exceed the account's quota of \(quotaBytes) bytes")
+                    }
+                    return v
                 }
             }
         } catch {
@@ -134,6 +145,7 @@ extension CofferServer {
             if serverDeleted { effective.isDeleted = true; entry.serverDeleted.insert(m.id) }
             entry.tree.insert(effective)
             entry.contentVersion[m.id] = cv
+            if let r = plan.revisions[m.id] { entry.revision[m.id] = r }
         }
         for id in plan.marked where !newlyChanged.contains(id) {
             guard var stored = try tx.file(id: Data(id.bytes)), var m = entry.tree.file(id) else { continue }
@@ -173,7 +185,18 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired("file \(id) was deleted on the server; a deleted file stays deleted")
                 }
                 if entry.serverDeleted.contains(id) { m.isDeleted = true }
-                if m == current { continue } // nothing changes
+                let stored = entry.revision[id] ?? 0
+                if let expected = d.update.expectedRevision, expected != stored {
+                    throw ServerError.getUpdatesRequired("file \(id) changed on the server since the device last saw it")
+                }
+                if m == current && d.signed.revision == stored { continue } // nothing changes
+                // Revisions only go up: a record based on an older one is stale (the device must
+                // merge first), and devices refuse an older record served again. An unchanged
+                // record re-signed with a newer revision (a retried push) is stored, so the server
+                // always holds the newest record a device has as base.
+                guard d.signed.revision > stored else {
+                    throw ServerError.getUpdatesRequired("file \(id) has a newer revision on the server than the one sent")
+                }
             } else {
                 if let other = try reader.file(id: Data(id.bytes)), other.account != caller {
                     throw ServerError.forbidden("file id \(id) belongs to another account")
@@ -184,6 +207,7 @@ extension CofferServer {
             }
             batch.upsertUnchecked(m)
             plan.rawRecords[id] = d.update.record
+            plan.revisions[id] = d.signed.revision
         }
         let changed: [FileMetadata]
         do { changed = try batch.validate() } catch { throw ServerError.invalidTree(error.description) }

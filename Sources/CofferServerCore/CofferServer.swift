@@ -14,31 +14,85 @@ public final class CofferServer: Sendable {
     public let metadata: any MetadataStorage
     public let content: any ContentStorage
     public let quotaBytes: Int64
+    /// This server's id (`RequestSigning`): signatures made for another server do not verify here.
+    public let identity: [UInt8]
+    public let registration: RegistrationPolicy
     /// Milliseconds since the epoch; injectable for tests.
     let clock: @Sendable () -> Int64
     let trees: Mutex<[Data: CachedTree]> = Mutex([:])
     let lastNoncePurge: Mutex<Int64> = Mutex(0)
     static let maxCachedTrees = 256
-    /// Largest `chunks/get` response.
-    public static let maxChunkResponseBytes = 256 * 1024 * 1024
+    /// Largest `chunks/get` response (the bundle is streamed, so this bounds what the client must
+    /// hold, not the server's memory).
+    public let maxChunkResponseBytes: Int
+    public static let defaultMaxChunkResponseBytes = 256 * 1024 * 1024
+    /// Most bytes one `chunks/get` answer reads from the content store at a time.
+    public static let chunkPieceBytes = 256 * 1024
 
     public static let defaultQuotaBytes: Int64 = 10 * 1024 * 1024 * 1024
 
+    /// Who may create an account (`coffer-server --registration`).
+    public enum RegistrationPolicy: String, Sendable, CaseIterable {
+        /// Anyone (subject to the per-address rate limit).
+        case open
+        /// Only with a single-use invite code made by `coffer-server invite`.
+        case invite
+        /// Nobody.
+        case closed
+    }
+
     public init(metadata: any MetadataStorage, content: any ContentStorage, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
+                identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
+                registration: RegistrationPolicy = .open, maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
         self.metadata = metadata
         self.content = content
         self.quotaBytes = quotaBytes
+        self.identity = identity
+        self.registration = registration
+        self.maxChunkResponseBytes = maxChunkResponseBytes
         self.clock = clock
     }
 
     /// The embedded defaults under `directory`: `metadata.sqlite` and `chunks/`.
-    public static func open(directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes) throws -> CofferServer {
+    public static func open(directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
+                            registration: RegistrationPolicy = .open) throws -> CofferServer {
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let meta = try SQLiteMetadataStorage(path: directory.appendingPathComponent("metadata.sqlite").path)
         let chunks = try DirectoryContentStorage(root: directory.appendingPathComponent("chunks", isDirectory: true),
                                                  tmp: directory.appendingPathComponent("tmp", isDirectory: true))
-        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes)
+        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes,
+                            identity: try identity(in: directory), registration: registration)
+    }
+
+    /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
+    /// so it survives restarts and travels with backups of the data directory; several processes
+    /// serving one storage share the directory, and so the id.
+    static func identity(in directory: URL) throws -> [UInt8] {
+        let path = directory.appendingPathComponent("server.id").path
+        if let data = FileManager.default.contents(atPath: path) {
+            guard let id = RequestSigning.unhex(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
+                  id.count == RequestSigning.serverIDBytes else {
+                throw StorageError("\(path) does not hold a server id (\(RequestSigning.serverIDBytes * 2) hex digits)")
+            }
+            return id
+        }
+        let id = randomBytes(RequestSigning.serverIDBytes)
+        let tmp = path + ".tmp-\(getpid())"
+        guard FileManager.default.createFile(atPath: tmp, contents: Data((RequestSigning.hex(id) + "\n").utf8),
+                                             attributes: [.posixPermissions: 0o600]) else {
+            throw StorageError("cannot write \(tmp)")
+        }
+        // Two processes starting at once: link refuses to replace, so the first id stays and both read it.
+        if link(tmp, path) != 0 && errno != EEXIST { unlink(tmp); throw StorageError("cannot create \(path)") }
+        unlink(tmp)
+        return try identity(in: directory)
+    }
+
+    /// Whether `bytes` more fit in the quota of an account that uses `used`.
+    func fitsQuota(used: Int64, adding bytes: Int64) -> Bool {
+        let (total, overflow) = used.addingReportingOverflow(bytes)
+        return !overflow && total <= quotaBytes
     }
 
     public var now: Int64 { clock() }
@@ -72,7 +126,8 @@ public final class CofferServer: Sendable {
         guard let sig = RequestSigning.unhex(signature), sig.count == 64 else {
             throw .unauthorized("\(RequestSigning.signatureHeader) is not a hex signature")
         }
-        guard RequestSigning.verify(account: key, method: method, path: path, body: body, timestamp: ts, nonce: nonce, signature: sig) else {
+        guard RequestSigning.verify(account: key, server: identity, method: method, path: path, body: body, timestamp: ts, nonce: nonce,
+                                    signature: sig) else {
             throw .unauthorized("request signature does not verify")
         }
         let keyData = Data(keyBytes)
@@ -113,9 +168,50 @@ public final class CofferServer: Sendable {
             throw .badRequest("a username has 1 to 64 characters from A–Z, a–z, 0–9 and . _ - @ +")
         }
         let record = AccountRecord(key: req.signingKey, username: req.username, boxKey: req.boxKey)
-        let inserted = try guarded { try metadata.write { try $0.insertAccount(record) } }
-        guard inserted else { throw .conflict("that username or key already has an account") }
+        let inviteHash: Data?
+        switch registration {
+        case .open: inviteHash = nil
+        case .closed: throw .forbidden("this server does not accept new accounts")
+        case .invite:
+            guard let code = req.invite, let hash = Self.inviteHash(code) else {
+                throw .forbidden("this server accepts new accounts by invite only; ask its operator for an invite code")
+            }
+            inviteHash = hash
+        }
+        // The invite is used up in the transaction that creates the account, so a refused
+        // creation (a taken name) leaves it valid.
+        try guarded {
+            try metadata.write { tx in
+                if let inviteHash, try !tx.consumeInvite(hash: inviteHash) {
+                    throw ServerError.forbidden("that invite code is unknown or already used")
+                }
+                guard try tx.insertAccount(record) else { throw ServerError.conflict("that username or key already has an account") }
+            }
+        }
         return AccountResponse(username: req.username, signingKey: req.signingKey, boxKey: req.boxKey)
+    }
+
+    /// Makes `count` single-use invite codes (32 hex digits, 128 random bits each) and stores
+    /// only their hashes.
+    public func makeInvites(count: Int) throws(ServerError) -> [String] {
+        guard count > 0, count <= 10_000 else { throw .badRequest("make 1 to 10000 invites at once") }
+        var generator = SystemRandomNumberGenerator()
+        let codes = (0..<count).map { _ in RequestSigning.hex((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }) }
+        let created = now
+        try guarded {
+            try metadata.write { tx in
+                for code in codes { if let h = Self.inviteHash(code) { try tx.insertInvite(hash: h, createdAt: created) } }
+            }
+        }
+        return codes
+    }
+
+    /// The stored form of an invite code: BLAKE2b-256 of its 16 bytes (nil if not a code).
+    /// Dashes and spaces are ignored and case does not matter, so a code survives being copied.
+    static func inviteHash(_ code: String) -> Data? {
+        let hex = code.filter { $0 != "-" && $0 != " " }
+        guard hex.utf8.count == 32, let bytes = RequestSigning.unhex(hex), bytes.count == 16 else { return nil }
+        return Data(blake2b(bytes))
     }
 
     public func lookup(username: String) throws(ServerError) -> AccountResponse {
@@ -138,33 +234,38 @@ public final class CofferServer: Sendable {
 
     // MARK: - Updates
 
-    public func updates(caller: Data, since: Int64) throws(ServerError) -> UpdatesResponse {
+    /// One page of the caller's records after the cursor (see `UpdatesRequest`): at most
+    /// `API.updatesPageSize` records and about `API.updatesPageBytes` of JSON, whatever the tree;
+    /// a version larger than a page is split, and `nextAfterID` says where to go on.
+    public func updates(caller: Data, since: Int64, afterID: Data? = nil) throws(ServerError) -> UpdatesResponse {
         guard since >= 0 else { throw .badRequest("since must not be negative") }
-        let pageSize = API.updatesPageSize
-        return try guarded {
+        if let afterID, afterID.count != 16 { throw .badRequest("afterID is not a file id") }
+        var files: [StoredFile] = []
+        var bytes = 0
+        var nextVersion: Int64?
+        try guarded {
             try metadata.read { tx in
-                var files = try tx.files(account: caller, since: since, limit: pageSize + 1)
-                guard files.count > pageSize else {
-                    return UpdatesResponse(files: files.map(\.wire), latest: files.last?.version ?? since, more: false)
-                }
-                // Pages end on a version boundary (the cursor is a version), so a page never splits a batch.
-                let firstLeftOut = files[pageSize].version
-                files.removeLast()
-                if files.last?.version == firstLeftOut {
-                    let trimmed = files.filter { $0.version < firstLeftOut }
-                    if trimmed.isEmpty {
-                        // One batch larger than a page travels whole.
-                        files = try tx.files(account: caller, since: since, limit: Int(Int32.max)).filter { $0.version == firstLeftOut }
-                    } else {
-                        files = trimmed
+                try tx.visitFiles(account: caller, since: since, afterID: afterID) { f in
+                    let cost = Self.wireBytes(f)
+                    // Always at least one record (one record is at most a few MiB), so a page advances.
+                    if !files.isEmpty, files.count >= API.updatesPageSize || bytes + cost > API.updatesPageBytes {
+                        nextVersion = f.version
+                        return false
                     }
+                    files.append(f)
+                    bytes += cost
+                    return true
                 }
-                let latest = files.last?.version ?? since
-                let more = try !tx.files(account: caller, since: latest, limit: 1).isEmpty
-                return UpdatesResponse(files: files.map(\.wire), latest: latest, more: more)
             }
         }
+        guard let last = files.last else { return UpdatesResponse(files: [], latest: since, more: false) }
+        let split = nextVersion == last.version
+        return UpdatesResponse(files: files.map(\.wire), latest: last.version, more: nextVersion != nil,
+                               nextAfterID: split ? last.id : nil)
     }
+
+    /// A record's share of an updates response as JSON: its base64 and the fields around it.
+    static func wireBytes(_ f: StoredFile) -> Int { (f.record.count + 2) / 3 * 4 + 160 }
 
     // MARK: - Chunks
 
@@ -180,56 +281,84 @@ public final class CofferServer: Sendable {
         return MissingChunksResponse(missing: ids.filter { !present.contains($0) && seen.insert($0).inserted })
     }
 
-    /// Stores a sealed chunk (idempotent). The bytes reach the content store before the metadata
-    /// store records them, and a chunk is only ever listed by a manifest once recorded.
+    /// Stores a sealed chunk (idempotent). The bytes are staged (written and fsynced under a
+    /// name of their own) first; the metadata transaction that records the chunk publishes them
+    /// (renamed into place, directory fsynced) and counts them, so of two racing uploads of one
+    /// id exactly one is published and counted, the other discards only its own temporary, and
+    /// a recorded chunk is always durable.
     public func putChunk(caller: Data, id: Data, bytes: [UInt8]) throws(ServerError) {
         try Self.checkChunkID(id)
         guard bytes.count <= API.maxBodyBytes else { throw .tooLarge("a chunk is at most \(API.maxBodyBytes) bytes") }
         let key = ChunkKey(account: caller, id: id)
-        let size = Int64(bytes.count)
+        let counted = QuotaRule.counted(chunk: Int64(bytes.count))
         let (account, present) = try guarded {
             try metadata.read { tx in (try tx.account(key: caller), try tx.presentChunks(account: caller, ids: [id])) }
         }
         guard let account else { throw .unauthorized("no account has this key") }
         if !present.isEmpty { return }
-        guard account.bytesUsed + size <= quotaBytes else { throw .quotaExceeded("storing this chunk would exceed the account's quota of \(quotaBytes) bytes") }
-        try guarded { try content.put(key, bytes: bytes) }
+        let quotaError = ServerError.quotaExceeded("storing this chunk would exceed the account's quota of \(quotaBytes) bytes")
+        guard fitsQuota(used: account.bytesUsed, adding: counted) else { throw quotaError }
+        let staged = try guarded { try content.stage(key, bytes: bytes) }
+        var published = false
+        defer { if !published { content.discard(staged) } }
         let stored: Bool = try guarded {
             try metadata.write { tx in
-                guard let a = try tx.lockAccount(key: caller) else { return false }
-                if try !tx.presentChunks(account: caller, ids: [id]).isEmpty { return true }
-                guard a.bytesUsed + size <= quotaBytes else { return false }
-                _ = try tx.insertChunk(key, size: size, createdAt: now)
-                // A concurrent cleanup may have removed the file between our write and this
-                // transaction; write it again while holding the lock.
-                if try !content.has(key) { try content.put(key, bytes: bytes) }
+                guard let a = try tx.lockAccount(key: caller) else { throw ServerError.unauthorized("no account has this key") }
+                if try !tx.presentChunks(account: caller, ids: [id]).isEmpty { return true } // another upload won
+                guard fitsQuota(used: a.bytesUsed, adding: counted) else { return false }
+                try content.publish(staged)
+                published = true
+                _ = try tx.insertChunk(key, size: Int64(bytes.count), createdAt: now)
                 return true
             }
         }
-        if !stored {
-            try? content.delete(key)
-            throw .quotaExceeded("storing this chunk would exceed the account's quota of \(quotaBytes) bytes")
-        }
+        if !stored { throw quotaError }
     }
 
-    /// The requested chunks as a `ChunkBundle`; 404 if any is missing.
-    public func getChunks(caller: Data, ids: [Data]) throws(ServerError) -> [UInt8] {
+    /// What a `chunks/get` answer will hold, worked out from the sizes the metadata store
+    /// recorded, before any chunk is read: each distinct id once, in the order first asked.
+    public struct ChunkBundlePlan: Sendable {
+        public let account: Data
+        public let entries: [(id: Data, size: Int)]
+        /// The whole `ChunkBundle`'s length.
+        public let byteCount: Int
+    }
+
+    /// Plans the answer to `chunks/get`: 404 if any chunk is missing, 413 if the bundle would
+    /// exceed `maxChunkResponseBytes`; duplicates are answered once.
+    public func planChunks(caller: Data, ids: [Data]) throws(ServerError) -> ChunkBundlePlan {
         guard ids.count <= 100_000 else { throw .tooLarge("ask for at most 100000 chunks at once") }
         for id in ids { try Self.checkChunkID(id) }
-        let present = try guarded { try metadata.read { try $0.presentChunks(account: caller, ids: ids) } }
-        var chunks: [(id: [UInt8], sealed: [UInt8])] = []
-        var total = 0
-        for id in ids {
-            guard present.contains(id), let bytes = try guarded({ try content.get(ChunkKey(account: caller, id: id)) }) else {
+        var seen: Set<Data> = []
+        let unique = ids.filter { seen.insert($0).inserted }
+        let sizes = try guarded { try metadata.read { try $0.chunkSizes(account: caller, ids: unique) } }
+        var entries: [(id: Data, size: Int)] = []
+        var total = 4
+        for id in unique {
+            guard let stored = sizes[id], let size = Int(exactly: stored), size >= 0 else {
                 throw .notFound("chunk \(RequestSigning.hex(Array(id))) is not on the server")
             }
-            total += bytes.count + 36
-            guard total <= Self.maxChunkResponseBytes else {
-                throw .tooLarge("the chunks asked for exceed \(Self.maxChunkResponseBytes) bytes; ask for fewer at once")
+            // total <= maxChunkResponseBytes here, so with size bounded first the sum cannot overflow.
+            guard size <= maxChunkResponseBytes, total + 36 + size <= maxChunkResponseBytes else {
+                throw .tooLarge("the chunks asked for exceed \(maxChunkResponseBytes) bytes; ask for fewer at once")
             }
-            chunks.append((Array(id), bytes))
+            total += 36 + size
+            entries.append((id, size))
         }
-        return ChunkBundle.encode(chunks)
+        return ChunkBundlePlan(account: caller, entries: entries, byteCount: total)
+    }
+
+    /// Reads a planned bundle piece by piece (at most `chunkPieceBytes` of chunk bytes at a time),
+    /// so answering holds one piece, not the bundle.
+    public func bundleReader(_ plan: ChunkBundlePlan) -> ChunkBundleReader { ChunkBundleReader(server: self, plan: plan) }
+
+    /// The requested chunks as one `ChunkBundle` in memory (tests and tools; the HTTP route
+    /// streams `bundleReader`).
+    public func getChunks(caller: Data, ids: [Data]) throws(ServerError) -> [UInt8] {
+        let reader = bundleReader(try planChunks(caller: caller, ids: ids))
+        var out: [UInt8] = []
+        while let piece = try reader.next() { out += piece }
+        return out
     }
 
     // MARK: - Manifests
@@ -254,7 +383,7 @@ public final class CofferServer: Sendable {
                 guard missing.isEmpty else {
                     throw ServerError.conflict("\(missing.count) chunk(s) listed by the manifest are not on the server; upload them first")
                 }
-                guard account.bytesUsed + Int64(req.sealed.count) <= quotaBytes else {
+                guard fitsQuota(used: account.bytesUsed, adding: QuotaRule.counted(row: Int64(req.sealed.count))) else {
                     throw ServerError.quotaExceeded("storing this manifest would exceed the account's quota of \(quotaBytes) bytes")
                 }
                 _ = try tx.putManifest(key, sealed: req.sealed, chunkIDs: Array(Set(req.chunkIDs)), createdAt: now)
@@ -335,5 +464,58 @@ public final class CofferServer: Sendable {
             (content as? DirectoryContentStorage)?.removeStaleTemporaries(before: before)
         }
         return report
+    }
+}
+
+/// The bytes of one planned `ChunkBundle`, in pieces. One caller at a time (the HTTP route reads
+/// it from one task); the lock only makes handing it between threads safe.
+public final class ChunkBundleReader: Sendable {
+    struct State {
+        var headerSent = false
+        var index = 0
+        var reader: (any ChunkReading)?
+        var remaining = 0
+    }
+
+    let server: CofferServer
+    let plan: CofferServer.ChunkBundlePlan
+    let state = Mutex(State())
+
+    init(server: CofferServer, plan: CofferServer.ChunkBundlePlan) { self.server = server; self.plan = plan }
+
+    public var byteCount: Int { plan.byteCount }
+
+    /// The next piece of the bundle, or nil at its end. A chunk that vanished or shrank since it
+    /// was planned is an error (the answer cannot be completed; the client asks again).
+    public func next() throws(ServerError) -> [UInt8]? {
+        try server.guarded {
+            try state.withLock { s throws -> [UInt8]? in
+                if !s.headerSent {
+                    s.headerSent = true
+                    return Self.u32(plan.entries.count)
+                }
+                if s.reader != nil, s.remaining > 0 {
+                    let piece = try s.reader?.read(upTo: min(s.remaining, CofferServer.chunkPieceBytes)) ?? []
+                    guard !piece.isEmpty else { throw StorageError("a chunk is shorter than recorded") }
+                    s.remaining -= piece.count
+                    if s.remaining == 0 { s.reader = nil }
+                    return piece
+                }
+                guard s.index < plan.entries.count else { return nil }
+                let entry = plan.entries[s.index]
+                s.index += 1
+                guard let reader = try server.content.open(ChunkKey(account: plan.account, id: entry.id)) else {
+                    throw StorageError("a chunk vanished while being sent")
+                }
+                s.reader = entry.size > 0 ? reader : nil
+                s.remaining = entry.size
+                return Array(entry.id) + Self.u32(entry.size)
+            }
+        }
+    }
+
+    static func u32(_ v: Int) -> [UInt8] {
+        let n = UInt32(clamping: v)
+        return [UInt8(n >> 24), UInt8((n >> 16) & 0xff), UInt8((n >> 8) & 0xff), UInt8(n & 0xff)]
     }
 }

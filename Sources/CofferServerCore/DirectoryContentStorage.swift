@@ -9,7 +9,8 @@ import Darwin
 /// The embedded content store: one file per chunk under
 /// `<root>/<account hex>/<first byte of id, hex>/<id hex>` (the full account key, never a
 /// prefix: a prefix could be ground by another account to share a directory). A chunk is
-/// written to `<tmp>/…`, fsynced and renamed into place, so a reader never sees half of one.
+/// written to a unique `<tmp>/….part`, fsynced, and renamed into place (then its directory
+/// fsynced), so a reader never sees half of one and a recorded chunk survives a power loss.
 public final class DirectoryContentStorage: ContentStorage {
     public let root: URL
     let tmp: URL
@@ -31,12 +32,12 @@ public final class DirectoryContentStorage: ContentStorage {
         directory(key).appendingPathComponent(RequestSigning.hex(Array(key.id)), isDirectory: false)
     }
 
-    public func put(_ key: ChunkKey, bytes: [UInt8]) throws {
-        let dir = directory(key)
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+    /// Writes the bytes to a unique temporary file and fsyncs it. Two uploads of one id stage
+    /// two temporaries; only the one the metadata transaction records is published.
+    public func stage(_ key: ChunkKey, bytes: [UInt8]) throws -> StagedChunk {
         let temp = tmp.appendingPathComponent(RequestSigning.hex(randomNonce()) + ".part")
-        let fd = open(temp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StorageError("cannot create \(temp.path): errno \(errno)") }
+        let fd = openFile(temp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw StorageError("cannot create a temporary chunk file: errno \(errno)") }
         var ok = false
         defer {
             close(fd)
@@ -49,20 +50,62 @@ public final class DirectoryContentStorage: ContentStorage {
             }
             if n < 0 {
                 if errno == EINTR { continue }
-                throw StorageError("cannot write \(temp.path): errno \(errno)")
+                throw StorageError("cannot write a temporary chunk file: errno \(errno)")
             }
             written += n
         }
-        guard fsync(fd) == 0 else { throw StorageError("cannot fsync \(temp.path): errno \(errno)") }
-        guard rename(temp.path, path(key).path) == 0 else { throw StorageError("cannot rename chunk into place: errno \(errno)") }
+        guard fsync(fd) == 0 else { throw StorageError("cannot fsync a temporary chunk file: errno \(errno)") }
         ok = true
-        let dfd = open(dir.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        if dfd >= 0 { _ = fsync(dfd); close(dfd) }
+        return StagedChunk(key: key, size: Int64(bytes.count), location: temp.path)
+    }
+
+    /// Renames the staged file into place and fsyncs its directory, so the chunk survives a power
+    /// loss before the metadata store records it (docs/PROTOCOL.md, "Durability"). Directories it
+    /// had to create are made durable in their parents too.
+    public func publish(_ staged: StagedChunk) throws {
+        let dir = directory(staged.key)
+        try makeDurableDirectory(dir, depth: 2)
+        guard rename(staged.location, path(staged.key).path) == 0 else {
+            throw StorageError("cannot rename a chunk into place: errno \(errno)")
+        }
+        try syncDirectory(dir.path)
+    }
+
+    public func discard(_ staged: StagedChunk) {
+        unlink(staged.location)
+    }
+
+    /// Creates `dir` (and up to `depth` missing ancestors below the root), fsyncing the parent of
+    /// each directory it creates.
+    private func makeDurableDirectory(_ dir: URL, depth: Int) throws {
+        if access(dir.path, F_OK) == 0 { return }
+        let parent = dir.deletingLastPathComponent()
+        if depth > 1 { try makeDurableDirectory(parent, depth: depth - 1) }
+        if mkdir(dir.path, 0o700) != 0, errno != EEXIST {
+            throw StorageError("cannot create a chunk directory: errno \(errno)")
+        }
+        try syncDirectory(parent.path)
+    }
+
+    private func syncDirectory(_ path: String) throws {
+        let dfd = openFile(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dfd >= 0 else { throw StorageError("cannot open a chunk directory: errno \(errno)") }
+        defer { close(dfd) }
+        guard fsync(dfd) == 0 else { throw StorageError("cannot fsync a chunk directory: errno \(errno)") }
+    }
+
+    public func open(_ key: ChunkKey) throws -> (any ChunkReading)? {
+        let fd = openFile(path(key).path, O_RDONLY | O_CLOEXEC)
+        if fd < 0 {
+            if errno == ENOENT { return nil }
+            throw StorageError("cannot open chunk: errno \(errno)")
+        }
+        return FileChunkReader(fd: fd)
     }
 
     public func get(_ key: ChunkKey) throws -> [UInt8]? {
         let p = path(key).path
-        let fd = open(p, O_RDONLY | O_CLOEXEC)
+        let fd = openFile(p, O_RDONLY | O_CLOEXEC)
         if fd < 0 {
             if errno == ENOENT { return nil }
             throw StorageError("cannot open chunk: errno \(errno)")
@@ -127,3 +170,28 @@ public final class DirectoryContentStorage: ContentStorage {
         return (0..<16).map { _ in UInt8.random(in: 0...255, using: &g) }
     }
 }
+
+/// An open chunk file, read piece by piece; closed when released.
+final class FileChunkReader: ChunkReading {
+    let fd: Int32
+    init(fd: Int32) { self.fd = fd }
+    deinit { close(fd) }
+
+    func read(upTo count: Int) throws -> [UInt8] {
+        guard count > 0 else { return [] }
+        var out = [UInt8](repeating: 0, count: count)
+        while true {
+            let n = out.withUnsafeMutableBytes { readFile(fd, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw StorageError("cannot read chunk: errno \(errno)")
+            }
+            out.removeLast(count - n)
+            return out
+        }
+    }
+}
+
+// The storage's own `open` and the reader's `read` shadow the C calls inside their types.
+private func openFile(_ path: String, _ flags: Int32, _ mode: mode_t = 0) -> Int32 { open(path, flags, mode) }
+private func readFile(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int { read(fd, buffer, count) }

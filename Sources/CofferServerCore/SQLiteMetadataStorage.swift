@@ -3,7 +3,9 @@ import GRDB
 
 /// The embedded metadata store: one SQLite database (GRDB `DatabasePool`, WAL), shareable by
 /// several server processes on one machine (write transactions are IMMEDIATE and wait up to
-/// `busyTimeout` for each other).
+/// `busyTimeout` for each other). `synchronous = FULL`: every commit is fsynced before it
+/// returns, so a batch the server acknowledged survives a power loss (with `NORMAL`, WAL commits
+/// since the last checkpoint may vanish; docs/PROTOCOL.md, "Durability").
 public final class SQLiteMetadataStorage: MetadataStorage {
     let pool: DatabasePool
 
@@ -11,9 +13,12 @@ public final class SQLiteMetadataStorage: MetadataStorage {
         var config = Configuration()
         config.busyMode = .timeout(busyTimeout)
         config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+            try db.execute(sql: "PRAGMA synchronous = FULL")
         }
         pool = try DatabasePool(path: path, configuration: config)
+        // GRDB sets `synchronous = NORMAL` on the writer when it turns WAL on, after
+        // prepareDatabase ran; the writer is the connection that commits, so set it again here.
+        try pool.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
         try Self.migrator.migrate(pool)
     }
 
@@ -73,7 +78,30 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                 ) WITHOUT ROWID;
                 """)
         }
+        m.registerMigration("v2") { db in
+            // Usage is recounted by the rule that now keeps it: records count too, and every
+            // object counts at least its minimum (`QuotaRule`).
+            try db.execute(sql: """
+                CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
+                UPDATE account SET bytes_used = \(usageSQL("account.key"));
+                """)
+        }
         return m
+    }
+
+    /// A setting as the reader and the writer connections have it (for the durability checks).
+    func pragma(_ name: String) throws -> (reader: String?, writer: String?) {
+        (try pool.read { try String.fetchOne($0, sql: "PRAGMA \(name)") }, try pool.write { try String.fetchOne($0, sql: "PRAGMA \(name)") })
+    }
+
+    /// Usage by `QuotaRule`, counted from the tables for the account named by `account` (an SQL
+    /// expression).
+    static func usageSQL(_ account: String) -> String {
+        """
+        COALESCE((SELECT SUM(MAX(length(record), \(QuotaRule.minimumRowBytes))) FROM file WHERE file.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(length(sealed), \(QuotaRule.minimumRowBytes))) FROM manifest WHERE manifest.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(size, \(QuotaRule.minimumChunkBytes))) FROM chunk WHERE chunk.account = \(account)), 0)
+        """
     }
 
     public func read<T>(_ body: (any MetadataReader) throws -> T) throws -> T {
@@ -125,6 +153,21 @@ struct SQLiteTransaction: MetadataWriter {
                          arguments: [account, since, limit]).map(fileRow)
     }
 
+    func visitFiles(account: Data, since: Int64, afterID: Data?, _ body: (StoredFile) throws -> Bool) throws {
+        // Both forms walk the index file_by_version (account, version, id) in order.
+        let rows: RowCursor
+        if let afterID {
+            rows = try Row.fetchCursor(db, sql: "SELECT * FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
+                                       arguments: [account, since, afterID])
+        } else {
+            rows = try Row.fetchCursor(db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id",
+                                       arguments: [account, since])
+        }
+        while let row = try rows.next() {
+            if try !body(fileRow(row)) { return }
+        }
+    }
+
     func file(id: Data) throws -> StoredFile? {
         try Row.fetchOne(db, sql: "SELECT * FROM file WHERE id = ?", arguments: [id]).map(fileRow)
     }
@@ -148,6 +191,17 @@ struct SQLiteTransaction: MetadataWriter {
         var out: Set<Data> = []
         let statement = try db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM chunk WHERE account = ? AND id = ?)")
         for id in ids where try Bool.fetchOne(statement, arguments: [account, id]) == true { out.insert(id) }
+        return out
+    }
+
+    func recountedUsage(account: Data) throws -> Int64 {
+        try Int64.fetchOne(db, sql: "SELECT " + SQLiteMetadataStorage.usageSQL("?1"), arguments: [account]) ?? 0
+    }
+
+    func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64] {
+        var out: [Data: Int64] = [:]
+        let statement = try db.cachedStatement(sql: "SELECT size FROM chunk WHERE account = ? AND id = ?")
+        for id in ids { if let size = try Int64.fetchOne(statement, arguments: [account, id]) { out[id] = size } }
         return out
     }
 
@@ -198,6 +252,7 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func putFile(_ f: StoredFile) throws {
+        let old = try Row.fetchOne(db, sql: "SELECT account, length(record) AS n FROM file WHERE id = ?", arguments: [f.id])
         try db.execute(sql: """
             INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest)
             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -205,6 +260,8 @@ struct SQLiteTransaction: MetadataWriter {
                 version = excluded.version, content_version = excluded.content_version,
                 server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest
             """, arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
+        if let old { try addUsage(account: old["account"], bytes: -QuotaRule.counted(row: old["n"])) }
+        try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
     }
 
     func insertNonce(account: Data, nonce: String, expiresAt: Int64) throws -> Bool {
@@ -221,7 +278,7 @@ struct SQLiteTransaction: MetadataWriter {
         try db.execute(sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)",
                        arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
         guard db.changesCount == 1 else { return false }
-        try addUsage(account: key.account, bytes: Int64(sealed.count))
+        try addUsage(account: key.account, bytes: QuotaRule.counted(row: Int64(sealed.count)))
         let statement = try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunk (account, file_id, digest, chunk_id) VALUES (?, ?, ?, ?)")
         for c in chunkIDs { try statement.execute(arguments: [key.account, key.fileID, key.digest, c]) }
         return true
@@ -232,7 +289,7 @@ struct SQLiteTransaction: MetadataWriter {
                                             arguments: [key.account, key.fileID, key.digest]) else { return [] }
         try db.execute(sql: "DELETE FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
                        arguments: [key.account, key.fileID, key.digest])
-        try addUsage(account: key.account, bytes: -size)
+        try addUsage(account: key.account, bytes: -QuotaRule.counted(row: size))
         let chunks = try Data.fetchAll(db, sql: "SELECT chunk_id FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
                                        arguments: [key.account, key.fileID, key.digest])
         try db.execute(sql: "DELETE FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
@@ -244,7 +301,7 @@ struct SQLiteTransaction: MetadataWriter {
         try db.execute(sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at) VALUES (?, ?, ?, ?)",
                        arguments: [key.account, key.id, size, createdAt])
         guard db.changesCount == 1 else { return false }
-        try addUsage(account: key.account, bytes: size)
+        try addUsage(account: key.account, bytes: QuotaRule.counted(chunk: size))
         return true
     }
 
@@ -256,11 +313,20 @@ struct SQLiteTransaction: MetadataWriter {
             return false
         }
         try db.execute(sql: "DELETE FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id])
-        try addUsage(account: key.account, bytes: -size)
+        try addUsage(account: key.account, bytes: -QuotaRule.counted(chunk: size))
         return true
     }
 
     func addUsage(account: Data, bytes: Int64) throws {
         try db.execute(sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?", arguments: [bytes, account])
+    }
+
+    func insertInvite(hash: Data, createdAt: Int64) throws {
+        try db.execute(sql: "INSERT INTO invite (hash, created_at) VALUES (?, ?)", arguments: [hash, createdAt])
+    }
+
+    func consumeInvite(hash: Data) throws -> Bool {
+        try db.execute(sql: "DELETE FROM invite WHERE hash = ?", arguments: [hash])
+        return db.changesCount == 1
     }
 }

@@ -53,6 +53,19 @@ public struct ChunkKey: Sendable, Hashable {
     public init(account: Data, id: Data) { self.account = account; self.id = id }
 }
 
+/// How stored bytes count against an account's quota (docs/PROTOCOL.md, "Quota"). Every stored
+/// object counts once, at the size it is stored at now, and never less than a fixed overhead, so
+/// empty or tiny objects are not free: a metadata row (a file record or a sealed manifest) counts
+/// at least `minimumRowBytes`; a chunk, one file of the content store (which takes at least one
+/// filesystem block whatever its length), at least `minimumChunkBytes`.
+public enum QuotaRule {
+    public static let minimumRowBytes: Int64 = 256
+    public static let minimumChunkBytes: Int64 = 4096
+
+    public static func counted(row bytes: Int64) -> Int64 { max(bytes, minimumRowBytes) }
+    public static func counted(chunk bytes: Int64) -> Int64 { max(bytes, minimumChunkBytes) }
+}
+
 /// Failures of a storage backend itself (I/O, corruption). The logic maps them to 500s; client
 /// mistakes never reach a backend as errors.
 public struct StorageError: Error, CustomStringConvertible, Sendable {
@@ -87,12 +100,20 @@ public protocol MetadataReader {
     func account(username: String) throws -> AccountRecord?
     /// Files of `account` with version > `since`, ordered by (version, id), at most `limit`.
     func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile]
+    /// Visits the files of `account` after the cursor in (version, id) order: with `afterID`,
+    /// those with (version, id) > (since, afterID); without, those with version > since. Rows are
+    /// read one at a time (records may be megabytes each); `body` returns false to stop.
+    func visitFiles(account: Data, since: Int64, afterID: Data?, _ body: (StoredFile) throws -> Bool) throws
     func file(id: Data) throws -> StoredFile?
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64
     func manifest(_ key: ManifestKey) throws -> Data?
     func hasManifest(_ key: ManifestKey) throws -> Bool
     /// Which of these chunks the metadata store knows (and so the content store holds).
     func presentChunks(account: Data, ids: [Data]) throws -> Set<Data>
+    /// The account's usage counted afresh from what is stored (`QuotaRule`), for the audit.
+    func recountedUsage(account: Data) throws -> Int64
+    /// The stored length of each of these chunks the metadata store knows.
+    func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64]
     /// Manifests that no current (not deleted) document record names, created before `before`
     /// (ms since the epoch).
     func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey]
@@ -110,6 +131,8 @@ public protocol MetadataWriter: MetadataReader {
     func setAccountVersion(key: Data, version: Int64) throws
     /// Increments and returns the server-wide metadata version counter.
     func nextVersion() throws -> Int64
+    /// Stores a record (replacing the file's previous one); keeps usage: the file counts once,
+    /// at its current record's size (`QuotaRule`).
     func putFile(_ file: StoredFile) throws
     /// Records a nonce; returns false if this account already used it (a replay).
     func insertNonce(account: Data, nonce: String, expiresAt: Int64) throws -> Bool
@@ -122,20 +145,56 @@ public protocol MetadataWriter: MetadataReader {
     func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool
     /// Forgets a chunk if no stored manifest of its account lists it; returns whether it did.
     func deleteChunkIfUnreferenced(_ key: ChunkKey) throws -> Bool
-    /// Adds to (or, negative, subtracts from) an account's stored bytes. The manifest and chunk
-    /// calls above keep usage themselves (sealed manifest bytes plus chunk bytes).
+    /// Adds to (or, negative, subtracts from) an account's stored bytes. The record, manifest and
+    /// chunk calls above keep usage themselves, by `QuotaRule`.
     func addUsage(account: Data, bytes: Int64) throws
+    /// Stores the hash of a new single-use invite code.
+    func insertInvite(hash: Data, createdAt: Int64) throws
+    /// Removes an invite by its hash; returns whether it existed (false: unknown or already used).
+    func consumeInvite(hash: Data) throws -> Bool
 }
 
-/// The content store: sealed chunk bytes by (account, chunk id). Writes are atomic (a reader
-/// sees all of a chunk or none). Implementations: `DirectoryContentStorage` (the embedded
-/// default); an S3-compatible store would map a key to `chunks/<account hex>/<id hex>`, `put` to
-/// PutObject (atomic by nature), `list` to ListObjectsV2 with LastModified.
+/// A chunk written durably under a name of its own, not yet visible under its key. `location`
+/// belongs to the storage that staged it.
+public struct StagedChunk: Sendable {
+    public let key: ChunkKey
+    public let size: Int64
+    public let location: String
+    public init(key: ChunkKey, size: Int64, location: String) { self.key = key; self.size = size; self.location = location }
+}
+
+/// Reads one stored chunk piece by piece (so answering never holds more than a piece).
+public protocol ChunkReading {
+    /// Up to `count` next bytes; empty at the end.
+    func read(upTo count: Int) throws -> [UInt8]
+}
+
+/// The content store: sealed chunk bytes by (account, chunk id). A chunk is written in two steps
+/// so that two uploads of one id never store it twice and the metadata store only ever records
+/// a chunk whose bytes are durable: `stage` writes and syncs the bytes under a unique temporary
+/// name; the server then, inside the metadata transaction that records the chunk, `publish`es
+/// it (atomically into place, durable when it returns); a staged chunk that loses a race or is
+/// refused is `discard`ed, which touches nothing but its own temporary. Readers see all of a
+/// chunk or none. Implementations: `DirectoryContentStorage` (the embedded default); an
+/// S3-compatible store would stage to a unique temporary key, publish with CopyObject (atomic,
+/// durable on success) and delete the temporary, and `list` with ListObjectsV2.
 public protocol ContentStorage: Sendable {
-    func put(_ key: ChunkKey, bytes: [UInt8]) throws
+    func stage(_ key: ChunkKey, bytes: [UInt8]) throws -> StagedChunk
+    func publish(_ staged: StagedChunk) throws
+    func discard(_ staged: StagedChunk)
     func get(_ key: ChunkKey) throws -> [UInt8]?
+    /// A reader of the chunk, or nil if it is not stored.
+    func open(_ key: ChunkKey) throws -> (any ChunkReading)?
     func has(_ key: ChunkKey) throws -> Bool
     func delete(_ key: ChunkKey) throws
     /// Every stored chunk with its modification time (ms since the epoch), for cleanup.
     func list(_ each: (ChunkKey, Int64) throws -> Void) throws
+}
+
+extension ContentStorage {
+    /// Stages and publishes at once (tools and tests; the server publishes inside a transaction).
+    public func put(_ key: ChunkKey, bytes: [UInt8]) throws {
+        let staged = try stage(key, bytes: bytes)
+        do { try publish(staged) } catch { discard(staged); throw error }
+    }
 }

@@ -3,13 +3,18 @@ import CofferServerCore
 import Foundation
 import HTTPTypes
 import Hummingbird
+import HummingbirdCore
 import Logging
+import HummingbirdTLS
 import NIOCore
+import NIOSSL
 
 /// The HTTP face of `CofferServer`: the routes of docs/PROTOCOL.md, request authentication, body
 /// limits, the account-creation rate limit, error mapping and request logs.
 public enum CofferHTTP {
     public static let maxBodyBytes = API.maxBodyBytes
+    /// What anyone may ask without signing: liveness, and the id every signature covers.
+    static let unauthenticatedPaths: Set<String> = ["/health", API.prefix + "/server"]
     static let accountField = HTTPField.Name(RequestSigning.accountHeader)!
     static let timestampField = HTTPField.Name(RequestSigning.timestampHeader)!
     static let nonceField = HTTPField.Name(RequestSigning.nonceHeader)!
@@ -18,7 +23,12 @@ public enum CofferHTTP {
     public struct Options: Sendable {
         /// Account creations allowed per client address per minute (a token bucket); 0 = no limit.
         public var accountCreationsPerMinute: Int
-        public init(accountCreationsPerMinute: Int = 10) { self.accountCreationsPerMinute = accountCreationsPerMinute }
+        /// Serve HTTPS with this configuration (certificate chain and key); nil = plain HTTP.
+        public var tls: TLSConfiguration?
+        public init(accountCreationsPerMinute: Int = 10, tls: TLSConfiguration? = nil) {
+            self.accountCreationsPerMinute = accountCreationsPerMinute
+            self.tls = tls
+        }
     }
 
     /// The router with every route and middleware.
@@ -30,6 +40,10 @@ public enum CofferHTTP {
 
         router.get("/health") { _, _ in
             Response(status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok")))
+        }
+
+        router.get("/v1/server") { _, _ -> Response in
+            try json(ServerInfoResponse(id: Data(server.identity)))
         }
 
         router.post("/v1/accounts") { _, context -> Response in
@@ -62,7 +76,7 @@ public enum CofferHTTP {
             let req = try decode(UpdatesRequest.self, context.body)
             return try json(try await offload { () throws(ServerError) in
                 _ = try server.requireAccount(caller)
-                return try server.updates(caller: caller, since: req.since)
+                return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
             })
         }
 
@@ -78,11 +92,19 @@ public enum CofferHTTP {
         router.post("/v1/chunks/get") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(ChunkIDsRequest.self, context.body)
-            let bytes = try await offload { () throws(ServerError) in
+            // Planned from the recorded sizes (404, 413) before anything is read, then streamed a
+            // piece at a time: memory is bounded by a piece, not by the answer.
+            let reader = try await offload { () throws(ServerError) in
                 _ = try server.requireAccount(caller)
-                return try server.getChunks(caller: caller, ids: req.ids)
+                return server.bundleReader(try server.planChunks(caller: caller, ids: req.ids))
             }
-            return octets(bytes)
+            let body = ResponseBody(contentLength: reader.byteCount) { writer in
+                while let piece = try await offload({ () throws(ServerError) in try reader.next() }) {
+                    try await writer.write(ByteBuffer(bytes: piece))
+                }
+                try await writer.finish(nil)
+            }
+            return Response(status: .ok, headers: [.contentType: "application/octet-stream"], body: body)
         }
 
         router.put("/v1/chunks/:id") { _, context -> Response in
@@ -128,11 +150,20 @@ public enum CofferHTTP {
     /// An application serving `server` on host:port. `onRunning` gets the bound port (useful with
     /// port 0).
     public static func application(server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
-                                   onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
-        Application(router: router(server: server, options: options, logger: logger),
-                    configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
-                    onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
-                    logger: logger)
+                                   onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) throws -> some ApplicationProtocol {
+        let builder: HTTPServerBuilder
+        if let tls = options.tls { builder = try .tls(.http1(), tlsConfiguration: tls) } else { builder = .http1() }
+        return Application(router: router(server: server, options: options, logger: logger), server: builder,
+                           configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
+                           onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
+                           logger: logger)
+    }
+
+    /// A server TLS configuration from PEM files: the certificate chain (leaf first) and its key.
+    public static func tlsConfiguration(certificateFile: String, keyFile: String) throws -> TLSConfiguration {
+        let chain = try NIOSSLCertificate.fromPEMFile(certificateFile).map { NIOSSLCertificateSource.certificate($0) }
+        guard !chain.isEmpty else { throw ServerError.badRequest("\(certificateFile) holds no certificate") }
+        return TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: keyFile, format: .pem)))
     }
 
     // MARK: - Helpers

@@ -87,7 +87,7 @@ struct AuthenticationMiddleware: RouterMiddleware {
     let server: CofferServer
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
-        if request.uri.path == "/health" { return try await next(request, context) }
+        if CofferHTTP.unauthenticatedPaths.contains(request.uri.path) { return try await next(request, context) }
         if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > CofferHTTP.maxBodyBytes {
             throw ServerError.tooLarge("request body is larger than \(CofferHTTP.maxBodyBytes) bytes")
         }

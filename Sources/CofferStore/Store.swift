@@ -140,6 +140,11 @@ public final class Store: Sendable {
             // Large chunks live in files (see ChunkFiles); their rows keep an empty blob.
             try db.execute(sql: "ALTER TABLE chunks ADD COLUMN in_file INTEGER NOT NULL DEFAULT 0")
         }
+        m.registerMigration("v4-tombstones") { db in
+            // Ids of files whose deletion synced and whose records were pruned: a live record for
+            // one of them, served again, is a resurrection the device refuses (docs/SYNC.md).
+            try db.execute(sql: "CREATE TABLE tombstones (id BLOB PRIMARY KEY NOT NULL) WITHOUT ROWID")
+        }
         return m
     }
 

@@ -100,6 +100,13 @@ public struct StoreReader {
         try with { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)]) ?? false }
     }
 
+    /// Whether `id` was deleted and pruned on this device (`StoreWriter.addTombstone`).
+    public func isTombstoned(_ id: FileID) throws -> Bool {
+        try with { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM tombstones WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
+        }
+    }
+
     public func setting(_ key: String) throws -> [UInt8]? {
         try with { db in try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map { [UInt8]($0) } }
     }

@@ -98,6 +98,14 @@ public struct StoreWriter {
         try logChange(id)
     }
 
+    /// Remembers that `id` was deleted and pruned, so it can never come back to life here.
+    public func addTombstone(_ id: FileID) throws {
+        let key = Data(id.bytes)
+        try session.run { db in
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO tombstones(id) VALUES (?)").execute(arguments: [key])
+        }
+    }
+
     /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
     /// which alone can know that no writer is about to reference them again.
     static func releaseManifest(_ digest: Data, _ db: Database) throws {

@@ -2,18 +2,94 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import NIOSSL
+import Synchronization
 
 /// The production transport: AsyncHTTPClient's shared client (connection pooling, robust in a
 /// long-running daemon).
+///
+/// A server may be hostile: every request has an overall deadline covering the request, the
+/// reply's head and its whole body (AsyncHTTPClient's own deadline ends with the head, so a body
+/// trickled a byte at a time would otherwise hold a sync for ever), and a reply body is read only
+/// up to `maxResponseBytes`.
 public struct HTTPTransport: ServerTransport {
     public let baseURL: String
+    /// Time allowed for one request with small bodies, from sending it to the last byte of the reply.
     public let timeout: TimeAmount
+    /// Large bodies get more time, one second per `minimumBytesPerSecond` moved (sent or received
+    /// so far), so a slow link still finishes a big chunk bundle while a trickle still times out.
+    public let minimumBytesPerSecond: Int
+    /// Largest reply body read; reading stops as soon as a reply goes past it.
+    public let maxResponseBytes: Int
+    /// The shared client, or one that also trusts a server's own certificate.
+    let client: HTTPClient
 
-    public init(baseURL: String, timeout: TimeAmount = .seconds(60)) {
+    public init(baseURL: String, timeout: TimeAmount = .seconds(60), minimumBytesPerSecond: Int = 64 * 1024,
+                maxResponseBytes: Int = 256 * 1024 * 1024) {
+        self.init(baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond, maxResponseBytes: maxResponseBytes,
+                  client: .shared)
+    }
+
+    /// A transport that trusts `trustedCertificatePEM` (a self-signed server certificate or a
+    /// private CA) besides the system's roots.
+    public init(baseURL: String, trustedCertificatePEM: [UInt8]?, timeout: TimeAmount = .seconds(60)) throws {
+        self.init(baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: 64 * 1024, maxResponseBytes: 256 * 1024 * 1024,
+                  client: try trustedCertificatePEM.map { try Self.client(trusting: $0) } ?? .shared)
+    }
+
+    init(baseURL: String, timeout: TimeAmount, minimumBytesPerSecond: Int, maxResponseBytes: Int, client: HTTPClient) {
         var url = baseURL
         while url.hasSuffix("/") { url.removeLast() }
         self.baseURL = url
         self.timeout = timeout
+        self.minimumBytesPerSecond = max(1, minimumBytesPerSecond)
+        self.maxResponseBytes = max(0, maxResponseBytes)
+        self.client = client
+    }
+
+    /// One client per trusted certificate for the life of the process (a client must be shut
+    /// down before it is released; these never are).
+    private static let clients = Mutex<[[UInt8]: HTTPClient]>([:])
+
+    static func client(trusting pem: [UInt8]) throws -> HTTPClient {
+        let certificates: [NIOSSLCertificate]
+        do { certificates = try NIOSSLCertificate.fromPEMBytes(pem) } catch {
+            throw SyncError.protocolError("the server certificate to trust is not PEM: \(error)")
+        }
+        guard !certificates.isEmpty else { throw SyncError.protocolError("the server certificate to trust holds no certificate") }
+        return clients.withLock { cache in
+            if let c = cache[pem] { return c }
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.additionalTrustRoots = [.certificates(certificates)]
+            let c = HTTPClient(eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
+            cache[pem] = c
+            return c
+        }
+    }
+
+    /// `url` if it is one to send an account's requests to: HTTPS, or plain HTTP only to a
+    /// loopback address (where nothing crosses a network) unless `allowInsecureHTTP`, since
+    /// plain HTTP shows every request's metadata to the network and lets anyone on the path
+    /// answer in the server's place.
+    public static func checkedURL(_ url: String, allowInsecureHTTP: Bool) throws -> String {
+        guard let comps = URLComponents(string: url), let scheme = comps.scheme?.lowercased(), let host = comps.host, !host.isEmpty else {
+            throw SyncError.protocolError("\(url) is not a server URL (like https://host:port)")
+        }
+        switch scheme {
+        case "https": return url
+        case "http":
+            if allowInsecureHTTP || isLoopback(host) { return url }
+            throw SyncError.protocolError("refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to allow it")
+        default:
+            throw SyncError.protocolError("\(url): the server URL must start with https:// (or http:// for this machine)")
+        }
+    }
+
+    static func isLoopback(_ host: String) -> Bool {
+        let h = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        if h == "localhost" || h == "::1" { return true }
+        var addr = in_addr()
+        return inet_pton(AF_INET, h, &addr) == 1 && (UInt32(bigEndian: addr.s_addr) >> 24) == 127
     }
 
     /// Whether the server accepts a TCP connection within `timeout` seconds. AsyncHTTPClient
@@ -56,8 +132,52 @@ public struct HTTPTransport: ServerTransport {
             request.headers.add(name: "content-type", value: contentType)
             request.body = .bytes(ByteBuffer(bytes: body))
         }
-        let response = try await HTTPClient.shared.execute(request, timeout: timeout)
-        let data = try await response.body.collect(upTo: 256 * 1024 * 1024)
-        return (Int(response.status.code), Array(data.readableBytesView))
+        let start = NIODeadline.now()
+        let received = ByteCounter()
+        let (timeout, rate, limit, sent) = (timeout, minimumBytesPerSecond, maxResponseBytes, body.count)
+        @Sendable func deadline() -> NIODeadline {
+            let moved = sent.addingReportingOverflow(received.value)
+            let extra = moved.overflow ? Int64.max / 2 : Int64(moved.partialValue / rate)
+            return start + timeout + .seconds(min(extra, 1 << 30))
+        }
+        let (prepared, client) = (request, client)
+        // The exchange races a watchdog; whichever ends first cancels the other (AsyncHTTPClient
+        // gives up the connection when its task is cancelled, in `execute` and while streaming).
+        return try await withThrowingTaskGroup(of: (status: Int, body: [UInt8]).self) { group in
+            group.addTask {
+                let response = try await client.execute(prepared, deadline: deadline())
+                if let declared = response.headers.first(name: "content-length").flatMap({ Int($0) }), declared > limit {
+                    throw SyncError.protocolError("the reply to \(method) \(path) is larger than \(limit) bytes")
+                }
+                var data: [UInt8] = []
+                for try await piece in response.body {
+                    guard data.count + piece.readableBytes <= limit else {
+                        throw SyncError.protocolError("the reply to \(method) \(path) is larger than \(limit) bytes")
+                    }
+                    data += piece.readableBytesView
+                    received.add(piece.readableBytes)
+                }
+                return (Int(response.status.code), data)
+            }
+            group.addTask {
+                while true {
+                    let left = deadline() - NIODeadline.now()
+                    if left <= .zero {
+                        throw SyncError.offline("no complete reply to \(method) \(path) in time (\(timeout.nanoseconds / 1_000_000_000) s)")
+                    }
+                    try await Task.sleep(nanoseconds: UInt64(min(left.nanoseconds, 250_000_000)))
+                }
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next() else { throw SyncError.protocolError("no reply") }
+            return first
+        }
     }
+}
+
+/// Reply bytes received so far, shared with the watchdog.
+final class ByteCounter: Sendable {
+    private let count = Atomic<Int>(0)
+    var value: Int { count.load(ordering: .relaxed) }
+    func add(_ n: Int) { count.add(n, ordering: .relaxed) }
 }

@@ -34,6 +34,53 @@ public enum SyncError: Error, CustomStringConvertible, Sendable {
     }
 }
 
+/// Text that came from a server, made fit for a terminal and a log line: escape sequences
+/// (CSI, OSC, DCS and the like, in their ESC and C1 forms) removed with their parameters, every
+/// other control character (C0, DEL, C1) and bidirectional override removed, line breaks and tabs
+/// made spaces, and the length capped. A hostile server then cannot clear a screen, set a window
+/// title, hide text or flood a log through an error message.
+public enum ServerText {
+    public static func sanitized(_ text: String, limit: Int = 300) -> String {
+        var out = ""
+        var kept = 0
+        var truncated = false
+        var scalars = text.unicodeScalars.makeIterator()
+        // Skips an escape sequence's remainder; `kind` is the byte after ESC (or the C1 form's 7-bit equivalent).
+        func skipSequence(_ kind: UInt32) {
+            switch kind {
+            case 0x5B: // CSI: parameters and intermediates, then one final byte 0x40-0x7E
+                while let c = scalars.next() { if (0x40...0x7E).contains(c.value) || c.value < 0x20 { return } }
+            case 0x5D, 0x50, 0x58, 0x5E, 0x5F: // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \ or 0x9C)
+                while let c = scalars.next() {
+                    if c.value == 0x07 || c.value == 0x9C { return }
+                    if c.value == 0x1B { _ = scalars.next(); return }
+                }
+            default: // two-character sequences (ESC c, ESC 7, ...), the one byte is already gone
+                return
+            }
+        }
+        while let c = scalars.next() {
+            let v = c.value
+            if v == 0x1B {
+                guard let kind = scalars.next() else { break }
+                skipSequence(kind.value)
+                continue
+            }
+            if (0x80...0x9F).contains(v) {
+                if [0x9B, 0x9D, 0x90, 0x98, 0x9E, 0x9F].contains(v) { skipSequence(v - 0x40) }
+                continue
+            }
+            var scalar = c
+            if v == 0x09 || v == 0x0A || v == 0x0D { scalar = " " } else if v < 0x20 || v == 0x7F { continue }
+            if (0x202A...0x202E).contains(v) || (0x2066...0x2069).contains(v) || v == 0x200E || v == 0x200F || v == 0x061C { continue }
+            guard kept < limit else { truncated = true; break }
+            out.unicodeScalars.append(scalar)
+            kept += 1
+        }
+        return truncated ? out + "…" : out
+    }
+}
+
 /// Typed, signed calls to the server's endpoints (docs/PROTOCOL.md).
 public struct ServerClient: Sendable {
     let transport: any ServerTransport
@@ -52,32 +99,83 @@ public struct ServerClient: Sendable {
         public var requestCount: Int { requests.load(ordering: .relaxed) }
     }
 
-    public init(transport: any ServerTransport, keys: SigningKeyPair,
+    /// The server's id, which every signature covers: asked once (`GET /v1/server`), checked
+    /// against the one pinned at first contact, and handed to `learned` when there was none.
+    public final class ServerIdentity: Sendable {
+        let pinned: @Sendable () -> [UInt8]?
+        let learned: @Sendable ([UInt8]) throws -> Void
+        let known = Mutex<[UInt8]?>(nil)
+        /// `pinned` reads the id pinned so far (nil before the first contact), `learned` pins one.
+        public init(pinned: @escaping @Sendable () -> [UInt8]? = { nil }, learned: @escaping @Sendable ([UInt8]) throws -> Void = { _ in }) {
+            self.pinned = pinned
+            self.learned = learned
+        }
+    }
+    let identity: ServerIdentity
+
+    public init(transport: any ServerTransport, keys: SigningKeyPair, identity: ServerIdentity = ServerIdentity(),
                 now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
         self.transport = transport
         self.keys = keys
+        self.identity = identity
         self.now = now
     }
 
+    /// The id requests are signed for. A server whose id differs from the pinned one is another
+    /// server (replaced, restored without its data directory, or an impostor): nothing is sent.
+    func serverID() async throws -> [UInt8] {
+        if let id = identity.known.withLock({ $0 }) { return id }
+        let (status, body): (Int, [UInt8])
+        do {
+            (status, body) = try await transport.send(method: "GET", path: API.prefix + "/server", headers: [], body: [], contentType: "application/json")
+        } catch let e as SyncError {
+            throw e
+        } catch {
+            throw SyncError.offline("\(error)")
+        }
+        guard status == 200, let info = try? JSONDecoder().decode(ServerInfoResponse.self, from: Data(body)),
+              info.id.count == RequestSigning.serverIDBytes else {
+            if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
+            throw SyncError.protocolError("the server did not tell its id (GET \(API.prefix)/server answered \(status))")
+        }
+        let id = [UInt8](info.id)
+        let pinned = identity.pinned()
+        if let pinned, pinned != id {
+            throw SyncError.protocolError(
+                "the server at this address is not the one this device synced with (its id changed from \(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent")
+        }
+        if pinned == nil { try identity.learned(id) }
+        identity.known.withLock { $0 = id }
+        return id
+    }
+
+    /// Asks the server's id again before the next request: once per sync, so a server replaced
+    /// under a long-running mount is noticed rather than answering every request with 401.
+    public func recheckServerID() { identity.known.withLock { $0 = nil } }
+
     func raw(_ method: String, _ path: String, body: [UInt8] = [], contentType: String = "application/json") async throws -> [UInt8] {
-        let headers = RequestSigning.headers(keys: keys, method: method, path: path, body: body, timestamp: now())
+        let server = try await serverID()
+        let headers = RequestSigning.headers(keys: keys, server: server, method: method, path: path, body: body, timestamp: now())
         let (status, response): (Int, [UInt8])
         do {
             (status, response) = try await transport.send(method: method, path: path, headers: headers, body: body, contentType: contentType)
         } catch let e as SyncError {
             throw e
         } catch {
-            throw SyncError.offline("\(error)")
+            throw SyncError.offline(ServerText.sanitized("\(error)"))
         }
         traffic.sent.add(body.count, ordering: .relaxed)
         traffic.received.add(response.count, ordering: .relaxed)
         traffic.requests.add(1, ordering: .relaxed)
         guard (200..<300).contains(status) else {
+            // The one place where server text becomes an error message (shown by `coffer`, kept in
+            // `coffer status`, logged by the daemon): made safe for a terminal first.
             if let e = try? JSONDecoder().decode(ErrorResponse.self, from: Data(response)) {
-                throw SyncError.server(status: status, code: e.code, message: e.message)
+                throw SyncError.server(status: status, code: ServerText.sanitized(e.code, limit: 64), message: ServerText.sanitized(e.message))
             }
             if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
-            throw SyncError.server(status: status, code: "http_\(status)", message: String(decoding: response.prefix(200), as: UTF8.self))
+            let text = String(decoding: response.prefix(1024), as: UTF8.self)
+            throw SyncError.server(status: status, code: "http_\(status)", message: ServerText.sanitized(text))
         }
         return response
     }
@@ -109,8 +207,8 @@ public struct ServerClient: Sendable {
         try await json("POST", API.prefix + "/files/upsert", request)
     }
 
-    public func updates(since: Int64) async throws -> UpdatesResponse {
-        try await json("POST", API.prefix + "/updates", UpdatesRequest(since: since))
+    public func updates(since: Int64, afterID: Data? = nil) async throws -> UpdatesResponse {
+        try await json("POST", API.prefix + "/updates", UpdatesRequest(since: since, afterID: afterID))
     }
 
     public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {

@@ -3,6 +3,7 @@ import CofferProtocol
 import CofferStore
 import CofferVault
 import Foundation
+import Synchronization
 
 /// What one sync did.
 public struct SyncReport: Sendable {
@@ -11,6 +12,9 @@ public struct SyncReport: Sendable {
     public var pushedChunks = 0
     public var fetchedChunks = 0
     public var pruned = 0
+    /// Files sent again because the server had lost them (restored from an older backup), or nil
+    /// when the server was not found behind this device.
+    public var resentToServer: Int?
     /// Ids whose view changed on this device (the daemon tells the kernel).
     public var changed: Set<FileID> = []
 }
@@ -26,28 +30,37 @@ public final class SyncEngine: Sendable {
     public let vault: Vault
     public let client: ServerClient
     let transport: any ServerTransport
+    /// Seconds between checks, at the start of a sync, that the server still holds what this
+    /// device last read (one small `updates` request); the first sync of an engine always checks.
+    let serverCheckInterval: Double
+    let lastServerCheck = Mutex<Date?>(nil)
 
-    public init(vault: Vault, transport: any ServerTransport) {
+    /// An engine over `transport`; the server's id is pinned in the vault at first contact.
+    public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
         self.vault = vault
         self.transport = transport
-        self.client = ServerClient(transport: transport, keys: vault.signing)
+        let identity = ServerClient.ServerIdentity(pinned: { [vault] in vault.serverSettings?.pinnedID }) { [vault] id in try vault.pinServerID(id) }
+        self.client = ServerClient(transport: transport, keys: vault.signing, identity: identity)
+        self.serverCheckInterval = serverCheckInterval
     }
 
-    /// An engine for the server recorded in the store.
+    /// An engine for the server recorded in the store, over HTTPS (or plain HTTP to loopback, or
+    /// where the user allowed it), trusting the certificate recorded with it if any.
     public static func forStore(_ vault: Vault) throws -> SyncEngine {
-        guard let url = vault.syncStatus.server else {
+        guard let server = vault.serverSettings else {
             throw SyncError.protocolError("no server configured; create the account with `coffer init NAME --server URL`")
         }
-        return SyncEngine(vault: vault, transport: HTTPTransport(baseURL: url))
+        let url = try HTTPTransport.checkedURL(server.url, allowInsecureHTTP: server.insecureHTTP)
+        return SyncEngine(vault: vault, transport: try HTTPTransport(baseURL: url, trustedCertificatePEM: server.trustedCertificatePEM))
     }
 
-    /// Registers this account with the server.
-    public func register() async throws {
+    /// Registers this account with the server (with an invite code when the server asks for one).
+    public func register(invite: String? = nil) async throws {
         guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
         _ = try await client.createAccount(CreateAccountRequest(username: vault.username,
                                                                 signingKey: Data(keys.signingKeys.publicKey.bytes),
-                                                                boxKey: Data(keys.boxKeys.publicKey.bytes)))
+                                                                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite))
     }
 
     @discardableResult
@@ -55,6 +68,8 @@ public final class SyncEngine: Sendable {
         var report = SyncReport()
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
+            client.recheckServerID()
+            if serverCheckDue() { try await catchUpIfServerBehind(&report) }
             try await pull(&report)
             var attempts = 0
             while true {
@@ -72,19 +87,25 @@ public final class SyncEngine: Sendable {
             vault.recordSyncOutcome(error: nil)
             return report
         } catch {
-            vault.recordSyncOutcome(error: "\(error)")
+            // Kept for `coffer status`: never a control character, whatever the error carries.
+            vault.recordSyncOutcome(error: ServerText.sanitized("\(error)", limit: 1000))
             throw error
         }
     }
 
     // MARK: Pull
 
-    func pull(_ report: inout SyncReport) async throws {
-        let cursor = vault.syncStatus.cursor
+    /// Every record after version `since`, newest per file, read page by page, and the version
+    /// read up to. A hostile server can neither loop it (each page must move the cursor on and
+    /// bring a signed record not seen yet) nor leave it inside a version.
+    func updates(since cursor: Int64) async throws -> (files: [FileID: RemoteFile], latest: Int64) {
         var since = cursor
+        // Set while a version larger than a page is being read: the last file id of it seen.
+        var afterID: Data?
         var byID: [FileID: RemoteFile] = [:]
+        var progress = PageProgress(account: vault.accountID)
         while true {
-            let page = try await client.updates(since: since)
+            let page = try await client.updates(since: since, afterID: afterID)
             for f in page.files {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
@@ -94,9 +115,24 @@ public final class SyncEngine: Sendable {
                 byID[signed.metadata.id] = r
             }
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
+            // A page that says "more" must move the cursor on, or the loop would never end; and
+            // the last page must end on a whole version, the only cursor worth keeping.
+            if page.more, !Self.cursor((page.latest, page.nextAfterID), isAfter: (since, afterID)) {
+                throw SyncError.protocolError("the server's update cursor did not advance")
+            }
+            if !page.more, page.nextAfterID != nil { throw SyncError.protocolError("the server's updates ended inside a version") }
+            if let next = page.nextAfterID, next.count != 16 { throw SyncError.protocolError("the server sent a malformed update cursor") }
+            try progress.admit(page)
             since = page.latest
+            afterID = page.nextAfterID
             if !page.more { break }
         }
+        return (byID, since)
+    }
+
+    func pull(_ report: inout SyncReport) async throws {
+        let cursor = vault.syncStatus.cursor
+        let (byID, since) = try await updates(since: cursor)
         guard !byID.isEmpty || since != cursor else { return }
         let files = Array(byID.values)
         try vault.verifyRemote(files)
@@ -126,6 +162,18 @@ public final class SyncEngine: Sendable {
         report.changed.formUnion(changed)
     }
 
+    /// Whether cursor `a` is past `b` in (version, file id) order, where a nil id stands for the
+    /// end of its version (every id of it read).
+    static func cursor(_ a: (Int64, Data?), isAfter b: (Int64, Data?)) -> Bool {
+        if a.0 != b.0 { return a.0 > b.0 }
+        switch (a.1, b.1) {
+        case (nil, nil): return false
+        case (nil, _?): return true
+        case (_?, nil): return false
+        case (let x?, let y?): return y.lexicographicallyPrecedes(x)
+        }
+    }
+
     /// Body bytes sent and received by this engine so far.
     public var traffic: (sent: Int, received: Int, requests: Int) {
         (client.traffic.bytesSent, client.traffic.bytesReceived, client.traffic.requestCount)
@@ -134,7 +182,11 @@ public final class SyncEngine: Sendable {
     // MARK: Push
 
     func pushContent(_ report: inout SyncReport) async throws {
-        let uploads = try vault.pendingContent()
+        try await upload(try vault.pendingContent(), &report)
+    }
+
+    /// Chunks the server lacks, then the manifests: content before the metadata naming it.
+    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport) async throws {
         guard !uploads.isEmpty else { return }
         var all: [[UInt8]] = []
         var seen: Set<[UInt8]> = []
@@ -166,6 +218,21 @@ public final class SyncEngine: Sendable {
     func pushMetadata(_ report: inout SyncReport) async throws {
         let all = try vault.pendingRecords()
         guard !all.isEmpty else { return }
+        for records in Self.parentsFirst(all) {
+            let request = UpsertRequest(updates: records.map {
+                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
+            })
+            let response = try await client.upsert(request)
+            let changed = try vault.markPushed(records, version: response.version)
+            report.pushedRecords += records.count
+            report.changed.formUnion(changed)
+        }
+    }
+
+    /// Upsert batches of at most `batchSize` records, parents before children when there is more
+    /// than one batch, so each batch is valid on its own.
+    static func parentsFirst(_ all: [PendingRecord]) -> [[PendingRecord]] {
         let batches: [[PendingRecord]]
         if all.count <= Self.batchSize {
             batches = [all]
@@ -182,16 +249,7 @@ public final class SyncEngine: Sendable {
             let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
             batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map { Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)]) }
         }
-        for records in batches {
-            let request = UpsertRequest(updates: records.map {
-                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) })
-            })
-            let response = try await client.upsert(request)
-            let changed = try vault.markPushed(records, version: response.version)
-            report.pushedRecords += records.count
-            report.changed.formUnion(changed)
-        }
+        return batches
     }
 }
 

@@ -40,7 +40,7 @@ extension Vault {
         let toVerify = base + local.filter { !($0.signed.signature.isEmpty && $0.metadata.lastModifiedBy == accountID) }
         for f in toVerify {
             let m = f.metadata
-            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: m.encoded()) else {
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: f.signed.message) else {
                 report.problems.append("bad signature on file \(m.id)")
                 continue
             }

@@ -76,8 +76,10 @@ public final class Vault: Sendable {
     /// Creates a new account and an empty tree in `dataDirectory`.
     /// With `createRoot: false` the tree starts empty and arrives with the first pull (a new
     /// device joining an account that already has a tree on a server).
+    /// With `passphrase`, the secret is sealed at rest under the new passphrase it gives (asked
+    /// before anything is written, so a refused prompt leaves no half-made store).
     public static func create(dataDirectory: String, username: String, secret: AccountSecret = .generate(),
-                              createRoot: Bool = true,
+                              passphrase: (any PassphraseSource)? = nil, createRoot: Bool = true,
                               now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
         let name = username.trimmingCharacters(in: .whitespaces)
         guard !name.isEmpty, name.utf8.count <= 64, name.allSatisfy({ $0.isLetter || $0.isNumber || $0 == "-" || $0 == "_" || $0 == "." }) else {
@@ -86,6 +88,7 @@ public final class Vault: Sendable {
         if FileManager.default.fileExists(atPath: dataDirectory + "/" + secretFile) {
             throw VaultError.accountExists(dataDirectory)
         }
+        let sealing = try passphrase?.newPassphrase()
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
         let device = UInt32.random(in: 1...UInt32.max)
@@ -96,21 +99,18 @@ public final class Vault: Sendable {
             try w.setSetting("device", withUnsafeBytes(of: device.bigEndian) { Array($0) })
         }
         // The secret is written last: its presence is what marks the store as initialised.
-        try writeSecret(secret, to: dataDirectory)
+        try writeSecret(secret, to: dataDirectory, passphrase: sealing)
         let vault = try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: name,
                               deviceID: device, locks: locks, now: now)
         if createRoot { try vault.createRoot() }
         return vault
     }
 
-    /// Opens the account stored in `dataDirectory`.
-    public static func open(dataDirectory: String, now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
-        let path = dataDirectory + "/" + secretFile
-        guard FileManager.default.fileExists(atPath: path) else { throw VaultError.noAccount(dataDirectory) }
-        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-            throw VaultError.io("cannot read \(path)")
-        }
-        let secret = try AccountSecret(base64: text)
+    /// Opens the account stored in `dataDirectory`. `passphrase` is asked (once) only if the
+    /// account key is sealed under one.
+    public static func open(dataDirectory: String, passphrase: (any PassphraseSource)? = nil,
+                            now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
+        let secret = try readSecret(in: dataDirectory, passphrase: passphrase)
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
         let (username, device) = try store.read { r -> (String, UInt32) in
@@ -122,12 +122,68 @@ public final class Vault: Sendable {
                          deviceID: device, locks: locks, now: now)
     }
 
-    static func writeSecret(_ secret: AccountSecret, to directory: String) throws {
+    /// The largest `account.secret` read: both formats are far smaller (a plain key is one
+    /// 53-character line, a sealed one 109 bytes), and a huge file is damage, not a key.
+    static let secretFileLimit = 4096
+
+    /// The bytes of `account.secret`, read as hostile input (bounded, never trusted to be small).
+    static func secretFileBytes(in directory: String) throws -> [UInt8] {
+        let path = directory + "/" + secretFile
+        let fd = Foundation.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno == ENOENT { throw VaultError.noAccount(directory) }
+            throw VaultError.io("cannot read \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var buffer = [UInt8](repeating: 0, count: secretFileLimit + 1)
+        var filled = 0
+        while filled < buffer.count {
+            let n = buffer.withUnsafeMutableBytes { b in b.baseAddress.map { Foundation.read(fd, $0 + filled, b.count - filled) } ?? 0 }
+            if n < 0 && errno == EINTR { continue }
+            guard n >= 0 else { throw VaultError.io("cannot read \(path): \(String(cString: strerror(errno)))") }
+            if n == 0 { break }
+            filled += n
+        }
+        guard filled <= secretFileLimit else { throw VaultError.corrupt("\(path) is larger than any account key") }
+        return Array(buffer[0..<filled])
+    }
+
+    static func readSecret(in directory: String, passphrase: (any PassphraseSource)?) throws -> AccountSecret {
+        let bytes = try secretFileBytes(in: directory)
+        guard SealedAccountSecret.isSealed(bytes) else {
+            guard let text = String(validating: bytes, as: UTF8.self) else {
+                throw VaultError.corrupt("\(directory)/\(secretFile) is neither a sealed nor a plain account key")
+            }
+            return try AccountSecret(base64: text)
+        }
+        guard let passphrase else {
+            throw VaultError.invalidArgument("the account key in \(directory) is protected by a passphrase, and none was given")
+        }
+        return try SealedAccountSecret.open(bytes, passphrase: try passphrase.existingPassphrase())
+    }
+
+    /// Whether the account key in `dataDirectory` is sealed under a passphrase (a mount asks for
+    /// it before it detaches from the terminal).
+    public static func accountKeyIsProtected(dataDirectory: String) throws -> Bool {
+        SealedAccountSecret.isSealed(try secretFileBytes(in: dataDirectory))
+    }
+
+    /// Seals the account key at rest under `passphrase` from now on, or stores it plain with `nil`.
+    public func protectAccountKey(with passphrase: Passphrase?) throws {
+        try Self.writeSecret(secret, to: dataDirectory, passphrase: passphrase)
+    }
+
+    /// Replaces `account.secret` atomically: a temporary file (mode 0600, fsynced) renamed over
+    /// it, then the directory fsynced, so a crash leaves the old key or the new one, never neither.
+    static func writeSecret(_ secret: AccountSecret, to directory: String, passphrase: Passphrase? = nil) throws {
         let path = directory + "/" + secretFile
         let tmp = path + ".tmp"
-        let fd = Foundation.open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        var bytes = try passphrase.map { try SealedAccountSecret.seal(secret, passphrase: $0) } ?? Array((secret.base64 + "\n").utf8)
+        defer { bytes.withUnsafeMutableBytes { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
+        // A leftover temporary (an interrupted write) or a planted link is removed, not followed.
+        unlink(tmp)
+        let fd = Foundation.open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw VaultError.io("cannot write \(tmp): \(String(cString: strerror(errno)))") }
-        let bytes = Array((secret.base64 + "\n").utf8)
         let written = bytes.withUnsafeBytes { Foundation.write(fd, $0.baseAddress, $0.count) }
         fchmod(fd, 0o600)
         let synced = fsync(fd)
@@ -136,6 +192,10 @@ public final class Vault: Sendable {
             unlink(tmp)
             throw VaultError.io("cannot write the account secret to \(path)")
         }
+        let dirFD = Foundation.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dirFD >= 0 else { throw VaultError.io("cannot open \(directory) to make the new account secret durable") }
+        defer { close(dirFD) }
+        guard fsync(dirFD) == 0 else { throw VaultError.io("cannot make the new account secret in \(path) durable") }
     }
 
     /// The account secret, for the user's own export.
@@ -159,7 +219,7 @@ public final class Vault: Sendable {
             batch.upsertUnchecked(m)
             _ = try batch.validate()
             try store.write { w in
-                try w.put(StoredFile(signed: sign(m)), .local)
+                try w.put(StoredFile(signed: unsigned(m)), .local)
                 _ = try w.inode(for: id, fixed: 1)
             }
             s.keys[id] = key
@@ -169,8 +229,14 @@ public final class Vault: Sendable {
 
     // MARK: Helpers used under the state lock
 
-    func sign(_ m: FileMetadata) -> SignedMetadata {
-        SignedMetadata(metadata: m, signature: signing.sign(m.encoded()))
+    func sign(_ m: FileMetadata, revision: UInt64) -> SignedMetadata {
+        SignedMetadata(metadata: m, revision: revision, signature: signing.sign(SignedMetadata.message(metadata: m, revision: revision)))
+    }
+
+    /// Wall-clock milliseconds, for record revisions.
+    var nowMillis: UInt64 {
+        let t = now()
+        return UInt64(max(0, t.seconds)) &* 1000 &+ UInt64(max(0, t.nanoseconds)) / 1_000_000
     }
 
     /// A local edit as stored until it is pushed. Signatures are for what leaves the device:
@@ -182,9 +248,7 @@ public final class Vault: Sendable {
     }
 
     func nextStamp(_ s: inout VaultState) -> HybridTimestamp {
-        let t = now()
-        let millis = UInt64(max(0, t.seconds)) * 1000 + UInt64(max(0, t.nanoseconds)) / 1_000_000
-        s.clock = HybridTimestamp.next(after: s.clock, now: millis, device: deviceID)
+        s.clock = HybridTimestamp.next(after: s.clock, now: nowMillis, device: deviceID)
         return s.clock
     }
 

@@ -9,10 +9,14 @@ import Logging
 struct CofferServerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "coffer-server",
-        abstract: "Serve Coffer accounts: encrypted metadata and content, nothing readable.")
+        abstract: "Serve Coffer accounts: encrypted metadata and content, nothing readable.",
+        usage: "coffer-server --data <data> [<options>]\n       coffer-server invite --data <data> [--count <count>]",
+        subcommands: [Invite.self])
 
-    @Option(help: "Directory for the database (metadata.sqlite) and chunks.")
-    var data: String
+    // Optional because `coffer-server invite` reads it too (ArgumentParser gives this command's
+    // options to it wherever they appear); serving requires it (checked in `run`).
+    @Option(help: "Directory for the database (metadata.sqlite) and chunks (required).")
+    var data: String?
 
     @Option(help: "Address to listen on.")
     var host: String = "127.0.0.1"
@@ -22,6 +26,10 @@ struct CofferServerCommand: AsyncParsableCommand {
 
     @Option(help: "Stored bytes allowed per account.")
     var quotaBytes: Int64 = CofferServer.defaultQuotaBytes
+
+    @Option(help: ArgumentHelp("Who may create accounts: open, invite (codes from `coffer-server invite`) or closed.",
+                               discussion: "Default: open when listening on loopback only, invite otherwise."))
+    var registration: String?
 
     @Option(help: "Accounts one client address may create per minute (0: no limit).")
     var accountsPerMinute: Int = 10
@@ -35,15 +43,30 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Flag(help: "Remove content no current record references (left by interrupted uploads), then exit.")
     var cleanup = false
 
+    @Option(help: "Serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key.")
+    var tlsCert: String?
+
+    @Option(help: "The PEM private key of --tls-cert.")
+    var tlsKey: String?
+
     @Option(help: "Log level (trace, debug, info, notice, warning, error, critical).")
     var logLevel: String = "info"
 
+    func validate() throws {
+        if let registration, CofferServer.RegistrationPolicy(rawValue: registration) == nil {
+            throw ValidationError("--registration must be open, invite or closed")
+        }
+    }
+
     func run() async throws {
+        guard let data else { throw ValidationError("Missing expected argument '--data <data>'") }
         var logger = Logger(label: "coffer-server")
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         let server: CofferServer
         do {
-            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes)
+            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes,
+                                           registration: registration.flatMap(CofferServer.RegistrationPolicy.init(rawValue:))
+                                               ?? Self.defaultRegistration(host: host))
         } catch {
             FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
             throw ExitCode(1)
@@ -61,13 +84,62 @@ struct CofferServerCommand: AsyncParsableCommand {
             return
         }
         let host = self.host
-        let app = CofferHTTP.application(
-            server: server, host: host, port: port,
-            options: .init(accountCreationsPerMinute: accountsPerMinute), logger: logger,
+        var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute)
+        switch (tlsCert, tlsKey) {
+        case (nil, nil): break
+        case (let cert?, let key?):
+            do { options.tls = try CofferHTTP.tlsConfiguration(certificateFile: cert, keyFile: key) } catch {
+                FileHandle.standardError.write(Data("coffer-server: cannot load the TLS certificate or key: \(error)\n".utf8))
+                throw ExitCode(1)
+            }
+        default:
+            FileHandle.standardError.write(Data("coffer-server: --tls-cert and --tls-key go together\n".utf8))
+            throw ExitCode(1)
+        }
+        let scheme = options.tls == nil ? "http" : "https"
+        let app = try CofferHTTP.application(
+            server: server, host: host, port: port, options: options, logger: logger,
             onRunning: { port in
                 // Unbuffered, so a parent process reading the pipe sees it at once.
-                FileHandle.standardOutput.write(Data("listening on http://\(host):\(port)\n".utf8))
+                FileHandle.standardOutput.write(Data("listening on \(scheme)://\(host):\(port)\n".utf8))
             })
         try await app.runService(gracefulShutdownSignals: [.sigterm, .sigint])
+    }
+
+    /// A server only this machine can reach is open; one others can reach needs invites unless
+    /// its operator says otherwise (behind a reverse proxy on loopback, say so with
+    /// `--registration`).
+    static func defaultRegistration(host: String) -> CofferServer.RegistrationPolicy {
+        ["127.0.0.1", "::1", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.") ? .open : .invite
+    }
+}
+
+/// `coffer-server invite --data DIR [--count N]`: prints new single-use invite codes, one a line.
+struct Invite: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).",
+        usage: "coffer-server invite --data <data> [--count <count>]")
+
+    /// `--data` is the server command's own option (given after `invite` too).
+    @ParentCommand var server: CofferServerCommand
+
+    @Option(help: "How many codes to make.")
+    var count: Int = 1
+
+    func validate() throws {
+        guard (1...10_000).contains(count) else { throw ValidationError("--count must be 1 to 10000") }
+    }
+
+    func run() throws {
+        guard let data = server.data else { throw ValidationError("Missing expected argument '--data <data>'") }
+        let store: CofferServer
+        do {
+            // Created if new, as the server would: invites can be made before its first start.
+            store = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true))
+        } catch {
+            FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
+            throw ExitCode(1)
+        }
+        for code in try store.makeInvites(count: count) { print(code) }
     }
 }

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CofferSync
 import CofferVault
 import Foundation
 
@@ -33,8 +34,9 @@ struct StoreOptions: ParsableArguments {
         return home + "/.local/share/coffer"
     }
 
+    /// Opens the store's vault, asking for the account key's passphrase (once) if it has one.
     func openVault() throws -> Vault {
-        try Vault.open(dataDirectory: resolvedDataDir)
+        try Vault.open(dataDirectory: resolvedDataDir, passphrase: CLIPassphraseSource())
     }
 }
 
@@ -67,7 +69,8 @@ func guarded(_ body: () throws -> Void) throws {
         case let e as CustomStringConvertible: message = e.description
         default: message = "\(error)"
         }
-        FileHandle.standardError.write(Data(("coffer: " + message.replacingOccurrences(of: "\n", with: " ") + "\n").utf8))
+        // One line with no control character: error text may carry a server's words or a file's name.
+        FileHandle.standardError.write(Data(("coffer: " + ServerText.sanitized(message, limit: 2000) + "\n").utf8))
         throw ExitCode(1)
     }
 }

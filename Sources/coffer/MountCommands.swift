@@ -1,4 +1,5 @@
 import ArgumentParser
+import CofferCrypto
 import CofferFS
 import CofferModel
 import CofferSync
@@ -18,6 +19,8 @@ struct Mount: ParsableCommand {
 
     /// Where the daemon finds the pipe it reports readiness on (`COFFER_READY_FD`).
     static let readyDescriptor: Int32 = 3
+    /// Where the daemon reads the passphrase `coffer mount` asked for (`COFFER_PASSPHRASE_FD`).
+    static let passphraseDescriptor: Int32 = 4
 
     func run() throws {
         try guarded {
@@ -44,7 +47,7 @@ struct Mount: ParsableCommand {
         let lock = try MountLock(directory: dataDir)
         let previous = MountLock.recorded(in: dataDir)
         try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) { logger.log($0) }
-        let vault = try Vault.open(dataDirectory: dataDir)
+        let vault = try Vault.open(dataDirectory: dataDir, passphrase: CLIPassphraseSource())
         // Reclaim what interrupted writes left, while no other process has the store open.
         if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs rewritten") }
         lock.record(mountPoint: mountPoint, pid: getpid())
@@ -74,6 +77,10 @@ struct Mount: ParsableCommand {
     /// Starts this command again in its own session, detached, and waits until it reports the
     /// mount is up (or fails), so `coffer mount` returns only when the mount is usable.
     func daemonize(dataDir: String, mountPoint: String) throws {
+        // The daemon has no terminal: a passphrase is asked here, once, and handed over a pipe.
+        let passphraseFD = try Vault.accountKeyIsProtected(dataDirectory: dataDir)
+            ? try passphrasePipe(CLIPassphraseSource().existingPassphrase()) : nil
+        defer { if let passphraseFD { close(passphraseFD) } }
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { throw CLIError("cannot create a pipe") }
         let logPath = dataDir + "/coffer.log"
@@ -87,7 +94,8 @@ struct Mount: ParsableCommand {
         // never descriptors its caller left open (a script's lock file, a pipe someone waits
         // to see closed, a file on another mount that could then not be unmounted).
         posix_spawn_file_actions_adddup2(&actions, fds[1], Self.readyDescriptor)
-        closeDescriptors(from: Self.readyDescriptor + 1, in: &actions)
+        if let passphraseFD { posix_spawn_file_actions_adddup2(&actions, passphraseFD, Self.passphraseDescriptor) }
+        closeDescriptors(from: (passphraseFD == nil ? Self.readyDescriptor : Self.passphraseDescriptor) + 1, in: &actions)
         var attr = posix_spawnattr_t()
         posix_spawnattr_init(&attr)
         posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
@@ -97,6 +105,7 @@ struct Mount: ParsableCommand {
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
         env["COFFER_READY_FD"] = String(Self.readyDescriptor)
+        env[CLIPassphraseSource.descriptorVariable] = passphraseFD == nil ? nil : String(Self.passphraseDescriptor)
         let argv = args.map { strdup($0) } + [nil]
         let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
         var pid: pid_t = 0
@@ -119,6 +128,21 @@ struct Mount: ParsableCommand {
         let lastLine = (try? String(contentsOfFile: logPath, encoding: .utf8))?.split(separator: "\n").last.map(String.init) ?? ""
         let reason = lastLine.components(separatedBy: "coffer: ").last ?? "see \(logPath)"
         throw CLIError(reason.isEmpty ? "the mount daemon failed; see \(logPath)" : reason)
+    }
+
+    /// A pipe already holding `passphrase` and a line break, its write end closed; returns the
+    /// read end, numbered above the descriptors the daemon's are moved to so no dup2 clobbers it.
+    /// A passphrase (at most 1 KiB) fits in any pipe buffer, so writing cannot block.
+    private func passphrasePipe(_ passphrase: Passphrase) throws -> Int32 {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw CLIError("cannot create a pipe") }
+        defer { close(fds[0]); close(fds[1]) }
+        let written = passphrase.withUnsafeBytes { Glibc.write(fds[1], $0.baseAddress, $0.count) }
+        let newline: [UInt8] = [0x0a]
+        guard written == passphrase.count, Glibc.write(fds[1], newline, 1) == 1 else { throw CLIError("cannot hand the passphrase to the mount daemon") }
+        let high = fcntl(fds[0], F_DUPFD_CLOEXEC, 10)
+        guard high >= 0 else { throw CLIError("cannot hand the passphrase to the mount daemon") }
+        return high
     }
 }
 

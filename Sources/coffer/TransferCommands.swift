@@ -1,5 +1,6 @@
 import ArgumentParser
 import CofferModel
+import CofferSync
 import CofferVault
 import Foundation
 
@@ -109,10 +110,14 @@ struct Import: ParsableCommand {
 }
 
 struct Export: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode, atime and mtime).")
+    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode, atime and mtime).",
+                                                    discussion: """
+                                                        Files belong to the user running the command (ownership is not restored), so, \
+                                                        as cp does, setuid and setgid bits are not kept.
+                                                        """)
     @OptionGroup var store: StoreOptions
     @Argument(help: "File or folder in Coffer.") var source: String
-    @Argument(help: "Existing local folder to copy into.") var localFolder: String
+    @Argument(help: "Local folder to copy into (created, with its parents, if missing).") var localFolder: String
 
     func run() throws {
         try guarded {
@@ -120,8 +125,14 @@ struct Export: ParsableCommand {
             let node = try vault.resolve(source)
             let dest = absolute(localFolder)
             var isDir: ObjCBool = false
-            guard FileManager.default.fileExists(atPath: dest, isDirectory: &isDir), isDir.boolValue else {
-                throw CLIError("\(localFolder) is not an existing folder")
+            if !FileManager.default.fileExists(atPath: dest, isDirectory: &isDir) {
+                do {
+                    try FileManager.default.createDirectory(atPath: dest, withIntermediateDirectories: true)
+                } catch {
+                    throw CLIError("cannot create \(localFolder): \((error as NSError).localizedDescription)")
+                }
+            } else if !isDir.boolValue {
+                throw CLIError("\(localFolder) is not a folder")
             }
             let name = node.isRoot ? vault.username : node.name
             let target = dest + "/" + name
@@ -148,7 +159,9 @@ struct Export: ParsableCommand {
     }
 
     func exportNode(_ vault: Vault, _ node: Node, to path: String, _ progress: Progress) throws {
-        let mode = node.attributes.mode.value
+        // Ownership is not restored (the files belong to whoever exports), so setuid and setgid
+        // go, as with cp: a root export of another user's 6755 file must not make it setuid root.
+        let mode = node.attributes.mode.value & 0o7777 & ~UInt32(S_ISUID | S_ISGID)
         switch node.type {
         case .folder:
             guard mkdir(path, 0o700) == 0 else { throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))") }
@@ -191,7 +204,8 @@ struct Status: ParsableCommand {
             if let server = sync.server {
                 let last = sync.lastSuccessMillis.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
                 print("sync:     \(server), last success \(last), server version \(sync.cursor)")
-                if let e = sync.lastError { print("error:    last attempt failed: \(e)") }
+                if let n = vault.serverCatchUpNotice { print("notice:   \(ServerText.sanitized(n))") }
+                if let e = sync.lastError { print("error:    last attempt failed: \(ServerText.sanitized(e, limit: 1000))") }
             } else {
                 print("sync:     no server configured (local only)")
             }

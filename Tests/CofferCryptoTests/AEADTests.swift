@@ -32,7 +32,7 @@ struct AEADTests {
         let key = SymmetricKey.random()
         let plain: [UInt8] = Array("hello".utf8)
         let sealed = AEAD.seal(plain, key: key, purpose: .name, fileID: fileA)
-        #expect(sealed.count == 5 + 40)
+        #expect(sealed.count == 32 + 40) // padded to the name bucket
         var checked = 0
         for v in flippedVariants(sealed) {
             #expect(throws: CryptoError.self, "flip \(v.mask) at byte \(v.position)") {
@@ -83,10 +83,12 @@ struct AEADTests {
         #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, what: "x") }
     }
 
-    /// The associated data layout is part of the on-disk and on-wire format: it must never change.
+    /// The associated data layout is part of the on-disk and on-wire format: it changes only with
+    /// a format version (2 for the padded purposes, names and attributes).
     @Test func associatedDataBytesAreFixed() {
         #expect(AEAD.associatedData(purpose: .name, fileID: [0xAA, 0xBB], extra: [0x01])
-                == [0x43, 0x46, 0x01, 0x01, 0x02, 0xAA, 0xBB, 0x01])
+                == [0x43, 0x46, 0x02, 0x01, 0x02, 0xAA, 0xBB, 0x01])
+        #expect(AEAD.associatedData(purpose: .attributes, fileID: [0xAA]) == [0x43, 0x46, 0x02, 0x03, 0x01, 0xAA])
         #expect(AEAD.associatedData(purpose: .chunk, fileID: fileA)
                 == [0x43, 0x46, 0x01, 0x04, 0x10] + fileA)
         #expect(AEAD.associatedData(purpose: .accountKey, fileID: []) == [0x43, 0x46, 0x01, 0x06, 0x00])
@@ -151,4 +153,50 @@ func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
         if Array(haystack[i..<(i + needle.count)]) == needle { return true }
     }
     return false
+}
+
+/// Names and attributes are padded before sealing, so their sealed size tells the server only a
+/// bucket, not the length.
+@Suite struct PaddingTests {
+    let key = SymmetricKey.random()
+    let id = randomBytes(16)
+
+    @Test func namesOfSimilarLengthSealToOneSize() throws {
+        let sizes = Set((1...31).map { AEAD.seal(Array(repeating: 0x61, count: $0), key: key, purpose: .name, fileID: id).count })
+        #expect(sizes == [32 + AEAD.overhead])
+        #expect(AEAD.seal(Array(repeating: 0x61, count: 32), key: key, purpose: .name, fileID: id).count == 64 + AEAD.overhead)
+        #expect(AEAD.seal(Array(repeating: 0x61, count: 255), key: key, purpose: .name, fileID: id).count == 256 + AEAD.overhead)
+        // Content is not padded (its sizes are the file's, and chunks are already fixed-size).
+        #expect(AEAD.seal([1, 2, 3], key: key, purpose: .chunk, fileID: id).count == 3 + AEAD.overhead)
+    }
+
+    @Test func paddedValuesRoundTripWhateverTheyEndWith() throws {
+        for value: [UInt8] in [[], [0], [0x80], [0x80, 0], [1, 0, 0, 0x80], Array(repeating: 0, count: 31), Array(repeating: 0x80, count: 64)] {
+            for purpose: SealPurpose in [.name, .attributes] {
+                let sealed = AEAD.seal(value, key: key, purpose: purpose, fileID: id)
+                #expect(try AEAD.open(sealed, key: key, purpose: purpose, fileID: id, what: "v") == value)
+            }
+        }
+    }
+
+    @Test func attributeBucketsGrowWithTheValue() {
+        #expect(Padding.paddedLength(0, purpose: .attributes) == 64)
+        #expect(Padding.paddedLength(63, purpose: .attributes) == 64)
+        #expect(Padding.paddedLength(64, purpose: .attributes) == 128)
+        for n in [100, 1_000, 5_000, 70_000, 500_000] {
+            let p = Padding.paddedLength(n, purpose: .attributes)
+            #expect(p > n && p <= n + n / 8 + 64, "\(n) -> \(p)")
+        }
+        // Near the record limit the padding stops at the ceiling.
+        #expect(Padding.paddedLength(1_040_000, purpose: .attributes) == (1 << 20) - AEAD.overhead)
+    }
+
+    /// A key holder's value without valid padding (sealed unpadded under the padded format) is
+    /// refused, not truncated at a guess.
+    @Test func malformedPaddingIsRefused() {
+        let ad = AEAD.associatedData(purpose: .name, fileID: id)
+        #expect(ad[2] == 2)
+        let unpadded = [UInt8]("abc".utf8).withUnsafeBytes { AEAD.sealExactly($0, key: key, purpose: .name, fileID: id, extra: []) }
+        #expect(throws: CryptoError.self) { try AEAD.open(unpadded, key: key, purpose: .name, fileID: id, what: "name") }
+    }
 }

@@ -121,9 +121,10 @@ struct MetadataTests {
 
     @Test func signedMetadataRoundTrip() throws {
         let m = try Self.fixedRecord()
-        let s = SignedMetadata(metadata: m, signature: Array(repeating: 0x51, count: 64))
+        let s = SignedMetadata(metadata: m, revision: 0x0102_0304_0506_0708, signature: Array(repeating: 0x51, count: 64))
         let bytes = s.encoded()
-        #expect(hex(bytes) == String(format8(Self.fixedHex.count / 2)) + Self.fixedHex + "00000040" + String(repeating: "51", count: 64))
+        #expect(hex(bytes) == String(format8(Self.fixedHex.count / 2)) + Self.fixedHex + "0102030405060708" + "00000040"
+            + String(repeating: "51", count: 64))
         let back = try SignedMetadata(decoding: bytes)
         #expect(back == s)
         #expect(back.id == m.id)
@@ -131,6 +132,24 @@ struct MetadataTests {
         #expect(throws: DecodingError.self) { try SignedMetadata(decoding: Array(bytes.dropLast())) }
         var longSig = s; longSig.signature = Array(repeating: 1, count: 129)
         #expect(throws: DecodingError.self) { try SignedMetadata(decoding: longSig.encoded()) }
+    }
+
+    /// The signature covers the revision: a record cannot be served again under another one.
+    @Test func signedMessageBindsTheRevision() throws {
+        let m = try Self.fixedRecord()
+        let message = SignedMetadata.message(metadata: m, revision: 7)
+        #expect(hex(message) == hexString(Array("CFSR".utf8)) + "0000000000000007" + Self.fixedHex)
+        #expect(SignedMetadata(metadata: m, revision: 7, signature: []).message == message)
+        #expect(SignedMetadata.message(metadata: m, revision: 8) != message)
+    }
+
+    @Test func revisionsGoUpAndSaturate() {
+        #expect(SignedMetadata.revision(after: nil, now: 0) == 1)
+        #expect(SignedMetadata.revision(after: 5, now: 3) == 6)
+        #expect(SignedMetadata.revision(after: 5, now: 1_000) == 1_000)
+        // A hostile base at the top: no trap, and no revision above it exists, so a push of it is
+        // refused as stale rather than wrapping to 0.
+        #expect(SignedMetadata.revision(after: .max, now: 9) == .max)
     }
 
     @Test func isRootMeansOwnParent() {

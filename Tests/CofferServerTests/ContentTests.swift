@@ -15,7 +15,8 @@ import Testing
         try server.putChunk(caller: a.user.key, id: id1, bytes: c1)
         try server.putChunk(caller: a.user.key, id: id1, bytes: c1) // idempotent
         #expect(try server.missingChunks(caller: a.user.key, ids: [id1, id2]).missing == [id2])
-        #expect(try server.usage(caller: a.user.key).bytes == 1000)
+        // Counted by QuotaRule: a chunk at least minimumChunkBytes, a manifest at least minimumRowBytes.
+        #expect(try server.usage(caller: a.user.key).bytes == 4096)
         let file = newFileID()
         let sealed = randomBytes(80)
         let digest = Data(blake2b(sealed))
@@ -26,7 +27,7 @@ import Testing
         try server.putManifest(caller: a.user.key, put)
         try server.putManifest(caller: a.user.key, put) // idempotent
         #expect(try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(file.bytes), digest: digest)) == Data(sealed))
-        #expect(try server.usage(caller: a.user.key).bytes == 3080)
+        #expect(try server.usage(caller: a.user.key).bytes == 4096 + 4096 + 256)
         let bundle = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id2, id1])))
         #expect(bundle.map(\.id) == [Array(id2), Array(id1)])
         #expect(bundle.map(\.sealed) == [c2, c1])
@@ -59,20 +60,20 @@ import Testing
         try a.push([doc])
         expectRefusal(404) { _ = try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(firstDigest))) }
         #expect(try server.missingChunks(caller: a.user.key, ids: [Data(blake2b(shared))]).missing.isEmpty)
-        #expect(try server.usage(caller: a.user.key).bytes == 500 + 200 + 64)
+        #expect(try server.usage(caller: a.user.key).bytes == 4096 + 4096 + 256 + countedRows(a.user, [root, doc]))
         #expect(try server.audit(account: a.user.key).isEmpty)
     }
 
     @Test func quota() throws {
-        let (server, _) = try makeServer(quota: 1500)
+        let (server, _) = try makeServer(quota: 15_000)
         let a = try Device(server, TestUser())
-        try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(1000))
+        try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(10_000))
         expectRefusal(413, ErrorResponse.quotaExceeded) {
-            try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(600))
+            try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(6000))
         }
-        try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(400))
+        try server.putChunk(caller: a.user.key, id: Data(randomBytes(32)), bytes: randomBytes(4800))
         let usage = try server.usage(caller: a.user.key)
-        #expect(usage.files == 0 && usage.bytes == 1400 && usage.quotaBytes == 1500)
+        #expect(usage.files == 0 && usage.bytes == 14_800 && usage.quotaBytes == 15_000)
         // Manifests count too.
         let sealed = randomBytes(200)
         expectRefusal(413, ErrorResponse.quotaExceeded) {
@@ -80,7 +81,7 @@ import Testing
         }
         // Another account has its own quota.
         let b = try Device(server, TestUser())
-        try server.putChunk(caller: b.user.key, id: Data(randomBytes(32)), bytes: randomBytes(1000))
+        try server.putChunk(caller: b.user.key, id: Data(randomBytes(32)), bytes: randomBytes(10_000))
     }
 
     @Test func cleanupRemovesUnreferencedContent() throws {
@@ -97,12 +98,13 @@ import Testing
         let strayDir = dir.appendingPathComponent("chunks/\(RequestSigning.hex(Array(a.user.key)))/00")
         try FileManager.default.createDirectory(at: strayDir, withIntermediateDirectories: true)
         try Data([1, 2, 3]).write(to: strayDir.appendingPathComponent("00" + String(repeating: "ab", count: 31)))
-        #expect(try server.usage(caller: a.user.key).bytes == 100 + 64 + 70 + 80 + 64 + 90)
+        let records = countedRows(a.user, [root, doc])
+        #expect(try server.usage(caller: a.user.key).bytes == records + 4 * 4096 + 2 * 256)
         // With a grace period, young leftovers stay.
         #expect(try server.cleanup(graceMillis: 3_600_000) == .init())
         let report = try server.cleanup(graceMillis: 0)
         #expect(report.manifests == 1 && report.chunks == 3 && report.strayFiles == 1)
-        #expect(try server.usage(caller: a.user.key).bytes == 164)
+        #expect(try server.usage(caller: a.user.key).bytes == records + 4096 + 256)
         #expect(try server.cleanup(graceMillis: 0) == .init())
         let bundle = try server.getChunks(caller: a.user.key, ids: [])
         #expect(ChunkBundle.decode(bundle)?.isEmpty == true)
@@ -203,7 +205,7 @@ import Testing
 }
 
 @Suite struct ScaleTests {
-    @Test func updatesArePagedOnVersionBoundaries() throws {
+    @Test func updatesArePagedWithACompositeCursor() throws {
         let (server, _) = try makeServer()
         let a = try Device(server, TestUser())
         let root = rootRecord(a.user)
@@ -212,15 +214,22 @@ import Testing
         for batch in 0..<3 {
             versions.append(try a.push((0..<2000).map { record(a.user, .document, in: root.id, named: "f\(batch)-\($0)") }))
         }
-        // 6001 records: the first page stops before the batch it would split.
+        // 6001 records: a full first page ends inside the third batch and says where.
         let p1 = try server.updates(caller: a.user.key, since: 0)
-        #expect(p1.files.count == 4001 && p1.more && p1.latest == versions[1])
-        let p2 = try server.updates(caller: a.user.key, since: p1.latest)
-        #expect(p2.files.count == 2000 && !p2.more && p2.latest == versions[2])
-        // One batch bigger than a page travels whole.
+        #expect(p1.files.count == 5000 && p1.more && p1.latest == versions[2] && p1.nextAfterID != nil)
+        let p2 = try server.updates(caller: a.user.key, since: p1.latest, afterID: p1.nextAfterID)
+        #expect(p2.files.count == 1001 && !p2.more && p2.latest == versions[2] && p2.nextAfterID == nil)
+        // A page ending exactly on a version boundary needs no file id.
+        let p1b = try server.updates(caller: a.user.key, since: versions[0])
+        #expect(p1b.files.count == 4000 && !p1b.more && p1b.nextAfterID == nil)
+        // One batch bigger than a page is split, with a file id to go on from.
         let big = try a.push((0..<5500).map { record(a.user, .document, in: root.id, named: "big-\($0)") })
         let p3 = try server.updates(caller: a.user.key, since: versions[2])
-        #expect(p3.files.count == 5500 && !p3.more && p3.latest == big)
+        #expect(p3.files.count == 5000 && p3.more && p3.latest == big && p3.nextAfterID != nil)
+        let p4 = try server.updates(caller: a.user.key, since: p3.latest, afterID: p3.nextAfterID)
+        #expect(p4.files.count == 500 && !p4.more && p4.latest == big && p4.nextAfterID == nil)
+        let ids = (p3.files + p4.files).compactMap { try? decodeRecord($0).id }
+        #expect(Set(ids).count == 5500)
         #expect(try server.audit(account: a.user.key).isEmpty)
     }
 
@@ -236,6 +245,7 @@ import Testing
         try d1.push([root, f])
         let d2 = try Device(s2, user, register: false)
         d2.seen = d1.seen
+        d2.sent = d1.sent
         var renamed = f
         renamed.name = sealedName("g")
         try d2.push([renamed])
@@ -244,6 +254,7 @@ import Testing
         moved.isDeleted = true
         expectRefusal(409, ErrorResponse.getUpdatesRequired) { try d1.push([moved]) }
         d1.seen[f.id] = renamed
+        d1.sent[f.id] = d2.sent[f.id]
         // And a name conflict with what s2 wrote is seen by s1.
         expectRefusal(409, ErrorResponse.invalidTree) { try d1.push([record(user, .folder, in: root.id, named: "g")]) }
         try d1.push([record(user, .folder, in: root.id, named: "f")])

@@ -14,11 +14,20 @@ func nowMillis() -> Int64 { Int64(Date().timeIntervalSince1970 * 1000) }
 
 extension TestClientProtocol {
     /// A request signed by `u` as a client would sign it.
+    /// The server's id, as a client asks it before signing.
+    func serverID() async throws -> [UInt8] {
+        let r = try await execute(uri: "/v1/server", method: .get)
+        return Array(try r.json(ServerInfoResponse.self).id)
+    }
+
+    /// A request signed by `u` as a client would sign it (for the server's own id unless `server` says otherwise).
     func signed(_ u: TestUser, _ method: HTTPRequest.Method, _ path: String, body: [UInt8] = [],
-                timestamp: Int64 = nowMillis(), nonce: [UInt8] = randomBytes(16),
+                timestamp: Int64 = nowMillis(), nonce: [UInt8] = randomBytes(16), server: [UInt8]? = nil,
                 edit: (inout HTTPFields) -> Void = { _ in }) async throws -> TestResponse {
         var fields = HTTPFields()
-        for (name, value) in RequestSigning.headers(keys: u.keys, method: method.rawValue, path: path, body: body, timestamp: timestamp, nonce: nonce) {
+        var id = server ?? []
+        if server == nil { id = try await serverID() }
+        for (name, value) in RequestSigning.headers(keys: u.keys, server: id, method: method.rawValue, path: path, body: body, timestamp: timestamp, nonce: nonce) {
             fields[HTTPField.Name(name)!] = value
         }
         edit(&fields)
@@ -100,6 +109,11 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             // Missing headers.
             let bare = try await client.execute(uri: "/v1/usage", method: .get)
             #expect(bare.status == .unauthorized && bare.errorCode == ErrorResponse.unauthorized)
+            // Signed for another server: a request captured there cannot be replayed here.
+            #expect(try await client.serverID() == server.identity)
+            let elsewhere = try await client.signed(alice, .get, "/v1/usage", server: randomBytes(RequestSigning.serverIDBytes))
+            #expect(elsewhere.status == .unauthorized)
+            #expect(try await client.signed(alice, .get, "/v1/usage").status == .ok)
             // A bad signature, a signature by another key, a tampered path or body.
             let badSig = try await client.signed(alice, .get, "/v1/usage") { f in
                 let sig = f[HTTPField.Name(RequestSigning.signatureHeader)!] ?? ""
@@ -113,7 +127,8 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(otherKey.status == .unauthorized)
             let body = Array(try JSONEncoder().encode(UpdatesRequest(since: 0)))
             var fields = HTTPFields()
-            for (n, v) in RequestSigning.headers(keys: alice.keys, method: "POST", path: "/v1/updates", body: body, timestamp: nowMillis()) {
+            for (n, v) in RequestSigning.headers(keys: alice.keys, server: try await client.serverID(), method: "POST", path: "/v1/updates", body: body,
+                                                 timestamp: nowMillis()) {
                 fields[HTTPField.Name(n)!] = v
             }
             let tamperedBody = try await client.execute(uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: Array(try JSONEncoder().encode(UpdatesRequest(since: 5)))))
@@ -202,7 +217,7 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(chunks.status == .ok && ChunkBundle.decode(chunks.bytes)?.first?.sealed == chunk)
             let usage = try await client.signed(alice, .get, "/v1/usage")
             let u = try usage.json(UsageResponse.self)
-            #expect(u.files == 2 && u.bytes == 3100 && u.quotaBytes == 100_000)
+            #expect(u.files == 2 && u.bytes == 4096 + 256 + countedRows(alice, [root, doc]) && u.quotaBytes == 100_000)
             // Over quota.
             let huge = randomBytes(100_000)
             let over = try await client.signed(alice, .put, "/v1/chunks/\(RequestSigning.hex(blake2b(huge)))", body: huge)

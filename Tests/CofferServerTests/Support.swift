@@ -3,6 +3,7 @@ import CofferModel
 import CofferProtocol
 import CofferServerCore
 import Foundation
+import Synchronization
 import Testing
 
 /// An account's keys for tests.
@@ -24,10 +25,15 @@ struct TestUser: Sendable {
 
     var createRequest: CreateAccountRequest { CreateAccountRequest(username: username, signingKey: key, boxKey: boxKey) }
 
-    func sign(_ m: FileMetadata) -> Data {
-        Data(SignedMetadata(metadata: m, signature: keys.sign(m.encoded())).encoded())
+    /// Signs `m` with a revision above every earlier one of this process, as a device's pushes
+    /// are above the records they were based on.
+    func sign(_ m: FileMetadata, revision: UInt64? = nil) -> Data {
+        let r = revision ?? nextRevision.withLock { $0 += 1; return $0 }
+        return Data(SignedMetadata(metadata: m, revision: r, signature: keys.sign(SignedMetadata.message(metadata: m, revision: r))).encoded())
     }
 }
+
+let nextRevision = Mutex<UInt64>(0)
 
 func newFileID() -> FileID { try! FileID(random: randomBytes(16)) }
 
@@ -65,6 +71,9 @@ final class Device: @unchecked Sendable {
     let server: CofferServer
     let user: TestUser
     var seen: [FileID: FileMetadata] = [:]
+    /// The signed bytes last accepted for each file, and their revision: an unchanged record is
+    /// sent again byte for byte, a changed one one revision up, as a device does.
+    var sent: [FileID: (bytes: Data, revision: UInt64)] = [:]
 
     init(_ server: CofferServer, _ user: TestUser, register: Bool = true) throws {
         self.server = server
@@ -72,15 +81,23 @@ final class Device: @unchecked Sendable {
         if register { _ = try server.createAccount(caller: user.key, user.createRequest) }
     }
 
+    func signed(_ m: FileMetadata) -> (bytes: Data, revision: UInt64) {
+        if let last = sent[m.id], seen[m.id] == m { return last }
+        let revision = (sent[m.id]?.revision ?? 0) + 1
+        return (user.sign(m, revision: revision), revision)
+    }
+
     func update(for m: FileMetadata) -> FileUpdate {
         let prev = seen[m.id]
-        return FileUpdate(record: user.sign(m), expectedParent: prev.map { Data($0.parent.bytes) }, expectedNameMAC: prev.map { Data($0.name.mac) })
+        return FileUpdate(record: signed(m).bytes, expectedParent: prev.map { Data($0.parent.bytes) },
+                          expectedNameMAC: prev.map { Data($0.name.mac) }, expectedRevision: sent[m.id]?.revision)
     }
 
     @discardableResult
     func push(_ records: [FileMetadata]) throws -> Int64 {
+        let signed = records.map(signed)
         let v = try server.upsert(caller: user.key, UpsertRequest(updates: records.map(update(for:)))).version
-        for m in records { seen[m.id] = m }
+        for (m, s) in zip(records, signed) { seen[m.id] = m; sent[m.id] = s }
         return v
     }
 

@@ -13,16 +13,22 @@ public final class ServerProcess: @unchecked Sendable {
     private let lock = NSLock()
     private var output: [String] = []
 
-    public var url: String { "http://127.0.0.1:\(port)" }
+    public private(set) var scheme = "http"
+    /// The arguments given at creation, used again by `restart` and a bare `start`.
+    private var arguments: [String] = []
+
+    public var url: String { "\(scheme)://127.0.0.1:\(port)" }
     public var binary: String { productsDirectory + "/coffer-server" }
 
     /// Starts the server; `port` 0 picks a free one (and a restart reuses the last one).
     public init(dataDirectory: String, extraArguments: [String] = []) throws {
         self.dataDirectory = dataDirectory
-        try start(extraArguments: extraArguments)
+        self.arguments = extraArguments
+        try start()
     }
 
-    public func start(extraArguments: [String] = []) throws {
+    public func start(extraArguments: [String]? = nil) throws {
+        let extraArguments = extraArguments ?? arguments
         signal(SIGPIPE, SIG_IGN)
         var outPipe: [Int32] = [0, 0]
         spawnLock.lock() // until the child exists: see spawn(), no leaks into other tests' children
@@ -61,8 +67,9 @@ public final class ServerProcess: @unchecked Sendable {
                 let line = String(decoding: buffer, as: UTF8.self)
                 buffer = []
                 lock.lock(); output.append(line); lock.unlock()
-                if let r = line.range(of: "listening on http://") {
-                    let rest = line[r.upperBound...]
+                if let r = line.range(of: "listening on "), let sep = line[r.upperBound...].range(of: "://") {
+                    scheme = String(line[r.upperBound..<sep.lowerBound])
+                    let rest = line[sep.upperBound...]
                     if let colon = rest.lastIndex(of: ":"), let p = Int(rest[rest.index(after: colon)...].prefix(while: { $0.isNumber })) {
                         port = p
                         found = true

@@ -217,6 +217,22 @@ struct VaultStoreTests {
         #expect(r.problems.contains { $0.contains("missing manifest") }, "\(r.problems)")
     }
 
+    /// Each push signs a record with a revision above its base's, and names that base revision
+    /// as its precondition, so the server and other devices can order one file's records.
+    @Test func pushedRecordsCarryRevisionsAboveTheirBase() throws {
+        let f = try VaultFixture()
+        try f.document("a", contents: [1])
+        let first = try f.vault.pendingRecords()
+        #expect(first.allSatisfy { $0.stored.signed.revision > 0 && $0.expectedRevision == nil })
+        try f.vault.markPushed(first, version: 1)
+        let doc = try #require(first.first { $0.stored.metadata.type == .document })
+        try f.vault.writeAll(doc.stored.metadata.id, [2])
+        let second = try f.vault.pendingRecords()
+        let again = try #require(second.first { $0.stored.metadata.id == doc.stored.metadata.id })
+        #expect(again.expectedRevision == doc.stored.signed.revision)
+        #expect(again.stored.signed.revision > doc.stored.signed.revision)
+    }
+
     @Test func checkReportsATamperedRecord() throws {
         let f = try VaultFixture()
         try f.document("a", contents: [1])

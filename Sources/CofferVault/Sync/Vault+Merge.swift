@@ -139,7 +139,7 @@ struct PullMerge {
                 try w.remove(id, .local)
             } else if let m = entry {
                 let base = stored
-                try w.put(StoredFile(signed: vault.sign(m), version: base?.version ?? 0, contentVersion: base?.contentVersion ?? 0), .local)
+                try w.put(StoredFile(signed: vault.unsigned(m), version: base?.version ?? 0, contentVersion: base?.contentVersion ?? 0), .local)
                 if base == nil { _ = try w.inode(for: id) }
             } else {
                 try w.remove(id, .local)

@@ -28,6 +28,7 @@ extension Vault {
                     if leaves.isEmpty { break }
                     for id in leaves {
                         try w.remove(id, .base)
+                        try w.addTombstone(id)
                         try w.forgetInode(of: id)
                         tree.remove(id)
                         removable.remove(id)

@@ -26,16 +26,70 @@ public struct ContentNeed: Sendable {
 }
 
 extension Vault {
-    /// Refuses the whole pull if any record is not signed by this account or not owned by it:
-    /// nothing from a server is applied without checking who wrote it.
+    /// Refuses the whole pull if any record is not signed by this account or not owned by it,
+    /// or goes against what this device has already seen (`checkHistory`): nothing from a server
+    /// is applied without checking who wrote it and that it is not older than what is here.
     public func verifyRemote(_ files: [RemoteFile]) throws {
         for f in files {
             let m = f.signed.metadata
             guard m.lastModifiedBy == accountID, m.owner == accountID else {
                 throw VaultError.corrupt("the server sent file \(m.id) written by another account; nothing was applied")
             }
-            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: m.encoded()) else {
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: f.signed.message) else {
                 throw VaultError.corrupt("the server sent file \(m.id) with a bad signature; nothing was applied")
+            }
+        }
+        try checkHistory(files)
+    }
+
+    /// What a server cannot make a device accept, though every record it sends is validly signed:
+    /// - a record older than the one this device holds as base (a rollback), or a different record
+    ///   with the same revision (two histories);
+    /// - a live record of a file whose deletion synced and was pruned here (a resurrection; the
+    ///   tombstone remembers the id);
+    /// - a deletion nobody signed: the server may mark a file deleted (`serverDeleted`) only when
+    ///   a signed record of one of its ancestors, as this device knows them, is deleted.
+    func checkHistory(_ files: [RemoteFile]) throws {
+        let remote = Dictionary(files.map { ($0.signed.metadata.id, $0.signed) }, uniquingKeysWith: { a, b in a.revision >= b.revision ? a : b })
+        try store.read { r in
+            var base: [FileID: SignedMetadata?] = [:]
+            func baseRecord(_ id: FileID) throws -> SignedMetadata? {
+                if let known = base[id] { return known }
+                let found = try r.file(id, .base)?.signed
+                base[id] = found
+                return found
+            }
+            func newest(_ id: FileID) throws -> FileMetadata? { try remote[id]?.metadata ?? baseRecord(id)?.metadata }
+
+            for f in files {
+                let m = f.signed.metadata
+                if let seen = try baseRecord(m.id) {
+                    if f.signed.revision < seen.revision {
+                        throw VaultError.corrupt(
+                            "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than this device has seen (revision \(seen.revision)): it was rolled back or is not honest; nothing was applied")
+                    }
+                    if f.signed.revision == seen.revision, f.signed != seen {
+                        throw VaultError.corrupt(
+                            "the server sent a record of file \(m.id) that differs from the one this device has with the same revision \(seen.revision); nothing was applied")
+                    }
+                }
+                if !m.isDeleted, !f.serverDeleted, try r.isTombstoned(m.id) {
+                    throw VaultError.corrupt("the server sent file \(m.id) back to life after its deletion synced here; nothing was applied")
+                }
+                guard f.serverDeleted, !m.isDeleted else { continue }
+                var cursor = m
+                var steps = 0
+                var signedDeletion = false
+                while !cursor.isRoot, steps <= 100_000 {
+                    steps += 1
+                    if try r.isTombstoned(cursor.parent) { signedDeletion = true; break }
+                    guard let parent = try newest(cursor.parent) else { break }
+                    if parent.isDeleted { signedDeletion = true; break }
+                    cursor = parent
+                }
+                guard signedDeletion else {
+                    throw VaultError.corrupt("the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied")
+                }
             }
         }
     }

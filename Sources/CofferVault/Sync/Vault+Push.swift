@@ -16,6 +16,12 @@ public struct PendingRecord: Sendable {
     public let stored: StoredFile
     public let expectedParent: FileID?
     public let expectedNameMAC: [UInt8]?
+    public let expectedRevision: UInt64?
+
+    public init(stored: StoredFile, expectedParent: FileID?, expectedNameMAC: [UInt8]?, expectedRevision: UInt64?) {
+        self.stored = stored; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+        self.expectedRevision = expectedRevision
+    }
 }
 
 extension Vault {
@@ -37,22 +43,63 @@ extension Vault {
         }
     }
 
+    /// Every base record: what this device last agreed with the server, each already signed. A
+    /// server found to have lost some of it (restored from a backup) is sent these again.
+    public func baseRecords() throws -> [StoredFile] {
+        try store.read { r in try r.files(.base) }
+    }
+
+    /// The stored content (sealed manifest and chunk ids) of these records' documents, for
+    /// pushing base records again: content before the metadata naming it.
+    public func content(of records: [StoredFile]) throws -> [PendingUpload] {
+        try store.read { r in
+            var out: [PendingUpload] = []
+            for f in records where f.metadata.type == .document && !f.effectiveMetadata.isDeleted {
+                guard let digest = f.metadata.contentDigest else { continue }
+                guard let sealed = try r.manifest(digest) else {
+                    throw VaultError.corrupt("the manifest of \(f.metadata.id) is missing")
+                }
+                out.append(PendingUpload(fileID: f.metadata.id, digest: digest, sealedManifest: sealed,
+                                         chunkIDs: try r.chunkIDs(ofManifest: digest)))
+            }
+            return out
+        }
+    }
+
     public func sealedChunk(_ id: [UInt8]) throws -> [UInt8]? {
         try store.chunk(id)
     }
 
     /// Every local record, signed (local edits are stored unsigned, see `unsigned`), with its
-    /// base version's parent and name MAC as the precondition.
+    /// base version's parent and name MAC as the precondition. Each is signed afresh with a
+    /// revision above its base's, so the server can refuse a push based on an older record and
+    /// other devices can refuse an older record served again (`SignedMetadata`).
     public func pendingRecords() throws -> [PendingRecord] {
         try flushFolderTimes() // what is pushed includes the latest folder times
+        let millis = nowMillis
         return try store.read { r in
             try r.files(.local).map { local in
                 let base = try r.file(local.metadata.id, .base)
                 var signed = local
-                if signed.signed.signature.isEmpty { signed.signed = sign(local.metadata) }
-                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac)
+                signed.signed = sign(local.metadata, revision: SignedMetadata.revision(after: base?.signed.revision, now: millis))
+                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac,
+                                     expectedRevision: base?.signed.revision)
             }
         }
+    }
+
+    /// Which of `records` (as a server holds them) this device deleted and pruned (`tombstones`).
+    public func tombstoned(among records: [SignedMetadata]) throws -> [SignedMetadata] {
+        try store.read { r in try records.filter { try r.isTombstoned($0.id) } }
+    }
+
+    /// A new signed deletion of `record`, one revision above it: for a file this device deleted
+    /// and pruned, whose deletion a restored server lost.
+    public func signedDeletion(of record: SignedMetadata) -> StoredFile {
+        var m = record.metadata
+        m.isDeleted = true
+        m.lastModifiedBy = accountID
+        return StoredFile(signed: sign(m, revision: SignedMetadata.revision(after: record.revision, now: nowMillis)))
     }
 
     /// The server accepted `records` at `version`: they become base. A local record that changed

@@ -23,8 +23,39 @@ extension Vault {
         }) ?? SyncStatus(server: nil, cursor: 0)
     }
 
-    public func setServer(_ url: String) throws {
-        try store.write { w in try w.setSetting("server", Array(url.utf8)) }
+    /// How this device reaches its server: the URL, a certificate to trust for it beyond the
+    /// system's (a self-signed server), whether plain HTTP to a non-loopback address was allowed
+    /// explicitly, and the server id pinned at first contact (`RequestSigning`).
+    public struct ServerSettings: Sendable, Equatable {
+        public var url: String
+        public var trustedCertificatePEM: [UInt8]?
+        public var insecureHTTP: Bool
+        public var pinnedID: [UInt8]?
+    }
+
+    /// Records the server (a different server forgets the pinned id of the previous one).
+    public func setServer(_ url: String, trustedCertificatePEM: [UInt8]? = nil, insecureHTTP: Bool = false) throws {
+        try store.write { w in
+            if try w.reader.setting("server") != Array(url.utf8) { try w.setSetting("serverID", []) }
+            try w.setSetting("server", Array(url.utf8))
+            try w.setSetting("serverCA", trustedCertificatePEM ?? [])
+            try w.setSetting("insecureHTTP", insecureHTTP ? [1] : [])
+        }
+    }
+
+    public var serverSettings: ServerSettings? {
+        try? store.read { r -> ServerSettings? in
+            guard let url = try r.setting("server") else { return nil }
+            return ServerSettings(url: String(decoding: url, as: UTF8.self),
+                                  trustedCertificatePEM: try r.setting("serverCA").flatMap { $0.isEmpty ? nil : $0 },
+                                  insecureHTTP: try r.setting("insecureHTTP") == [1],
+                                  pinnedID: try r.setting("serverID").flatMap { $0.isEmpty ? nil : $0 })
+        } ?? nil
+    }
+
+    /// Remembers the id the server gave at first contact; later syncs refuse any other.
+    public func pinServerID(_ id: [UInt8]) throws {
+        try store.write { w in try w.setSetting("serverID", id) }
     }
 
     /// Records the outcome of a sync attempt for `coffer status`.
@@ -38,6 +69,23 @@ extension Vault {
                 try w.setSetting("lastSuccess", Self.bytes(ms))
             }
         }
+    }
+
+    /// Forgets how far this device has read the server's changes, so the next pull reads them all
+    /// again. Used when the server's versions stopped meaning what the cursor says (a server
+    /// restored from a backup reuses version numbers the device has already read past).
+    public func resetCursor() throws {
+        try store.write { w in try w.setSetting("cursor", Self.bytes(0)) }
+    }
+
+    /// The last time a sync found the server behind this device (restored from a backup, or lost
+    /// its last writes) and what it did, for `coffer status`; nil if that never happened.
+    public var serverCatchUpNotice: String? {
+        (try? store.read { r in try r.setting("serverCatchUp") }).flatMap { $0 }.flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
+    }
+
+    public func recordServerCatchUp(_ notice: String) {
+        try? store.write { w in try w.setSetting("serverCatchUp", Array(notice.utf8)) }
     }
 
     static func int64(_ b: [UInt8]) -> Int64 { Int64(bitPattern: b.reduce(UInt64(0)) { ($0 << 8) | UInt64($1) }) }
