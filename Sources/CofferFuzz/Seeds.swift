@@ -50,7 +50,10 @@ enum Seeds {
                                owner: owner, isDeleted: true, wrappedKey: [UInt8](repeating: 0x55, count: 72),
                                sealedAttributes: [UInt8](repeating: 0x66, count: 60), contentDigest: [UInt8](repeating: 0x77, count: 32),
                                lastModifiedBy: owner)
-        func signed(_ m: FileMetadata) -> [UInt8] { SignedMetadata(metadata: m, signature: keys.sign(m.encoded())).encoded() }
+        func signed(_ m: FileMetadata, revision: UInt64 = 1_764_000_000_000) -> [UInt8] {
+            let message = SignedMetadata.message(metadata: m, revision: revision)
+            return SignedMetadata(metadata: m, revision: revision, signature: keys.sign(message)).encoded()
+        }
 
         let manifest = Manifest(chunkSize: 4, chunks: [ChunkRef(id: [UInt8](repeating: 1, count: 32), length: 4),
                                                        ChunkRef(id: [UInt8](repeating: 2, count: 32), length: 1)])
@@ -59,8 +62,8 @@ enum Seeds {
         // A signed header set, and the timestamp that made `abs(now - ts)` trap (issue 19, item 1).
         let now: Int64 = 1_764_000_000_000
         let body = Array("{\"since\":0}".utf8)
-        let headers = RequestSigning.headers(keys: keys, method: "POST", path: "/v1/updates", body: body, timestamp: now,
-                                             nonce: [UInt8](repeating: 0xab, count: 16))
+        let headers = RequestSigning.headers(keys: keys, server: FuzzTarget.serverID, method: "POST", path: "/v1/updates", body: body,
+                                             timestamp: now, nonce: [UInt8](repeating: 0xab, count: 16))
         func headerInput(timestamp: String) -> [UInt8] {
             let h = Dictionary(uniqueKeysWithValues: headers)
             let fields = [h[RequestSigning.accountHeader] ?? "", timestamp, h[RequestSigning.nonceHeader] ?? "",
@@ -75,10 +78,11 @@ enum Seeds {
         let messages: [(String, any Encodable)] = [
             ("CreateAccountRequest", CreateAccountRequest(username: "val", signingKey: Data(keys.publicKey.bytes), boxKey: d)),
             ("AccountResponse", AccountResponse(username: "val", signingKey: d, boxKey: d)),
-            ("UpsertRequest", UpsertRequest(updates: [FileUpdate(record: record, expectedParent: Data(rootID.bytes), expectedNameMAC: d),
+            ("UpsertRequest", UpsertRequest(updates: [FileUpdate(record: record, expectedParent: Data(rootID.bytes), expectedNameMAC: d,
+                                                                 expectedRevision: 5),
                                                        FileUpdate(record: Data(signed(root)), expectedParent: nil, expectedNameMAC: nil)])),
             ("UpsertResponse", UpsertResponse(version: 42)),
-            ("UpdatesRequest", UpdatesRequest(since: 7)),
+            ("UpdatesRequest", UpdatesRequest(since: 7, afterID: Data(docID.bytes))),
             ("UpdatesResponse", UpdatesResponse(files: [ServerFile(record: record, version: 3, contentVersion: 2, serverDeleted: false)],
                                                 latest: 3, more: true)),
             ("ChunkIDsRequest", ChunkIDsRequest(ids: [Data(repeating: 1, count: 32), Data(repeating: 2, count: 32)])),
@@ -88,6 +92,7 @@ enum Seeds {
             ("GetManifestRequest", GetManifestRequest(fileID: Data(docID.bytes), digest: Data(repeating: 5, count: 32))),
             ("UsageResponse", UsageResponse(files: 10, bytes: 1 << 20, quotaBytes: 1 << 30)),
             ("ErrorResponse", ErrorResponse(code: ErrorResponse.badRequest, message: "no")),
+            ("ServerInfoResponse", ServerInfoResponse(id: Data(FuzzTarget.serverID))),
         ]
         var messageSeeds: [(String, [UInt8])] = []
         for (name, message) in messages {
@@ -119,7 +124,18 @@ enum Seeds {
             (.accountSecret, [("phrase", Array(secret.phrase.joined(separator: " ").utf8)),
                               ("base64", Array(("  " + secret.base64 + "\n").utf8)),
                               ("phrase-bad-checksum", Array((["zoo"] + secret.phrase.dropFirst()).joined(separator: ",").utf8))]),
+            // Sealing draws a random salt and nonce, so this seed differs on every run.
+            (.sealedSecret, [("cheapest", sealedCheapest(secret)),
+                             ("costly", Array(sealedCheapest(secret).prefix(5)) + [0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0x40, 0, 0, 0]
+                                + Array(sealedCheapest(secret).dropFirst(21)))]),
         ]
+    }
+
+    static func sealedCheapest(_ secret: AccountSecret) -> [UInt8] {
+        guard let pw = try? Passphrase(FuzzTarget.passphrase),
+              let sealed = try? SealedAccountSecret.seal(secret, passphrase: pw, cost: .init(opsLimit: 1, memLimit: 8192))
+        else { fatalError("sealing the seed secret") }
+        return sealed
     }
 
     /// A version 1 attribute record (no atime), which stores written before version 2 still hold.

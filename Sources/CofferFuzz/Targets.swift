@@ -30,6 +30,9 @@ enum FuzzTarget: String, CaseIterable, Sendable {
     case packLocator = "pack-locator"
     /// The recovery phrase and `coffer1:` base64 import: what imports exports back to itself.
     case accountSecret = "account-secret"
+    /// `SealedAccountSecret.open` (`account.secret` under a passphrase): refused or opened, never a
+    /// trap; what opens seals again to a record that opens to the same secret.
+    case sealedSecret = "sealed-secret"
 
     func run(_ bytes: [UInt8]) {
         switch self {
@@ -42,6 +45,7 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         case .requestHeaders: Self.requestHeaders(bytes)
         case .packLocator: Self.packLocator(bytes)
         case .accountSecret: Self.accountSecret(bytes)
+        case .sealedSecret: Self.sealedSecret(bytes)
         }
     }
 
@@ -58,7 +62,7 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         check(s.encoded() == bytes, "SignedMetadata re-encodes to other bytes")
         // What a device does next with a pulled record: check the signature by the writer's key.
         if let key = try? PublicSigningKey(bytes: s.metadata.lastModifiedBy.bytes) {
-            _ = key.verify(signature: s.signature, message: s.metadata.encoded())
+            _ = key.verify(signature: s.signature, message: s.message)
         }
     }
 
@@ -108,7 +112,7 @@ enum FuzzTarget: String, CaseIterable, Sendable {
             }
         }),
         ("UpsertResponse", { json($0, as: UpsertResponse.self) { _ in } }),
-        ("UpdatesRequest", { json($0, as: UpdatesRequest.self) { _ in } }),
+        ("UpdatesRequest", { json($0, as: UpdatesRequest.self) { r in if let a = r.afterID { _ = try? FileID(bytes: [UInt8](a)) } } }),
         ("UpdatesResponse", {
             json($0, as: UpdatesResponse.self) { r in for f in r.files { record(f.record) } }
         }),
@@ -123,6 +127,8 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         ("GetManifestRequest", { json($0, as: GetManifestRequest.self) { r in _ = try? FileID(bytes: [UInt8](r.fileID)) } }),
         ("UsageResponse", { json($0, as: UsageResponse.self) { _ in } }),
         ("ErrorResponse", { json($0, as: ErrorResponse.self) { _ in } }),
+        // New messages go last, so the first byte of the corpus inputs keeps its meaning.
+        ("ServerInfoResponse", { json($0, as: ServerInfoResponse.self) { _ in } }),
     ]
 
     static func messages(_ bytes: [UInt8]) {
@@ -148,6 +154,9 @@ enum FuzzTarget: String, CaseIterable, Sendable {
 
     // MARK: - Request headers
 
+    /// The server id the `request-headers` seeds are signed for.
+    static let serverID = [UInt8](repeating: 0x5a, count: RequestSigning.serverIDBytes)
+
     /// The input is newline-separated: account, timestamp, nonce, signature, method, path, then
     /// the body (the rest, newlines and all).
     static func requestHeaders(_ bytes: [UInt8]) {
@@ -168,12 +177,13 @@ enum FuzzTarget: String, CaseIterable, Sendable {
                 let expected = ts > 0 && (Int128(now) - Int128(ts)).magnitude <= UInt128(API.maxClockSkewMillis)
                 check(RequestSigning.isFresh(timestamp: ts, now: now) == expected, "isFresh(\(ts), now: \(now))")
             }
-            let message = RequestSigning.canonical(method: field(4), path: field(5), body: body, timestamp: ts, nonce: field(2))
+            let message = RequestSigning.canonical(server: serverID, method: field(4), path: field(5), body: body, timestamp: ts,
+                                                   nonce: field(2))
             if let key = RequestSigning.unhex(field(0)).flatMap({ try? PublicSigningKey(bytes: $0) }),
                let signature = RequestSigning.unhex(field(3)) {
                 _ = key.verify(signature: signature, message: message)
-                _ = RequestSigning.verify(account: key, method: field(4), path: field(5), body: body, timestamp: ts,
-                                          nonce: field(2), signature: signature)
+                _ = RequestSigning.verify(account: key, server: serverID, method: field(4), path: field(5), body: body,
+                                          timestamp: ts, nonce: field(2), signature: signature)
             }
         }
 
@@ -192,6 +202,27 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         check(secret.seed.count == AccountSecret.byteCount, "secret length")
         check((try? AccountSecret(phrase: secret.phrase.joined(separator: " "))) == secret, "phrase round trip")
         check((try? AccountSecret(base64: secret.base64)) == secret, "base64 round trip")
+    }
+}
+
+extension FuzzTarget {
+    /// The passphrase the `sealed-secret` seeds are sealed under.
+    static let passphrase = Array("correct horse".utf8)
+
+    static func sealedSecret(_ bytes: [UInt8]) {
+        // Argon2id at a file's own cost may take a second and 1 GiB for one input: the header
+        // checks run at any cost, the derivation only at the cheapest ones.
+        let costAt = SealedAccountSecret.magic.count + 1
+        if bytes.count >= SealedAccountSecret.headerBytes {
+            let ops = bytes[costAt..<(costAt + 8)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            let mem = bytes[(costAt + 8)..<(costAt + 16)].reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            let allowed = ops <= SealedAccountSecret.maxOpsLimit && mem <= SealedAccountSecret.maxMemLimit
+            if allowed && (ops > 1 || mem > 64 * 1024) { return }
+        }
+        guard let pw = try? Passphrase(passphrase), let secret = try? SealedAccountSecret.open(bytes, passphrase: pw) else { return }
+        let cheapest = SealedAccountSecret.Cost(opsLimit: 1, memLimit: 8192)
+        guard let again = try? SealedAccountSecret.seal(secret, passphrase: pw, cost: cheapest) else { violated("an opened secret does not seal") }
+        check((try? SealedAccountSecret.open(again, passphrase: pw)) == secret, "sealed secret round trip")
     }
 }
 
