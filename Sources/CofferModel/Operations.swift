@@ -39,7 +39,9 @@ public struct Batch<Base: TreeView>: TreeView {
             changes[c].map { $0.parent == id && $0.name.mac == nameMAC } ?? true
         }
         if let extra = addedByName[id]?[nameMAC] {
-            for e in extra where !out.contains(e) && changes[e]?.parent == id && changes[e]?.name.mac == nameMAC { out.append(e) }
+            // A set, not `out.contains`: a batch may hold thousands of deleted same-name siblings.
+            var present = Set(out)
+            for e in extra where changes[e]?.parent == id && changes[e]?.name.mac == nameMAC && present.insert(e).inserted { out.append(e) }
         }
         return out
     }

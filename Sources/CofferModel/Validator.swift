@@ -1,7 +1,8 @@
 /// The four tree invariants (root, path conflict, cycle, orphan), checked once per batch.
 ///
 /// `validate(changed:in:)` checks only what a batch can have broken: the changed files, their
-/// ancestor chains, and their sibling sets, so its cost follows the batch, not the tree.
+/// ancestor chains (memoised, see `Ancestry`), their sibling sets, and the depth limit of
+/// `TreeLimits`, so its cost follows the batch, not the tree or its depth.
 /// `validateAll(_:)` checks everything (fsck, and the server's own audit).
 public enum Validator {
     /// Identifies a file in an error. The model knows no plaintext; callers that do can map ids
@@ -10,7 +11,11 @@ public enum Validator {
 
     public static func validate<T: TreeView>(changed ids: some Sequence<FileID>, before: (FileID) -> FileMetadata?,
                                              in tree: T, describe: Describe = { $0.description }) throws(TreeError) {
+        // One memo for every walk up the tree in this batch: each record is walked once, so a
+        // batch costs O(records changed + their distinct ancestors) whatever the depth.
+        var ancestry = Ancestry(tree)
         var foldersToDeepCheck: [FileID] = []
+        var movedFolders: [(id: FileID, depth: Int)] = []
         var namesToCheck: [FileMetadata] = []
         for id in ids {
             guard let m = tree.file(id) else { continue } // pruned in this batch
@@ -30,53 +35,76 @@ public enum Validator {
             // Orphan invariant.
             guard let parent = tree.file(m.parent) else { throw .orphan(describe(id)) }
             guard parent.type == .folder else { throw .parentNotFolder(describe(m.parent)) }
-            // Cycle invariant: walking up must reach the root.
-            try reachesRoot(from: id, parent: parent.id, in: tree, describe: describe)
+            // Cycle invariant (walking up must reach the root) and the depth limit.
+            let facts = try ancestry.facts(of: id, describe: describe)
+            if facts.depth > TreeLimits.maxDepth { throw TreeLimits.tooDeep(describe(id)) }
             if !m.isDeleted { namesToCheck.append(m) }
-            if m.type == .folder, let old, old.isDeleted != m.isDeleted || old.parent != m.parent {
-                foldersToDeepCheck.append(id)
+            if m.type == .folder, let old {
+                if old.isDeleted != m.isDeleted || old.parent != m.parent { foldersToDeepCheck.append(id) }
+                if old.parent != m.parent { movedFolders.append((id, facts.depth)) }
             }
+        }
+        // A moved folder takes its subtree along: the deepest record under it must stay within
+        // the limit too. Heights are memoised across the batch, so nested moves cost one walk.
+        var heights: [FileID: Int] = [:]
+        for f in movedFolders {
+            try checkHeight(of: f.id, budget: TreeLimits.maxDepth - f.depth, in: tree, heights: &heights, describe: describe)
         }
         // Path conflict invariant: a changed live file has no live sibling of the same name.
         // (Files inside deleted folders may share names; they are not live.)
-        for m in namesToCheck where tree.isLive(m.parent) {
+        for m in namesToCheck where try ancestry.facts(of: m.parent, describe: describe).deletedAt == nil {
             for other in tree.childIDs(of: m.parent, nameMAC: m.name.mac) where other != m.id {
                 if let o = tree.file(other), !o.isDeleted { throw .pathConflict(describe(m.id)) }
             }
         }
         // A folder that came back to life (moved out of a deleted folder) revives its subtree.
-        for f in foldersToDeepCheck where tree.isLive(f) {
-            for d in [f] + tree.descendants(of: f) where tree.file(d)?.type == .folder {
+        // Each folder is checked once, however many of its ancestors the batch moved.
+        var checked: Set<FileID> = []
+        for f in foldersToDeepCheck where try ancestry.facts(of: f, describe: describe).deletedAt == nil {
+            var queue = [f]
+            while let d = queue.popLast() {
+                guard checked.insert(d).inserted else { continue }
                 try checkSiblings(of: d, in: tree, describe: describe)
+                for c in tree.childIDs(of: d) where c != d && !checked.contains(c) && tree.file(c)?.type == .folder {
+                    queue.append(c)
+                }
             }
         }
     }
 
-    /// Walks up from `id` (whose parent is `parent`) and throws unless it reaches the root.
-    ///
-    /// Runs for every changed record of every batch (each create, close and chmod on a mount),
-    /// so it reads only links (no record copies), and only a walk longer than `shortWalk` steps
-    /// keeps a set of where it has been; before that it checks for `id` alone. A cycle among
-    /// the ancestors is then found a few steps later than with a set from the start, with the
-    /// same error: nothing inside a cycle can be missing, so no other error can come first.
-    static func reachesRoot<T: TreeView>(from id: FileID, parent: FileID, in tree: T,
+    /// Throws `tooDeep` when the subtree under `folder` is more than `budget` levels high.
+    /// Iterative (no recursion on hostile depths); stops as soon as the budget is exceeded.
+    static func checkHeight<T: TreeView>(of folder: FileID, budget: Int, in tree: T, heights: inout [FileID: Int],
                                          describe: Describe) throws(TreeError) {
-        var current = parent
-        guard var link = tree.link(current) else { throw .orphan(describe(id)) }
-        var visited: Set<FileID>?
-        var steps = 0
-        while link.parent != current { // the root is its own parent
-            steps += 1
-            if steps > shortWalk, visited == nil { visited = [id] }
-            if current == id || visited?.insert(current).inserted == false { throw .cycle(describe(id)) }
-            guard let next = tree.link(link.parent) else { throw .orphan(describe(current)) }
-            current = link.parent
-            link = next
+        if let h = heights[folder] {
+            if h > budget { throw TreeLimits.tooDeep(describe(folder)) }
+            return
+        }
+        // A frame per folder on the current path; the path is never longer than the budget.
+        var stack: [(id: FileID, children: [FileID], next: Int, height: Int)] = [(folder, tree.childIDs(of: folder), 0, 0)]
+        var onStack: Set<FileID> = [folder]
+        while var top = stack.popLast() {
+            if top.next < top.children.count {
+                let c = top.children[top.next]
+                top.next += 1
+                stack.append(top)
+                if c == top.id || onStack.contains(c) { continue } // validated trees have no cycles; never loop on one
+                if let h = heights[c] {
+                    // c sits stack.count levels below `folder`, its deepest record h further.
+                    if stack.count + h > budget { throw TreeLimits.tooDeep(describe(c)) }
+                    stack[stack.count - 1].height = max(stack[stack.count - 1].height, h + 1)
+                    continue
+                }
+                if stack.count > budget { throw TreeLimits.tooDeep(describe(c)) }
+                onStack.insert(c)
+                stack.append((c, tree.childIDs(of: c), 0, 0))
+            } else {
+                heights[top.id] = top.height
+                onStack.remove(top.id)
+                if !stack.isEmpty { stack[stack.count - 1].height = max(stack[stack.count - 1].height, top.height + 1) }
+            }
         }
     }
-
-    /// Steps walked up before the walk keeps a set (deeper trees are rare).
-    static let shortWalk = 32
 
     static func sameStructure(_ a: FileMetadata, _ b: FileMetadata) -> Bool {
         var x = a, y = b

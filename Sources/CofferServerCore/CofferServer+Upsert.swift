@@ -71,6 +71,9 @@ extension CofferServer {
         guard let callerID = try? AccountID(bytes: Array(caller)), let callerKey = try? PublicSigningKey(bytes: Array(caller)) else {
             throw .unauthorized("malformed account key")
         }
+        guard request.updates.count <= TreeLimits.maxRecordsPerBatch else {
+            throw .tooLarge("a batch has at most \(TreeLimits.maxRecordsPerBatch) records; send it in parts")
+        }
         // Decode and authenticate every record before touching storage.
         var decoded: [Decoded] = []
         decoded.reserveCapacity(request.updates.count)
@@ -198,11 +201,13 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired("file \(id) has a newer revision on the server than the one sent")
                 }
             } else {
-                if let other = try reader.file(id: Data(id.bytes)), other.account != caller {
-                    throw ServerError.forbidden("file id \(id) belongs to another account")
-                }
+                // Not in the caller's tree: missing, or another account's. The precondition is
+                // checked first so both give the same answer.
                 guard d.update.expectedParent == nil, d.update.expectedNameMAC == nil else {
                     throw ServerError.getUpdatesRequired("file \(id) is not on the server")
+                }
+                if let other = try reader.file(id: Data(id.bytes)), other.account != caller {
+                    throw ServerError.forbidden(Self.unusableFileID(Data(id.bytes)))
                 }
             }
             batch.upsertUnchecked(m)
@@ -214,24 +219,33 @@ extension CofferServer {
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
         // subtree of a folder that became deleted.
+        // Both walks are memoised over the batch (validation has shown every record reaches the
+        // root): ancestry walks up each record once, and a subtree under several newly deleted
+        // folders is walked once, so the cost follows the batch, not depth × records.
         var marked: Set<FileID> = []
-        func newlyDeleted(_ id: FileID) -> Bool { (batch.file(id)?.isDeleted ?? false) || marked.contains(id) }
+        var ancestry = Ancestry(batch)
+        var walked: Set<FileID> = []
         for m in changed {
             let wasDeleted = tree.file(m.id)?.isDeleted ?? false
-            if !m.isDeleted, batch.deletionState(of: m.id) == .implicitlyDeleted {
+            let above: Ancestry<Batch<FileTree>>.Facts
+            do { above = try ancestry.facts(of: m.parent) } catch { throw ServerError.invalidTree(error.description) }
+            if !m.isDeleted, let deletedAncestor = above.deletedAt {
                 // A live record placed under a folder that was already deleted on the server
                 // means the device has not seen that deletion: it must merge first, or its
                 // new file or edit would vanish.
-                let deletedAncestor = batch.ancestors(of: m.id).first { batch.file($0)?.isDeleted ?? true }
-                if let a = deletedAncestor, tree.file(a)?.isDeleted ?? false {
+                if tree.file(deletedAncestor)?.isDeleted ?? false {
                     throw ServerError.getUpdatesRequired("file \(m.id) is inside a folder that was deleted on the server")
                 }
                 marked.insert(m.id)
             }
             let nowDeleted = m.isDeleted || marked.contains(m.id)
-            if nowDeleted, !wasDeleted, m.type == .folder {
-                for d in batch.descendants(of: m.id) where !(batch.file(d)?.isDeleted ?? true) && !entry.serverDeleted.contains(d) {
-                    marked.insert(d)
+            if nowDeleted, !wasDeleted, m.type == .folder, walked.insert(m.id).inserted {
+                var queue = [m.id]
+                while let next = queue.popLast() {
+                    for d in batch.childIDs(of: next) where d != next && walked.insert(d).inserted {
+                        queue.append(d)
+                        if !(batch.file(d)?.isDeleted ?? true) && !entry.serverDeleted.contains(d) { marked.insert(d) }
+                    }
                 }
             }
         }

@@ -13,6 +13,8 @@ import Synchronization
 public final class CofferServer: Sendable {
     public let metadata: any MetadataStorage
     public let content: any ContentStorage
+    /// Request nonces, apart from `metadata` so authentication never waits for an upsert.
+    public let nonces: any NonceStore
     public let quotaBytes: Int64
     /// This server's id (`RequestSigning`): signatures made for another server do not verify here.
     public let identity: [UInt8]
@@ -44,9 +46,11 @@ public final class CofferServer: Sendable {
     public init(metadata: any MetadataStorage, content: any ContentStorage, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
                 identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
                 registration: RegistrationPolicy = .open, maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
+                nonces: any NonceStore = MemoryNonceStore(),
                 clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
         self.metadata = metadata
         self.content = content
+        self.nonces = nonces
         self.quotaBytes = quotaBytes
         self.identity = identity
         self.registration = registration
@@ -54,15 +58,18 @@ public final class CofferServer: Sendable {
         self.clock = clock
     }
 
-    /// The embedded defaults under `directory`: `metadata.sqlite` and `chunks/`.
+    /// The embedded defaults under `directory` (made 0700): `metadata.sqlite`, `nonces.sqlite`
+    /// (both 0600), `server.id` and `chunks/`.
     public static func open(directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
-                            registration: RegistrationPolicy = .open) throws -> CofferServer {
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+                            registration: RegistrationPolicy = .open,
+                            clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) throws -> CofferServer {
+        try PrivateFiles.prepareDirectory(directory)
         let meta = try SQLiteMetadataStorage(path: directory.appendingPathComponent("metadata.sqlite").path)
+        let nonces = try SQLiteNonceStore(path: directory.appendingPathComponent("nonces.sqlite").path)
         let chunks = try DirectoryContentStorage(root: directory.appendingPathComponent("chunks", isDirectory: true),
                                                  tmp: directory.appendingPathComponent("tmp", isDirectory: true))
-        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes,
-                            identity: try identity(in: directory), registration: registration)
+        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes, identity: try identity(in: directory),
+                            registration: registration, nonces: nonces, clock: clock)
     }
 
     /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
@@ -99,50 +106,88 @@ public final class CofferServer: Sendable {
 
     // MARK: - Error plumbing
 
+    /// Storage failures become a 500 whose text stays in the server's log (`ServerError.detail`).
     func guarded<T>(_ body: () throws -> T) throws(ServerError) -> T {
-        do { return try body() } catch let e as ServerError { throw e } catch { throw .internal("storage failure: \(error)") }
+        do { return try body() } catch let e as ServerError { throw e } catch { throw .internal(detail: "storage failure: \(error)") }
     }
 
     // MARK: - Authentication
 
-    /// Checks a request's four signing headers and records its nonce. Returns the caller's key.
-    /// Does not require the account to exist (account creation is signed by the new key).
-    public func authenticate(method: String, path: String, body: [UInt8], account: String?, timestamp: String?,
-                             nonce: String?, signature: String?) throws(ServerError) -> Data {
+    /// A request whose signing headers are present and well formed, whose timestamp is within
+    /// the window and (unless it may create an account) whose key has an account: everything
+    /// that can be checked before the body is read. See `preauthenticate`.
+    public struct Preauthenticated: Sendable {
+        public let key: Data
+        let publicKey: PublicSigningKey
+        let timestamp: Int64
+        let nonce: String
+        let signature: [UInt8]
+    }
+
+    /// Checks what a request's headers alone can show, cheapest first, before its body is read:
+    /// the four signing headers are present and well formed, the timestamp is within
+    /// `API.maxClockSkewMillis` of the server's clock, and the key has an account (unless
+    /// `mayCreateAccount`, for `POST /v1/accounts`). A request failing any of these is refused
+    /// (401) without its body ever being collected.
+    public func preauthenticate(account: String?, timestamp: String?, nonce: String?, signature: String?,
+                                mayCreateAccount: Bool) throws(ServerError) -> Preauthenticated {
         guard let account, let timestamp, let nonce, let signature else {
             throw .unauthorized("missing signing headers (\(RequestSigning.accountHeader), \(RequestSigning.timestampHeader), \(RequestSigning.nonceHeader), \(RequestSigning.signatureHeader))")
         }
-        guard let keyBytes = RequestSigning.unhex(account), let key = try? PublicSigningKey(bytes: keyBytes) else {
+        guard account.utf8.count == 64, let keyBytes = RequestSigning.unhex(account), let key = try? PublicSigningKey(bytes: keyBytes) else {
             throw .unauthorized("\(RequestSigning.accountHeader) is not a hex public key")
         }
-        guard let ts = Int64(timestamp) else { throw .unauthorized("\(RequestSigning.timestampHeader) is not a number") }
-        let current = now
-        guard abs(current.subtractingReportingOverflow(ts).partialValue) <= API.maxClockSkewMillis, ts > 0 else {
+        guard timestamp.utf8.count <= 20, let ts = Int64(timestamp) else { throw .unauthorized("\(RequestSigning.timestampHeader) is not a number") }
+        guard Self.withinClockWindow(ts, now: now) else {
             throw .unauthorized("request timestamp is more than 5 minutes from the server's clock")
         }
         guard nonce.utf8.count >= 16, nonce.utf8.count <= 128, let nonceBytes = RequestSigning.unhex(nonce), !nonceBytes.isEmpty else {
             throw .unauthorized("\(RequestSigning.nonceHeader) must be 8 to 64 bytes of hex")
         }
-        guard let sig = RequestSigning.unhex(signature), sig.count == 64 else {
+        guard signature.utf8.count == 128, let sig = RequestSigning.unhex(signature), sig.count == 64 else {
             throw .unauthorized("\(RequestSigning.signatureHeader) is not a hex signature")
         }
-        guard RequestSigning.verify(account: key, server: identity, method: method, path: path, body: body, timestamp: ts, nonce: nonce,
-                                    signature: sig) else {
+        let keyData = Data(keyBytes)
+        let exists = try guarded { try metadata.read { try $0.account(key: keyData) } } != nil
+        guard exists || mayCreateAccount else { throw .unauthorized("no account has this key") }
+        return Preauthenticated(key: keyData, publicKey: key, timestamp: ts, nonce: nonce, signature: sig)
+    }
+
+    /// Whether `ts` (ms) is within `API.maxClockSkewMillis` of `now`, without arithmetic that
+    /// can overflow on a hostile value (`abs(now - ts)` traps for `ts == Int64.min + now`).
+    static func withinClockWindow(_ ts: Int64, now: Int64) -> Bool {
+        guard ts > 0, now > 0 else { return false }
+        let (difference, overflow) = now.subtractingReportingOverflow(ts)
+        return !overflow && difference.magnitude <= API.maxClockSkewMillis.magnitude
+    }
+
+    /// Verifies the signature over the body and records the nonce (in `nonces`, never in the
+    /// metadata store). Returns the caller's key.
+    public func authenticate(_ pre: Preauthenticated, method: String, path: String, body: [UInt8]) throws(ServerError) -> Data {
+        guard RequestSigning.verify(account: pre.publicKey, server: identity, method: method, path: path, body: body,
+                                    timestamp: pre.timestamp, nonce: pre.nonce, signature: pre.signature) else {
             throw .unauthorized("request signature does not verify")
         }
-        let keyData = Data(keyBytes)
+        let current = now
         let purge = lastNoncePurge.withLock { last -> Bool in
-            if current - last > 60_000 { last = current; return true }
+            if current.subtractingReportingOverflow(last).partialValue > 60_000 { last = current; return true }
             return false
         }
+        // The timestamp is within the window, so these sums cannot overflow.
         let fresh = try guarded {
-            try metadata.write { tx in
-                if purge { try tx.purgeNonces(expiredBefore: current - 1000) }
-                return try tx.insertNonce(account: keyData, nonce: nonce.lowercased(), expiresAt: ts + API.maxClockSkewMillis + 1000)
-            }
+            if purge { try nonces.purge(expiredBefore: current - 1000) }
+            return try nonces.insert(account: pre.key, nonce: pre.nonce.lowercased(), expiresAt: pre.timestamp + API.maxClockSkewMillis + 1000)
         }
         guard fresh else { throw .unauthorized("request nonce was already used (replay)") }
-        return keyData
+        return pre.key
+    }
+
+    /// Both steps at once, for callers that have the body already (tests, tools).
+    public func authenticate(method: String, path: String, body: [UInt8], account: String?, timestamp: String?,
+                             nonce: String?, signature: String?, mayCreateAccount: Bool = false) throws(ServerError) -> Data {
+        let pre = try preauthenticate(account: account, timestamp: timestamp, nonce: nonce, signature: signature,
+                                      mayCreateAccount: mayCreateAccount)
+        return try authenticate(pre, method: method, path: path, body: body)
     }
 
     /// The caller's account; 401 if the key has no account.
@@ -155,19 +200,21 @@ public final class CofferServer: Sendable {
 
     // MARK: - Accounts
 
-    public static func isValidUsername(_ name: String) -> Bool {
-        let allowed = Set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-@+".utf8)
-        let u = Array(name.utf8)
-        return !u.isEmpty && u.count <= 64 && u.allSatisfy { allowed.contains($0) }
+    /// `Username`'s rule (the model's, shared with devices).
+    public static func isValidUsername(_ name: String) -> Bool { Username.normalized(name) != nil }
+
+    /// Checks an account-creation request without touching storage; the HTTP layer runs this
+    /// before it takes a token from the creation rate limit, so malformed requests cost none.
+    /// Returns the record to store (username normalised).
+    public func checkCreateAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountRecord {
+        guard req.signingKey.count == 32, req.boxKey.count == 32 else { throw .badRequest("signingKey and boxKey must be 32 bytes each") }
+        guard req.signingKey == caller else { throw .forbidden("an account is created by a request signed with its own key") }
+        guard let username = Username.normalized(req.username) else { throw .badRequest(Username.rule) }
+        return AccountRecord(key: req.signingKey, username: username, boxKey: req.boxKey)
     }
 
     public func createAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountResponse {
-        guard req.signingKey.count == 32, req.boxKey.count == 32 else { throw .badRequest("signingKey and boxKey must be 32 bytes each") }
-        guard req.signingKey == caller else { throw .forbidden("an account is created by a request signed with its own key") }
-        guard Self.isValidUsername(req.username) else {
-            throw .badRequest("a username has 1 to 64 characters from A–Z, a–z, 0–9 and . _ - @ +")
-        }
-        let record = AccountRecord(key: req.signingKey, username: req.username, boxKey: req.boxKey)
+        let record = try checkCreateAccount(caller: caller, req)
         let inviteHash: Data?
         switch registration {
         case .open: inviteHash = nil
@@ -188,7 +235,7 @@ public final class CofferServer: Sendable {
                 guard try tx.insertAccount(record) else { throw ServerError.conflict("that username or key already has an account") }
             }
         }
-        return AccountResponse(username: req.username, signingKey: req.signingKey, boxKey: req.boxKey)
+        return AccountResponse(username: record.username, signingKey: record.key, boxKey: record.boxKey)
     }
 
     /// Makes `count` single-use invite codes (32 hex digits, 128 random bits each) and stores
@@ -214,6 +261,7 @@ public final class CofferServer: Sendable {
         return Data(blake2b(bytes))
     }
 
+    /// Looks an account up by username, case- and normalisation-insensitively (`Username.key`).
     public func lookup(username: String) throws(ServerError) -> AccountResponse {
         guard Self.isValidUsername(username),
               let a = try guarded({ try metadata.read { try $0.account(username: username) } }) else {
@@ -375,7 +423,7 @@ public final class CofferServer: Sendable {
             try metadata.write { tx in
                 guard let account = try tx.lockAccount(key: caller) else { throw ServerError.unauthorized("no account has this key") }
                 if let f = try tx.file(id: req.fileID), f.account != caller {
-                    throw ServerError.forbidden("that file belongs to another account")
+                    throw ServerError.forbidden(Self.unusableFileID(req.fileID))
                 }
                 if try tx.hasManifest(key) { return }
                 let present = try tx.presentChunks(account: caller, ids: req.chunkIDs)
@@ -398,6 +446,13 @@ public final class CofferServer: Sendable {
             throw .notFound("no such manifest")
         }
         return sealed
+    }
+
+    /// The one refusal for a file id another account holds. It says no more than that this
+    /// account cannot use the id: ids are global, so a refusal is unavoidable, but its text is
+    /// the same wherever it is given (see docs/PROTOCOL.md).
+    static func unusableFileID(_ id: Data) -> String {
+        "file id \(RequestSigning.hex(Array(id))) cannot be used by this account"
     }
 
     // MARK: - Chunk garbage
@@ -445,8 +500,8 @@ public final class CofferServer: Sendable {
                     try content.delete(k)
                     report.chunks += 1
                 }
-                try tx.purgeNonces(expiredBefore: current)
             }
+            try nonces.purge(expiredBefore: current)
             let known = try metadata.read { try $0.allChunkKeys() }
             var stray: [ChunkKey] = []
             try content.list { key, mtime in

@@ -1,3 +1,4 @@
+import CofferModel
 import Foundation
 import GRDB
 
@@ -10,6 +11,7 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     let pool: DatabasePool
 
     public init(path: String, busyTimeout: TimeInterval = 10) throws {
+        try PrivateFiles.prepareDatabase(path)
         var config = Configuration()
         config.busyMode = .timeout(busyTimeout)
         config.prepareDatabase { db in
@@ -20,7 +22,11 @@ public final class SQLiteMetadataStorage: MetadataStorage {
         // prepareDatabase ran; the writer is the connection that commits, so set it again here.
         try pool.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
         try Self.migrator.migrate(pool)
+        PrivateFiles.restrictDatabase(path)
     }
+
+    /// `Username.key` of a username; a name outside the rule (none is stored) keys as itself.
+    static func usernameKey(_ name: String) -> String { Username.key(name) ?? name }
 
     static var migrator: DatabaseMigrator {
         var m = DatabaseMigrator()
@@ -86,6 +92,23 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                 UPDATE account SET bytes_used = \(usageSQL("account.key"));
                 """)
         }
+        // Usernames are unique by `Username.key` (case and normalisation insensitive); nonces
+        // moved to their own database (`SQLiteNonceStore`).
+        m.registerMigration("v2-username-key") { db in
+            try db.execute(sql: "ALTER TABLE account ADD COLUMN username_key TEXT")
+            var taken: Set<String> = []
+            for row in try Row.fetchAll(db, sql: "SELECT key, username FROM account ORDER BY key") {
+                let key: Data = row["key"]
+                let username: String = row["username"]
+                var usernameKey = SQLiteMetadataStorage.usernameKey(username)
+                // Accounts made before the rule that differ only in case keep working by key;
+                // the name finds the first of them.
+                if !taken.insert(usernameKey).inserted { usernameKey += "#" + key.map { String(format: "%02x", $0) }.joined() }
+                try db.execute(sql: "UPDATE account SET username_key = ? WHERE key = ?", arguments: [usernameKey, key])
+            }
+            try db.execute(sql: "CREATE UNIQUE INDEX account_by_username_key ON account (username_key)")
+            try db.execute(sql: "DROP TABLE nonce")
+        }
         return m
     }
 
@@ -145,7 +168,8 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func account(username: String) throws -> AccountRecord? {
-        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE username = ?", arguments: [username]))
+        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE username_key = ?",
+                                    arguments: [SQLiteMetadataStorage.usernameKey(username)]))
     }
 
     func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile] {
@@ -229,11 +253,12 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func insertAccount(_ a: AccountRecord) throws -> Bool {
-        let exists = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM account WHERE key = ? OR username = ?)",
-                                       arguments: [a.key, a.username]) ?? false
+        let usernameKey = SQLiteMetadataStorage.usernameKey(a.username)
+        let exists = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM account WHERE key = ? OR username_key = ?)",
+                                       arguments: [a.key, usernameKey]) ?? false
         if exists { return false }
-        try db.execute(sql: "INSERT INTO account (key, username, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?)",
-                       arguments: [a.key, a.username, a.boxKey, a.version, a.bytesUsed])
+        try db.execute(sql: "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?, ?)",
+                       arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed])
         return true
     }
 
@@ -262,16 +287,6 @@ struct SQLiteTransaction: MetadataWriter {
             """, arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
         if let old { try addUsage(account: old["account"], bytes: -QuotaRule.counted(row: old["n"])) }
         try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
-    }
-
-    func insertNonce(account: Data, nonce: String, expiresAt: Int64) throws -> Bool {
-        try db.execute(sql: "INSERT OR IGNORE INTO nonce (account, nonce, expires_at) VALUES (?, ?, ?)",
-                       arguments: [account, nonce, expiresAt])
-        return db.changesCount == 1
-    }
-
-    func purgeNonces(expiredBefore: Int64) throws {
-        try db.execute(sql: "DELETE FROM nonce WHERE expires_at < ?", arguments: [expiredBefore])
     }
 
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool {

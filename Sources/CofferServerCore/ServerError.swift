@@ -6,12 +6,14 @@ public struct ServerError: Error, Sendable, Equatable, CustomStringConvertible {
     public var status: Int
     public var code: String
     public var message: String
+    /// What went wrong inside the server (storage errors): for its log, never for the client.
+    public var detail: String?
 
-    public init(_ status: Int, _ code: String, _ message: String) {
-        self.status = status; self.code = code; self.message = message
+    public init(_ status: Int, _ code: String, _ message: String, detail: String? = nil) {
+        self.status = status; self.code = code; self.message = message; self.detail = detail
     }
 
-    public var description: String { "\(status) \(code): \(message)" }
+    public var description: String { "\(status) \(code): \(message)" + (detail.map { " (\($0))" } ?? "") }
     public var response: ErrorResponse { ErrorResponse(code: code, message: message) }
 
     public static func badRequest(_ m: String) -> ServerError { .init(400, ErrorResponse.badRequest, m) }
@@ -25,4 +27,8 @@ public struct ServerError: Error, Sendable, Equatable, CustomStringConvertible {
     public static func quotaExceeded(_ m: String) -> ServerError { .init(413, ErrorResponse.quotaExceeded, m) }
     public static func rateLimited(_ m: String) -> ServerError { .init(429, ErrorResponse.rateLimited, m) }
     public static func `internal`(_ m: String) -> ServerError { .init(500, "internal", m) }
+    /// A 500 that tells the client nothing about the server's insides; `detail` is logged.
+    public static func `internal`(detail: String) -> ServerError {
+        .init(500, "internal", "internal server error; the server's log has the details", detail: detail)
+    }
 }

@@ -73,8 +73,8 @@ public struct StorageError: Error, CustomStringConvertible, Sendable {
     public init(_ description: String) { self.description = description }
 }
 
-/// The metadata store: accounts, file records, the global version counter, request nonces,
-/// manifests with the chunks they list, and per-account usage.
+/// The metadata store: accounts, file records, the global version counter, manifests with the
+/// chunks they list, and per-account usage. (Request nonces live in a `NonceStore` of their own.)
 ///
 /// Everything goes through `read`/`write` transactions, so the logic can make one upsert batch
 /// atomic (preconditions read, invariants checked, records and manifests written, all or
@@ -84,8 +84,7 @@ public struct StorageError: Error, CustomStringConvertible, Sendable {
 /// - A PostgreSQL implementation would open a transaction per `write` (SERIALIZABLE, or READ
 ///   COMMITTED with `SELECT … FOR UPDATE` on the account row in `lockAccount`, which is what
 ///   serialises concurrent batches of one account across server processes), take the global
-///   version from a sequence in `nextVersion`, and map `insertNonce` to
-///   `INSERT … ON CONFLICT DO NOTHING` (refusing replays across processes). The closures are
+///   version from a sequence in `nextVersion`. The closures are
 ///   synchronous; an async driver would run them on its own thread or block on a connection.
 /// Nothing outside the storage implementations knows SQL.
 public protocol MetadataStorage: Sendable {
@@ -97,6 +96,7 @@ public protocol MetadataReader {
     /// Every account's key (for the audit).
     func accountKeys() throws -> [Data]
     func account(key: Data) throws -> AccountRecord?
+    /// The account whose username has the same `Username.key` as `username`.
     func account(username: String) throws -> AccountRecord?
     /// Files of `account` with version > `since`, ordered by (version, id), at most `limit`.
     func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile]
@@ -123,7 +123,7 @@ public protocol MetadataReader {
 }
 
 public protocol MetadataWriter: MetadataReader {
-    /// Returns false when the username or key is taken.
+    /// Returns false when the key, or a username with the same `Username.key`, is taken.
     func insertAccount(_ account: AccountRecord) throws -> Bool
     /// Locks the account against concurrent writers for the rest of the transaction and returns
     /// its current state.
@@ -134,9 +134,6 @@ public protocol MetadataWriter: MetadataReader {
     /// Stores a record (replacing the file's previous one); keeps usage: the file counts once,
     /// at its current record's size (`QuotaRule`).
     func putFile(_ file: StoredFile) throws
-    /// Records a nonce; returns false if this account already used it (a replay).
-    func insertNonce(account: Data, nonce: String, expiresAt: Int64) throws -> Bool
-    func purgeNonces(expiredBefore: Int64) throws
     /// Stores a manifest and the chunk ids it lists; returns false if it was already stored.
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool
     /// Removes a manifest; returns the chunk ids it listed (empty if it was not stored).

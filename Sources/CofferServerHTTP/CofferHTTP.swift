@@ -25,8 +25,23 @@ public enum CofferHTTP {
         public var accountCreationsPerMinute: Int
         /// Serve HTTPS with this configuration (certificate chain and key); nil = plain HTTP.
         public var tls: TLSConfiguration?
-        public init(accountCreationsPerMinute: Int = 10, tls: TLSConfiguration? = nil) {
+        /// A connection that sends nothing (not even the rest of a request head) for this long is
+        /// closed; nil = never.
+        public var idleTimeoutSeconds: Int?
+        /// Open connections at most; more are closed on arrival.
+        public var maxConnections: Int
+        /// Request body bytes held at once over all connections; past it, 503 `busy`.
+        public var maxBufferedBodyBytes: Int
+        public static let defaultIdleTimeoutSeconds = 60
+        public static let defaultMaxConnections = 512
+        public static let defaultMaxBufferedBodyBytes = 512 * 1024 * 1024
+        public init(accountCreationsPerMinute: Int = 10, idleTimeoutSeconds: Int? = Options.defaultIdleTimeoutSeconds,
+                    maxConnections: Int = Options.defaultMaxConnections,
+                    maxBufferedBodyBytes: Int = Options.defaultMaxBufferedBodyBytes, tls: TLSConfiguration? = nil) {
             self.accountCreationsPerMinute = accountCreationsPerMinute
+            self.idleTimeoutSeconds = idleTimeoutSeconds
+            self.maxConnections = maxConnections
+            self.maxBufferedBodyBytes = maxBufferedBodyBytes
             self.tls = tls
         }
     }
@@ -35,7 +50,7 @@ public enum CofferHTTP {
     public static func router(server: CofferServer, options: Options = Options(), logger: Logger) -> Router<CofferRequestContext> {
         let router = Router(context: CofferRequestContext.self)
         router.add(middleware: ErrorAndLogMiddleware(logger: logger))
-        router.add(middleware: AuthenticationMiddleware(server: server))
+        router.add(middleware: AuthenticationMiddleware(server: server, budget: BodyBudget(limit: options.maxBufferedBodyBytes)))
         let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute)
 
         router.get("/health") { _, _ in
@@ -48,9 +63,11 @@ public enum CofferHTTP {
 
         router.post("/v1/accounts") { _, context -> Response in
             let caller = try context.requireCaller()
+            // A malformed request costs no token: the rate limit is for accounts that could exist.
+            let req = try decode(CreateAccountRequest.self, context.body)
+            _ = try server.checkCreateAccount(caller: caller, req)
             let address = context.remoteAddress?.ipAddress ?? "unknown"
             guard limiter.allow(address) else { throw ServerError.rateLimited("too many accounts created from this address; try again later") }
-            let req = try decode(CreateAccountRequest.self, context.body)
             return try json(try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
         }
 
@@ -147,12 +164,15 @@ public enum CofferHTTP {
         return router
     }
 
-    /// An application serving `server` on host:port. `onRunning` gets the bound port (useful with
-    /// port 0).
+    /// An application serving `server` on host:port, with the idle timeout and connection cap of
+    /// `options`. `onRunning` gets the bound port (useful with port 0).
     public static func application(server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
                                    onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) throws -> some ApplicationProtocol {
+        let gate = ConnectionGate(max: options.maxConnections)
+        let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ConnectionCounter(gate: gate)],
+                                               idleTimeout: options.idleTimeoutSeconds.map { .seconds(Int64(min(max($0, 1), 86_400))) })
         let builder: HTTPServerBuilder
-        if let tls = options.tls { builder = try .tls(.http1(), tlsConfiguration: tls) } else { builder = .http1() }
+        if let tls = options.tls { builder = try .tls(.http1(configuration: http1), tlsConfiguration: tls) } else { builder = .http1(configuration: http1) }
         return Application(router: router(server: server, options: options, logger: logger), server: builder,
                            configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
                            onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },

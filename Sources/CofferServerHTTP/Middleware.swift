@@ -20,13 +20,17 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
         do {
             response = try await next(request, context)
         } catch let e as ServerError {
+            if let detail = e.detail {
+                logger.error("internal failure", metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string(detail)])
+            }
             response = CofferHTTP.errorResponse(e)
         } catch let e as HTTPError {
             response = CofferHTTP.errorResponse(Self.map(e))
         } catch let e as any HTTPResponseError {
             response = CofferHTTP.errorResponse(ServerError(Int(e.status.code), Self.code(for: Int(e.status.code)), "request refused"))
         } catch {
-            response = CofferHTTP.errorResponse(.internal("internal error"))
+            logger.error("internal failure", metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string("\(error)")])
+            response = CofferHTTP.errorResponse(.internal(detail: "\(error)"))
         }
         let elapsed = ContinuousClock.now - start
         let ms = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
@@ -78,19 +82,41 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
     }
 }
 
-/// Verifies the four signing headers of every request but `GET /health` (signature over method,
-/// path with query, body hash, timestamp and nonce; timestamp within 5 minutes; nonce never seen
-/// before from that account, remembered in the shared metadata store), after collecting the body
-/// within `API.maxBodyBytes` (413 `too_large` beyond).
+/// Authenticates every request but `GET /health`, in two steps around reading the body:
+/// 1. before any of the body is read, `CofferServer.preauthenticate` checks the signing headers'
+///    presence and form, the timestamp window, and that the key has an account (except for
+///    `POST /v1/accounts`); a request failing that is refused with 401 and its body is never
+///    collected (Hummingbird discards whatever the client still sends);
+/// 2. then the body is collected within `API.maxBodyBytes` (413 `too_large` beyond), the
+///    signature verified over it and the nonce recorded in the server's nonce store.
+///
+/// Bodies being collected at once, over all connections, are bounded by a `BodyBudget`: a
+/// request whose body would exceed it gets 503 `busy` at once (a key's account is public, so the
+/// checks before the body cannot keep a stranger from announcing large bodies).
 struct AuthenticationMiddleware: RouterMiddleware {
     typealias Context = CofferRequestContext
     let server: CofferServer
+    let budget: BodyBudget
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         if CofferHTTP.unauthenticatedPaths.contains(request.uri.path) { return try await next(request, context) }
-        if let length = request.headers[.contentLength].flatMap({ Int($0) }), length > CofferHTTP.maxBodyBytes {
+        let headers = request.headers
+        let mayCreateAccount = request.method == .post && request.uri.path == "/v1/accounts"
+        let pre = try await CofferHTTP.offload { [server] () throws(ServerError) -> CofferServer.Preauthenticated in
+            try server.preauthenticate(account: headers[CofferHTTP.accountField], timestamp: headers[CofferHTTP.timestampField],
+                                       nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField],
+                                       mayCreateAccount: mayCreateAccount)
+        }
+        let announced = headers[.contentLength].flatMap { Int($0) }
+        if let length = announced, length > CofferHTTP.maxBodyBytes {
             throw ServerError.tooLarge("request body is larger than \(CofferHTTP.maxBodyBytes) bytes")
         }
+        // Without a length (chunked), the most a body may be is held for it.
+        let reserved = max(0, announced ?? CofferHTTP.maxBodyBytes)
+        guard budget.reserve(reserved) else {
+            throw ServerError(503, "busy", "the server is receiving too many request bodies at once; try again shortly")
+        }
+        defer { budget.release(reserved) }
         var request = request
         let buffer: ByteBuffer
         do {
@@ -100,17 +126,81 @@ struct AuthenticationMiddleware: RouterMiddleware {
         }
         var context = context
         context.body = Array(buffer.readableBytesView)
-        let headers = request.headers
         let body = context.body
         let method = request.method.rawValue
         let path = request.head.path ?? ""
         let caller = try await CofferHTTP.offload { [server] () throws(ServerError) -> Data in
-            try server.authenticate(method: method, path: path, body: body,
-                                    account: headers[CofferHTTP.accountField], timestamp: headers[CofferHTTP.timestampField],
-                                    nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField])
+            try server.authenticate(pre, method: method, path: path, body: body)
         }
         context.caller = caller
         return try await next(request, context)
+    }
+}
+
+/// Bytes of request bodies held at once (from the start of their collection until their request
+/// is answered), over all connections.
+final class BodyBudget: Sendable {
+    let limit: Int
+    let inUse = Atomic<Int>(0)
+    init(limit: Int) { self.limit = limit }
+
+    func reserve(_ bytes: Int) -> Bool {
+        var current = inUse.load(ordering: .relaxed)
+        while true {
+            guard bytes <= limit - current else { return false }
+            let (exchanged, original) = inUse.compareExchange(expected: current, desired: current + bytes, ordering: .relaxed)
+            if exchanged { return true }
+            current = original
+        }
+    }
+
+    func release(_ bytes: Int) { inUse.wrappingSubtract(bytes, ordering: .relaxed) }
+}
+
+/// Caps the open connections of one server: a connection past `max` is closed as soon as it is
+/// accepted, so idle or slow clients cannot take every socket and starve the rest.
+final class ConnectionGate: Sendable {
+    let max: Int
+    let open = Atomic<Int>(0)
+    init(max: Int) { self.max = max }
+}
+
+/// Counts one connection in its `ConnectionGate` while it is open; closes it if the gate is full.
+final class ConnectionCounter: ChannelInboundHandler, RemovableChannelHandler {
+    typealias InboundIn = Any
+    let gate: ConnectionGate
+    var counted = false
+
+    init(gate: ConnectionGate) { self.gate = gate }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        if context.channel.isActive { admit(context) }
+    }
+
+    func channelActive(context: ChannelHandlerContext) {
+        admit(context)
+        context.fireChannelActive()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        release()
+        context.fireChannelInactive()
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) { release() }
+
+    private func admit(_ context: ChannelHandlerContext) {
+        guard !counted else { return }
+        counted = true
+        if gate.open.wrappingAdd(1, ordering: .relaxed).newValue > gate.max {
+            context.close(promise: nil)
+        }
+    }
+
+    private func release() {
+        guard counted else { return }
+        counted = false
+        gate.open.wrappingSubtract(1, ordering: .relaxed)
     }
 }
 

@@ -125,59 +125,103 @@ public struct HTTPTransport: ServerTransport {
     }
 
     public func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8]) {
-        var request = HTTPClientRequest(url: baseURL + path)
-        request.method = HTTPMethod(rawValue: method)
-        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        var fields = HTTPHeaders()
+        for (name, value) in headers { fields.add(name: name, value: value) }
+        var payload: HTTPClient.Body?
         if !body.isEmpty || method == "POST" || method == "PUT" {
-            request.headers.add(name: "content-type", value: contentType)
-            request.body = .bytes(ByteBuffer(bytes: body))
+            fields.add(name: "content-type", value: contentType)
+            payload = .bytes(body)
         }
-        let start = NIODeadline.now()
-        let received = ByteCounter()
-        let (timeout, rate, limit, sent) = (timeout, minimumBytesPerSecond, maxResponseBytes, body.count)
-        @Sendable func deadline() -> NIODeadline {
-            let moved = sent.addingReportingOverflow(received.value)
-            let extra = moved.overflow ? Int64.max / 2 : Int64(moved.partialValue / rate)
-            return start + timeout + .seconds(min(extra, 1 << 30))
-        }
-        let (prepared, client) = (request, client)
-        // The exchange races a watchdog; whichever ends first cancels the other (AsyncHTTPClient
-        // gives up the connection when its task is cancelled, in `execute` and while streaming).
-        return try await withThrowingTaskGroup(of: (status: Int, body: [UInt8]).self) { group in
-            group.addTask {
-                let response = try await client.execute(prepared, deadline: deadline())
-                if let declared = response.headers.first(name: "content-length").flatMap({ Int($0) }), declared > limit {
-                    throw SyncError.protocolError("the reply to \(method) \(path) is larger than \(limit) bytes")
-                }
-                var data: [UInt8] = []
-                for try await piece in response.body {
-                    guard data.count + piece.readableBytes <= limit else {
-                        throw SyncError.protocolError("the reply to \(method) \(path) is larger than \(limit) bytes")
-                    }
-                    data += piece.readableBytesView
-                    received.add(piece.readableBytes)
-                }
-                return (Int(response.status.code), data)
-            }
-            group.addTask {
-                while true {
-                    let left = deadline() - NIODeadline.now()
-                    if left <= .zero {
-                        throw SyncError.offline("no complete reply to \(method) \(path) in time (\(timeout.nanoseconds / 1_000_000_000) s)")
-                    }
-                    try await Task.sleep(nanoseconds: UInt64(min(left.nanoseconds, 250_000_000)))
-                }
-            }
-            defer { group.cancelAll() }
-            guard let first = try await group.next() else { throw SyncError.protocolError("no reply") }
-            return first
-        }
+        let request = try HTTPClient.Request(url: baseURL + path, method: HTTPMethod(rawValue: method), headers: fields, body: payload)
+        let reply = BoundedReply(what: "\(method) \(path)", timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond,
+                                 maxBytes: maxResponseBytes, sent: body.count)
+        let task = client.execute(request: request, delegate: reply)
+        reply.watch(task)
+        let r = try await withTaskCancellationHandler { try await task.futureResult.get() } onCancel: { task.cancel() }
+        return (r.status, r.body)
     }
 }
 
-/// Reply bytes received so far, shared with the watchdog.
-final class ByteCounter: Sendable {
-    private let count = Atomic<Int>(0)
-    var value: Int { count.load(ordering: .relaxed) }
-    func add(_ n: Int) { count.add(n, ordering: .relaxed) }
+/// Collects one reply within a size limit and fails the request once it has taken longer than
+/// its deadline: `timeout`, plus a second per `minimumBytesPerSecond` moved so far, so a slow
+/// link still finishes a big transfer while a trickled body does not hold a sync for ever.
+///
+/// Everything here runs on the request's NIO event loop (the delegate's callbacks and the timer
+/// alike), not on Swift's cooperative threads: a process whose tasks keep those threads busy
+/// must not see a reply that arrived in time as late, and a hostile server must not be able to
+/// outlast the deadline whatever the rest of the process is doing.
+final class BoundedReply: HTTPClientResponseDelegate, @unchecked Sendable {
+    struct Reply: Sendable {
+        var status: Int
+        var body: [UInt8]
+    }
+    typealias Response = Reply
+
+    let what: String
+    let start = NIODeadline.now()
+    let timeout: TimeAmount
+    let rate: Int
+    let maxBytes: Int
+    let sent: Int
+    // Touched only on the request's event loop.
+    private var status = 0
+    private var body: [UInt8] = []
+    private var finished = false
+    private var timer: RepeatedTask?
+
+    init(what: String, timeout: TimeAmount, minimumBytesPerSecond: Int, maxBytes: Int, sent: Int) {
+        self.what = what
+        self.timeout = timeout
+        self.rate = max(1, minimumBytesPerSecond)
+        self.maxBytes = maxBytes
+        self.sent = sent
+    }
+
+    var deadline: NIODeadline {
+        let moved = sent.addingReportingOverflow(body.count)
+        let extra = moved.overflow ? Int64(1 << 30) : Int64(moved.partialValue / rate)
+        return start + timeout + .seconds(min(extra, 1 << 30))
+    }
+
+    /// Starts the clock on `task`'s event loop.
+    func watch(_ task: HTTPClient.Task<Reply>) {
+        task.eventLoop.execute { [self] in
+            guard !finished else { return }
+            timer = task.eventLoop.scheduleRepeatedTask(initialDelay: .milliseconds(250), delay: .milliseconds(250)) { [self] t in
+                guard !finished else { t.cancel(); return }
+                if NIODeadline.now() > deadline {
+                    finished = true
+                    t.cancel()
+                    task.fail(reason: SyncError.offline("no complete reply to \(what) in time (\(timeout.nanoseconds / 1_000_000_000) s)"))
+                }
+            }
+        }
+    }
+
+    private func tooLarge() -> SyncError { SyncError.protocolError("the reply to \(what) is larger than \(maxBytes) bytes") }
+
+    func didReceiveHead(task: HTTPClient.Task<Reply>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
+        status = Int(head.status.code)
+        if let declared = head.headers.first(name: "content-length").flatMap({ Int($0) }), declared > maxBytes {
+            return task.eventLoop.makeFailedFuture(tooLarge())
+        }
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    func didReceiveBodyPart(task: HTTPClient.Task<Reply>, _ buffer: ByteBuffer) -> EventLoopFuture<Void> {
+        guard body.count + buffer.readableBytes <= maxBytes else { return task.eventLoop.makeFailedFuture(tooLarge()) }
+        body += buffer.readableBytesView
+        return task.eventLoop.makeSucceededVoidFuture()
+    }
+
+    func didReceiveError(task: HTTPClient.Task<Reply>, _ error: any Error) {
+        finished = true
+        timer?.cancel()
+    }
+
+    func didFinishRequest(task: HTTPClient.Task<Reply>) throws -> Reply {
+        finished = true
+        timer?.cancel()
+        return Reply(status: status, body: body)
+    }
 }

@@ -34,6 +34,12 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Option(help: "Accounts one client address may create per minute (0: no limit).")
     var accountsPerMinute: Int = 10
 
+    @Option(help: "Close a connection idle for this many seconds (1 to 86400).")
+    var idleTimeoutSeconds: Int = CofferHTTP.Options.defaultIdleTimeoutSeconds
+
+    @Option(help: "Open connections at most; more are closed on arrival.")
+    var maxConnections: Int = CofferHTTP.Options.defaultMaxConnections
+
     @Option(help: "With --cleanup: keep unreferenced content younger than this many seconds.")
     var graceSeconds: Int64 = 0
 
@@ -56,6 +62,9 @@ struct CofferServerCommand: AsyncParsableCommand {
         if let registration, CofferServer.RegistrationPolicy(rawValue: registration) == nil {
             throw ValidationError("--registration must be open, invite or closed")
         }
+        guard (1...86_400).contains(idleTimeoutSeconds) else { throw ValidationError("--idle-timeout-seconds must be 1 to 86400") }
+        guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
+        guard (0...(100 * 365 * 86_400)).contains(graceSeconds) else { throw ValidationError("--grace-seconds must be 0 to 100 years") }
     }
 
     func run() async throws {
@@ -84,7 +93,8 @@ struct CofferServerCommand: AsyncParsableCommand {
             return
         }
         let host = self.host
-        var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute)
+        var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute, idleTimeoutSeconds: idleTimeoutSeconds,
+                                         maxConnections: maxConnections)
         switch (tlsCert, tlsKey) {
         case (nil, nil): break
         case (let cert?, let key?):

@@ -266,15 +266,15 @@ struct ValidatorTests {
         #expect(throws: TreeError.cycle(fid(2).description)) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 6, "a")) } }
     }
 
-    /// The walk up keeps no set for its first `Validator.shortWalk` steps: past that depth it
-    /// still accepts a good chain, and a cycle above the changed record (which cannot contain
-    /// the record itself) is still a cycle, short or long.
+    /// Walks up are memoised and remember where they have been: a chain a few dozen levels deep
+    /// is accepted, and a cycle above the changed record (which cannot contain the record
+    /// itself) is still a cycle, short or long.
     @Test func deepChainsAndCyclesAboveTheChangedRecord() {
         var t = sampleTree()
-        let depth = Validator.shortWalk * 2 + 5
+        let depth = 32 * 2 + 5
         for i in 0..<depth { t.insert(folder(100 + i, parent: i == 0 ? 1 : 99 + i, "f\(i)")) }
         #expect(throws: Never.self) { try validate(t) { $0.upsertUnchecked(meta(400, parent: 99 + depth, "leaf")) } }
-        for ring in [2, Validator.shortWalk + 7] {
+        for ring in [2, 32 + 7] {
             var broken = sampleTree()
             // folders 200 ... 200+ring-1 point at each other in a ring, detached from the root
             for i in 0..<ring { broken.insert(folder(200 + i, parent: 200 + (i + 1) % ring, "r\(i)")) }
@@ -284,9 +284,9 @@ struct ValidatorTests {
         }
         // An orphan is still named by the first ancestor whose parent is missing.
         var orphaned = sampleTree()
-        for i in 0..<(Validator.shortWalk + 3) { orphaned.insert(folder(300 + i, parent: i == 0 ? 999 : 299 + i, "o\(i)")) }
+        for i in 0..<(32 + 3) { orphaned.insert(folder(300 + i, parent: i == 0 ? 999 : 299 + i, "o\(i)")) }
         #expect(throws: TreeError.orphan(fid(300).description)) {
-            try validate(orphaned) { $0.upsertUnchecked(meta(400, parent: 300 + Validator.shortWalk + 2, "deep")) }
+            try validate(orphaned) { $0.upsertUnchecked(meta(400, parent: 300 + 32 + 2, "deep")) }
         }
     }
 

@@ -179,7 +179,8 @@ import Testing
         steal.parent = aRoot.id
         steal.contentDigest = nil
         expectRefusal(403, ErrorResponse.forbidden) { try a.push([steal]) }
-        expectRefusal(403, ErrorResponse.forbidden) {
+        // With a precondition, the answer is the one for an id the server does not know.
+        expectRefusal(409, ErrorResponse.getUpdatesRequired) {
             _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: a.user.sign(steal), expectedParent: Data(bRoot.id.bytes), expectedNameMAC: Data(bDoc.name.mac))]))
         }
         // A file of A's under B's folder is an orphan in A's tree.

@@ -27,7 +27,7 @@ import Testing
         var short = bob.createRequest
         short.boxKey = Data([1, 2, 3])
         expectRefusal(400, ErrorResponse.badRequest) { _ = try server.createAccount(caller: bob.key, short) }
-        for bad in ["", "a b", "a/b", String(repeating: "x", count: 65), "ünï"] {
+        for bad in ["", "a b", "a/b", String(repeating: "x", count: 65), "bell\u{7}", "emoji😀"] {
             var req = bob.createRequest
             req.username = bad
             expectRefusal(400, ErrorResponse.badRequest) { _ = try server.createAccount(caller: bob.key, req) }

@@ -45,8 +45,9 @@ extension TestResponse {
     var bytes: [UInt8] { Array(body.readableBytesView) }
 }
 
-func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: Int = 0) throws -> (some ApplicationProtocol, CofferServer) {
-    let (server, _) = try makeServer(quota: quota)
+func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: Int = 0,
+             server given: CofferServer? = nil) throws -> (some ApplicationProtocol, CofferServer) {
+    let server = try given ?? makeServer(quota: quota).0
     var logger = Logger(label: "coffer-server-test")
     logger.logLevel = .warning
     let router = CofferHTTP.router(server: server, options: .init(accountCreationsPerMinute: accountsPerMinute), logger: logger)

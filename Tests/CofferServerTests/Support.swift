@@ -61,9 +61,10 @@ func tempDirectory() -> URL {
 }
 
 /// A server on the embedded defaults in a fresh directory, plus the directory.
-func makeServer(quota: Int64 = CofferServer.defaultQuotaBytes) throws -> (CofferServer, URL) {
+func makeServer(quota: Int64 = CofferServer.defaultQuotaBytes,
+                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) throws -> (CofferServer, URL) {
     let dir = tempDirectory()
-    return (try CofferServer.open(directory: dir, quotaBytes: quota), dir)
+    return (try CofferServer.open(directory: dir, quotaBytes: quota, clock: clock), dir)
 }
 
 /// Calls the server as `u`, tracking what it last saw of each file for preconditions.
