@@ -174,7 +174,7 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         if let ts = Int64(timestampText) {
             let server: Int64 = 1_764_000_000_000
             for now in [server, ts, ts &+ API.maxClockSkewMillis, ts &- API.maxClockSkewMillis &- 1, Int64.max, Int64.min, 0, ts &+ Int64.min] {
-                let expected = ts > 0 && (Int128(now) - Int128(ts)).magnitude <= UInt128(API.maxClockSkewMillis)
+                let expected = ts > 0 && now > 0 && (Int128(now) - Int128(ts)).magnitude <= UInt128(API.maxClockSkewMillis)
                 check(RequestSigning.isFresh(timestamp: ts, now: now) == expected, "isFresh(\(ts), now: \(now))")
             }
             let message = RequestSigning.canonical(server: serverID, method: field(4), path: field(5), body: body, timestamp: ts,
