@@ -105,5 +105,12 @@ let package = Package(
             "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore", "CofferTestSupport",
         ]),
         .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
+
+        // Fuzzing (docs/ARCHITECTURE.md, "Fuzzing"): every decoder of bytes from the network or the
+        // disk. `scripts/fuzz` builds it with libFuzzer (`-sanitize=fuzzer -DCOFFER_FUZZING`, scratch
+        // path .build-fuzz); the normal build makes it a replayer of the corpus in Fuzz/corpus.
+        .executableTarget(name: "CofferFuzz", dependencies: [
+            "CofferModel", "CofferProtocol", "CofferContent", "CofferCrypto", "CofferStore",
+        ]),
     ]
 )

@@ -41,6 +41,9 @@ public struct Manifest: Hashable, Sendable {
         guard chunkSize > 0, chunkSize <= 64 << 20 else { throw ContentError.corrupt("bad chunk size") }
         let n = try r.u32()
         guard n <= 1 << 24 else { throw ContentError.corrupt("too many chunks") }
+        // Each chunk takes 36 bytes. Checked before reserving room for `n`, which a 13-byte
+        // record could otherwise make a 256 MiB allocation.
+        guard UInt64(n) * 36 <= UInt64(bytes.count - r.offset) else { throw ContentError.corrupt("chunk count exceeds the record") }
         chunks = []
         chunks.reserveCapacity(Int(n))
         for i in 0..<n {

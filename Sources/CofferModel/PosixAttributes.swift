@@ -123,10 +123,19 @@ public struct PosixAttributes: Hashable, Sendable {
         let n = try r.u32()
         guard n <= 10_000 else { throw DecodingError("too many xattrs") }
         xattrs = [:]
-        for _ in 0..<n {
+        // Writers emit each name once, in byte order; anything else (a repeat, names out of order,
+        // or two spellings of one name that Swift's String equality makes one key) would be a
+        // second encoding of a value, where one record must have one encoding.
+        var previous: [UInt8] = []
+        for i in 0..<n {
             let k = try r.string(max: 255)
+            let name = Array(k.utf8)
+            guard i == 0 || previous.lexicographicallyPrecedes(name) else { throw DecodingError("xattr names out of order") }
+            previous = name
             let value = try r.optionalData(max: 64 * 1024)
-            xattrs[k] = Stamped(value, at: try .decode(from: &r))
+            guard xattrs.updateValue(Stamped(value, at: try .decode(from: &r)), forKey: k) == nil else {
+                throw DecodingError("xattr name repeated")
+            }
         }
         try r.expectEnd()
     }

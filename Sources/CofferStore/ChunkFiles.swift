@@ -296,18 +296,19 @@ func bytes(fromHex s: String) -> [UInt8]? {
 
 /// Where a packed chunk is: what its row's `sealed` column holds instead of the bytes. Its
 /// first 16 bytes are the pack id, so garbage collection finds the packs in use with `substr`.
-struct PackLocator: Equatable {
-    static let packIDBytes = 16
+/// Package-visible so `CofferFuzz` can fuzz its decoder, which reads bytes from disk.
+package struct PackLocator: Equatable {
+    package static let packIDBytes = 16
 
-    let pack: [UInt8]
-    let offset: UInt64
-    let length: UInt64
+    package let pack: [UInt8]
+    package let offset: UInt64
+    package let length: UInt64
 
-    init(pack: [UInt8], offset: UInt64, length: UInt64) {
+    package init(pack: [UInt8], offset: UInt64, length: UInt64) {
         self.pack = pack; self.offset = offset; self.length = length
     }
 
-    init(decoding bytes: [UInt8]) throws {
+    package init(decoding bytes: [UInt8]) throws {
         var r = ByteReader(bytes)
         do {
             pack = try r.raw(Self.packIDBytes)
@@ -319,7 +320,7 @@ struct PackLocator: Equatable {
         }
     }
 
-    var encoded: [UInt8] {
+    package var encoded: [UInt8] {
         var w = ByteWriter(capacity: Self.packIDBytes + 16)
         w.raw(pack)
         w.u64(offset)

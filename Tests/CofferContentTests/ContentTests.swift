@@ -308,5 +308,11 @@ struct ManifestTests {
         // A count larger than the bytes present.
         b = good; b[9...12] = [0, 0, 0, 4]
         #expect(throws: (any Error).self) { try Manifest(decoding: b) }
+        // 2^24 chunks claimed in 13 bytes: refused before room for them is reserved (it used
+        // to reserve 256 MiB and then fail on the missing bytes).
+        #expect(throws: ContentError.corrupt("chunk count exceeds the record")) {
+            try Manifest(decoding: Array(good.prefix(9)) + [1, 0, 0, 0])
+        }
+        #expect(throws: ContentError.corrupt("chunk count exceeds the record")) { try Manifest(decoding: b) }
     }
 }

@@ -190,6 +190,25 @@ struct PosixAttributesTests {
         }
     }
 
+    /// A record has one encoding: xattr names in byte order, each once, as `encoded()` writes them.
+    /// Before, names out of order or repeated decoded (a repeat silently replacing the first),
+    /// and re-encoding gave other bytes (found by `CofferFuzz`, target `posix-attributes`).
+    @Test func xattrNamesOutOfOrderOrRepeatedAreRefused() throws {
+        func record(_ names: [String]) -> [UInt8] {
+            var a = Self.sample()
+            a.xattrs = [:]
+            var bytes = a.encoded().dropLast(4) + [0, 0, 0, UInt8(names.count)]
+            for name in names { bytes += [0, 0, 0, UInt8(name.utf8.count)] + Array(name.utf8) + [0] + [UInt8](repeating: 0, count: 16) }
+            return Array(bytes)
+        }
+        let ordered = try PosixAttributes(decoding: record(["use", "user.a"]))
+        #expect(ordered.encoded() == record(["use", "user.a"]))
+        #expect(throws: DecodingError("xattr names out of order")) { try PosixAttributes(decoding: record(["user.a", "use"])) }
+        #expect(throws: DecodingError("xattr names out of order")) { try PosixAttributes(decoding: record(["user.a", "user.a"])) }
+        // "é" precomposed and decomposed: different bytes (in order), one String key.
+        #expect(throws: DecodingError("xattr name repeated")) { try PosixAttributes(decoding: record(["user.e\u{301}", "user.\u{e9}"])) }
+    }
+
     // MARK: Merge
 
     @Test func mergeIsPerAttributeLastWriterWins() {
