@@ -15,6 +15,9 @@ public enum Username {
 
     /// The form to store and show, or nil if `name` breaks the rule.
     public static func normalized(_ name: String) -> String? {
+        // Before normalising: NFKC can make one character eighteen (U+FDFA), so an unbounded
+        // input would cost unbounded work; no valid name is longer than this to begin with.
+        guard name.utf8.count <= maxBytes * 4 else { return nil }
         let n = name.precomposedStringWithCompatibilityMapping
         guard !n.isEmpty, n.utf8.count <= maxBytes else { return nil }
         var previousIsLetter = false

@@ -13,6 +13,8 @@ import NIOSSL
 /// limits, the account-creation rate limit, error mapping and request logs.
 public enum CofferHTTP {
     public static let maxBodyBytes = API.maxBodyBytes
+    /// Largest `POST /v1/accounts` body (a username, two keys and an invite code fit many times).
+    public static let maxAccountRequestBytes = 16 * 1024
     /// What anyone may ask without signing: liveness, and the id every signature covers.
     static let unauthenticatedPaths: Set<String> = ["/health", API.prefix + "/server"]
     static let accountField = HTTPField.Name(RequestSigning.accountHeader)!

@@ -107,12 +107,15 @@ struct AuthenticationMiddleware: RouterMiddleware {
                                        nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField],
                                        mayCreateAccount: mayCreateAccount)
         }
+        // Account creation is the one request any fresh key may make, so its body is kept small:
+        // strangers must not be able to hold the shared body budget with large announced bodies.
+        let limit = mayCreateAccount ? CofferHTTP.maxAccountRequestBytes : CofferHTTP.maxBodyBytes
         let announced = headers[.contentLength].flatMap { Int($0) }
-        if let length = announced, length > CofferHTTP.maxBodyBytes {
-            throw ServerError.tooLarge("request body is larger than \(CofferHTTP.maxBodyBytes) bytes")
+        if let length = announced, length > limit {
+            throw ServerError.tooLarge("request body is larger than \(limit) bytes")
         }
         // Without a length (chunked), the most a body may be is held for it.
-        let reserved = max(0, announced ?? CofferHTTP.maxBodyBytes)
+        let reserved = max(0, announced ?? limit)
         guard budget.reserve(reserved) else {
             throw ServerError(503, "busy", "the server is receiving too many request bodies at once; try again shortly")
         }
@@ -120,9 +123,9 @@ struct AuthenticationMiddleware: RouterMiddleware {
         var request = request
         let buffer: ByteBuffer
         do {
-            buffer = try await request.collectBody(upTo: CofferHTTP.maxBodyBytes)
+            buffer = try await request.collectBody(upTo: limit)
         } catch {
-            throw ServerError.tooLarge("request body is larger than \(CofferHTTP.maxBodyBytes) bytes")
+            throw ServerError.tooLarge("request body is larger than \(limit) bytes")
         }
         var context = context
         context.body = Array(buffer.readableBytesView)

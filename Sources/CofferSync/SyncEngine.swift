@@ -106,13 +106,20 @@ public final class SyncEngine: Sendable {
         var progress = PageProgress(account: vault.accountID)
         while true {
             let page = try await client.updates(since: since, afterID: afterID)
+            var records: [RemoteFile] = []
+            records.reserveCapacity(page.files.count)
             for f in page.files {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
                 }
-                let r = RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted)
-                if let prior = byID[signed.metadata.id], prior.version > r.version { continue }
-                byID[signed.metadata.id] = r
+                records.append(RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted))
+            }
+            // Every record is checked as its page arrives, so nothing unsigned piles up while a
+            // server keeps paging (and the catch-up never builds on a record nobody signed).
+            try vault.verifySignatures(records.map(\.signed))
+            for r in records {
+                if let prior = byID[r.signed.metadata.id], prior.version > r.version { continue }
+                byID[r.signed.metadata.id] = r
             }
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
             // A page that says "more" must move the cursor on, or the loop would never end; and

@@ -77,7 +77,7 @@ public final class SyncScheduler: Sendable {
                 let delay = min(interval, pow(2, Double(min(failures, 10))))
                 nextAttempt = Date().addingTimeInterval(delay)
                 lastSync = Date()
-                log("sync failed (retry in \(Int(delay)) s): \(error)")
+                log("sync failed (retry in \(Int(delay)) s): \(ServerText.sanitized("\(error)"))")
             }
         }
     }

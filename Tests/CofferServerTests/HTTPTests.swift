@@ -177,6 +177,14 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             // Just under the limit is fine.
             let ok = try await client.signed(alice, .put, "/v1/chunks/\(id)", body: Array(big.dropLast(1024)))
             #expect(ok.status == .noContent)
+            // Any fresh key may ask to create an account, so that body is kept small: strangers
+            // cannot hold the shared body budget with 32 MiB announcements.
+            let stranger = TestUser()
+            let padded = Array(try JSONEncoder().encode(stranger.createRequest)) + [UInt8](repeating: 0x20, count: CofferHTTP.maxAccountRequestBytes)
+            let refused = try await client.signed(stranger, .post, "/v1/accounts", body: padded)
+            #expect(refused.status == .contentTooLarge)
+            let created = try await client.signedJSON(stranger, .post, "/v1/accounts", stranger.createRequest)
+            #expect(created.status == .ok)
         }
     }
 

@@ -91,6 +91,34 @@ import Testing
         #expect((try? c.resolve("/keep.txt")) != nil)
     }
 
+    /// A file edited and then deleted with its folder, all after the backup: the restored server
+    /// holds the file's older record, which the re-sent folder deletion marks deleted; the device
+    /// takes that as the deletion it is (it never comes back), not as a rollback, and sync goes on.
+    @Test func aFolderDeletedAfterAnEditInsideItIsRestoredWithoutADeadEnd() async throws {
+        let w = try await SyncWorld()
+        try w.a.mkdir("/f")
+        try w.a.write("/f/x.txt", "first")
+        try await w.sync(w.a, w.b)
+        let backup = w.tmp.path + "/server-backup"
+        w.server.stop()
+        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
+        try w.server.start()
+        try w.a.write("/f/x.txt", "second")
+        try await w.a.sync()
+        try w.a.rm("/f")
+        try await w.a.sync()
+        w.server.stop()
+        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
+        try w.server.start()
+
+        let report = try await SyncEngine(vault: w.a.vault, transport: HTTPTransport(baseURL: w.server.url)).sync()
+        #expect(report.resentToServer != nil)
+        try await w.a.sync()
+        try await w.b.sync()
+        #expect(!w.a.exists("/f") && !w.b.exists("/f"))
+        try await w.expectConverged()
+    }
+
     @Test func bothDevicesKeepWorkingAfterARestoreAndNothingIsMissed() async throws {
         let w = try await SyncWorld()
         try w.a.write("/before.txt", "before")

@@ -30,25 +30,37 @@ extension Vault {
     /// or goes against what this device has already seen (`checkHistory`): nothing from a server
     /// is applied without checking who wrote it and that it is not older than what is here.
     public func verifyRemote(_ files: [RemoteFile]) throws {
-        for f in files {
-            let m = f.signed.metadata
+        try verifySignatures(files.map(\.signed))
+        try checkHistory(files)
+    }
+
+    /// Refuses records not written and owned by this account or whose signature does not verify.
+    /// Cheap enough to run on every page as it arrives, so a server cannot make a device hold
+    /// unverified records while it keeps paging.
+    public func verifySignatures(_ records: [SignedMetadata]) throws {
+        for s in records {
+            let m = s.metadata
             guard m.lastModifiedBy == accountID, m.owner == accountID else {
                 throw VaultError.corrupt("the server sent file \(m.id) written by another account; nothing was applied")
             }
-            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: f.signed.message) else {
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: s.signature, message: s.message) else {
                 throw VaultError.corrupt("the server sent file \(m.id) with a bad signature; nothing was applied")
             }
         }
-        try checkHistory(files)
     }
 
     /// What a server cannot make a device accept, though every record it sends is validly signed:
     /// - a record older than the one this device holds as base (a rollback), or a different record
-    ///   with the same revision (two histories);
+    ///   with the same revision (two histories), unless it deletes the file: a deletion, signed or
+    ///   following from a signed deletion of a folder above, stays a deletion however old (a
+    ///   deleted file never comes back, and a restored server may hold an old record of a file
+    ///   whose folder's deletion a device sent it again);
     /// - a live record of a file whose deletion synced and was pruned here (a resurrection; the
     ///   tombstone remembers the id);
     /// - a deletion nobody signed: the server may mark a file deleted (`serverDeleted`) only when
-    ///   a signed record of one of its ancestors, as this device knows them, is deleted.
+    ///   the newest signed record this device knows of one of its folders is deleted, or the
+    ///   folder is tombstoned. The walk follows the newest known records (by revision), so an old
+    ///   record placing the file under a deleted folder it has since left proves nothing.
     func checkHistory(_ files: [RemoteFile]) throws {
         let remote = Dictionary(files.map { ($0.signed.metadata.id, $0.signed) }, uniquingKeysWith: { a, b in a.revision >= b.revision ? a : b })
         try store.read { r in
@@ -59,11 +71,47 @@ extension Vault {
                 base[id] = found
                 return found
             }
-            func newest(_ id: FileID) throws -> FileMetadata? { try remote[id]?.metadata ?? baseRecord(id)?.metadata }
+            /// The newest signed record this device knows of `id`, from this pull or its base.
+            func newest(_ id: FileID) throws -> FileMetadata? {
+                let b = try baseRecord(id)
+                guard let p = remote[id] else { return b?.metadata }
+                guard let b, b.revision > p.revision else { return p.metadata }
+                return b.metadata
+            }
+            // Whether `id` is deleted by a signed record of its own or of a folder above it, as
+            // the newest known records place it; memoised for the whole pull, and bounded (a
+            // cycle or a chain deeper than the tree may be proves nothing).
+            var deletedAbove: [FileID: Bool] = [:]
+            func signedDeleted(_ start: FileID) throws -> Bool {
+                var path: [FileID] = []
+                var seen: Set<FileID> = []
+                var cursor = start
+                var verdict = false
+                while true {
+                    if let known = deletedAbove[cursor] { verdict = known; break }
+                    guard seen.insert(cursor).inserted, path.count <= TreeLimits.maxDepth + 1 else { break }
+                    path.append(cursor)
+                    if try r.isTombstoned(cursor) { verdict = true; break }
+                    guard let m = try newest(cursor) else { break }
+                    if m.isDeleted { verdict = true; break }
+                    if m.isRoot { break }
+                    cursor = m.parent
+                }
+                for id in path { deletedAbove[id] = verdict }
+                return verdict
+            }
 
             for f in files {
                 let m = f.signed.metadata
-                if let seen = try baseRecord(m.id) {
+                // Deleted as this record says, justified by a signed deletion where the server says so.
+                var deletes = m.isDeleted
+                if !deletes, f.serverDeleted, let current = try newest(m.id) {
+                    deletes = try current.isDeleted || (!current.isRoot && signedDeleted(current.parent))
+                }
+                if f.serverDeleted, !m.isDeleted, !deletes {
+                    throw VaultError.corrupt("the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied")
+                }
+                if let seen = try baseRecord(m.id), !deletes {
                     if f.signed.revision < seen.revision {
                         throw VaultError.corrupt(
                             "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than this device has seen (revision \(seen.revision)): it was rolled back or is not honest; nothing was applied")
@@ -73,22 +121,8 @@ extension Vault {
                             "the server sent a record of file \(m.id) that differs from the one this device has with the same revision \(seen.revision); nothing was applied")
                     }
                 }
-                if !m.isDeleted, !f.serverDeleted, try r.isTombstoned(m.id) {
+                if !deletes, try r.isTombstoned(m.id) {
                     throw VaultError.corrupt("the server sent file \(m.id) back to life after its deletion synced here; nothing was applied")
-                }
-                guard f.serverDeleted, !m.isDeleted else { continue }
-                var cursor = m
-                var steps = 0
-                var signedDeletion = false
-                while !cursor.isRoot, steps <= 100_000 {
-                    steps += 1
-                    if try r.isTombstoned(cursor.parent) { signedDeletion = true; break }
-                    guard let parent = try newest(cursor.parent) else { break }
-                    if parent.isDeleted { signedDeletion = true; break }
-                    cursor = parent
-                }
-                guard signedDeletion else {
-                    throw VaultError.corrupt("the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied")
                 }
             }
         }
