@@ -14,6 +14,7 @@ public enum Validator {
         // One memo for every walk up the tree in this batch: each record is walked once, so a
         // batch costs O(records changed + their distinct ancestors) whatever the depth.
         var ancestry = Ancestry(tree)
+        var formerPlacement = FormerPlacement()
         var foldersToDeepCheck: [FileID] = []
         var movedFolders: [(id: FileID, depth: Int)] = []
         var namesToCheck: [FileMetadata] = []
@@ -39,9 +40,13 @@ public enum Validator {
             let facts = try ancestry.facts(of: id, describe: describe)
             if facts.depth > TreeLimits.maxDepth { throw TreeLimits.tooDeep(describe(id)) }
             if !m.isDeleted { namesToCheck.append(m) }
-            if m.type == .folder, let old {
-                if old.isDeleted != m.isDeleted || old.parent != m.parent { foldersToDeepCheck.append(id) }
-                if old.parent != m.parent { movedFolders.append((id, facts.depth)) }
+            if m.type == .folder, let old, old.isDeleted != m.isDeleted || old.parent != m.parent {
+                // A folder that stays live and no deeper carries its subtree as it was: nothing
+                // inside it can newly conflict or nest too deep, so it costs no walk of that
+                // subtree (a move back and forth of a huge folder stays cheap).
+                let was = formerPlacement.of(id, before)
+                if was?.live != true { foldersToDeepCheck.append(id) }
+                if old.parent != m.parent, facts.depth > (was?.depth ?? -1) { movedFolders.append((id, facts.depth)) }
             }
         }
         // A moved folder takes its subtree along: the deepest record under it must stay within
@@ -69,6 +74,41 @@ public enum Validator {
                     queue.append(c)
                 }
             }
+        }
+    }
+
+    /// Where files were before the batch: depth below the root, and whether they were live (no
+    /// deleted record on the way up). Memoised over the batch like `Ancestry`; nil where the old
+    /// tree gives no answer within the depth limit (a hostile or broken old tree), which callers
+    /// treat as "check everything".
+    struct FormerPlacement {
+        var memo: [FileID: (depth: Int, live: Bool)?] = [:]
+
+        mutating func of(_ start: FileID, _ before: (FileID) -> FileMetadata?) -> (depth: Int, live: Bool)? {
+            // Up from `start` to a record whose placement is known (memoised, or the root),
+            // then down again, each record one deeper than its parent and live only if it is.
+            var path: [FileID] = []
+            var onPath: Set<FileID> = []
+            var cursor = start
+            var anchor: (depth: Int, live: Bool)?
+            while true {
+                if let known = memo[cursor] { anchor = known; break }
+                guard path.count <= TreeLimits.maxDepth + 1, !onPath.contains(cursor), let m = before(cursor) else { anchor = nil; break }
+                if m.isRoot {
+                    anchor = (0, !m.isDeleted)
+                    memo[cursor] = anchor
+                    break
+                }
+                path.append(cursor)
+                onPath.insert(cursor)
+                cursor = m.parent
+            }
+            var result = anchor
+            for id in path.reversed() {
+                if let r = result, let m = before(id) { result = (r.depth + 1, r.live && !m.isDeleted) } else { result = nil }
+                memo[id] = result
+            }
+            return result
         }
     }
 

@@ -83,6 +83,35 @@ struct LimitsTests {
         #expect(countedValidation(fits).error == nil)
     }
 
+    /// A live folder moved no deeper carries its subtree as it was: the move costs no walk of
+    /// that subtree, however large (before, every such move listed and checked it all, inside
+    /// the server's write lock). A folder coming back to life is still checked in full.
+    @Test func movingABigFolderNoDeeperDoesNotWalkItsSubtree() {
+        // root → b(3) → a(2) → 5,000 folders; root → c(4); root → c(4) → d(5)
+        var base = FileTree([root, folder(3, parent: 1, "b"), folder(4, parent: 1, "c"), folder(5, parent: 4, "d"),
+                             folder(2, parent: 3, "a")])
+        for i in 0..<5000 { base.insert(folder(100 + i, parent: 2, "x\(i)")) }
+        func moved(to parent: Int, in tree: FileTree = base) -> (lookups: Int, error: TreeError?) {
+            var batch = Batch(base: tree)
+            batch.upsertUnchecked(folder(2, parent: parent, "a"))
+            return countedValidation(batch)
+        }
+        // Across at the same depth (b → c), or up to the root: no walk of the 5,000.
+        let across = moved(to: 4), up = moved(to: 1)
+        #expect(across.error == nil && up.error == nil)
+        #expect(across.lookups < 100, "a move of a 5,000-folder subtree across made \(across.lookups) lookups")
+        #expect(up.lookups < 100, "a move of a 5,000-folder subtree up made \(up.lookups) lookups")
+        // One level deeper (under d): the subtree's height is checked.
+        let down = moved(to: 5)
+        #expect(down.error == nil && down.lookups >= 5000)
+        // Revived from a deleted folder: every folder inside is checked again.
+        var dead = base
+        dead.insert(folder(4, parent: 1, "c", deleted: true))
+        dead.insert(folder(2, parent: 4, "a"))
+        let revived = moved(to: 3, in: dead)
+        #expect(revived.error == nil && revived.lookups >= 5000)
+    }
+
     @Test func sameNameSiblingsAddedInOneBatchAreListedOnceEach() {
         // A live file next to thousands of deleted same-name siblings added in the same batch
         // (the lookup that lists them keeps a set, not a quadratic scan).
