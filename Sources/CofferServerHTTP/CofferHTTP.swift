@@ -27,6 +27,8 @@ public enum CofferHTTP {
         public var accountCreationsPerMinute: Int
         /// Serve HTTPS with this configuration (certificate chain and key); nil = plain HTTP.
         public var tls: TLSConfiguration?
+        /// The clock the account-creation limit refills by (tests stop it).
+        public var rateLimitClock: @Sendable () -> ContinuousClock.Instant = { .now }
         /// A connection that sends nothing (not even the rest of a request head) for this long is
         /// closed; nil = never.
         public var idleTimeoutSeconds: Int?
@@ -53,7 +55,7 @@ public enum CofferHTTP {
         let router = Router(context: CofferRequestContext.self)
         router.add(middleware: ErrorAndLogMiddleware(logger: logger))
         router.add(middleware: AuthenticationMiddleware(server: server, budget: BodyBudget(limit: options.maxBufferedBodyBytes)))
-        let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute)
+        let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute, clock: options.rateLimitClock)
 
         router.get("/health") { _, _ in
             Response(status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok")))

@@ -210,14 +210,18 @@ final class ConnectionCounter: ChannelInboundHandler, RemovableChannelHandler {
 /// A token bucket per client address for account creation.
 final class RateLimiter: Sendable {
     let perMinute: Int
+    let clock: @Sendable () -> ContinuousClock.Instant
     let state: Mutex<[String: (tokens: Double, at: ContinuousClock.Instant)]> = Mutex([:])
 
-    init(perMinute: Int) { self.perMinute = perMinute }
+    init(perMinute: Int, clock: @escaping @Sendable () -> ContinuousClock.Instant = { .now }) {
+        self.perMinute = perMinute
+        self.clock = clock
+    }
 
     /// Takes one token for `key`; false when none is left.
     func allow(_ key: String) -> Bool {
         guard perMinute > 0 else { return true }
-        let now = ContinuousClock.now
+        let now = clock()
         let capacity = Double(perMinute)
         return state.withLock { buckets in
             if buckets.count > 100_000 { buckets.removeAll() }

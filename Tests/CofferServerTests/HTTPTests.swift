@@ -50,7 +50,11 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
     let server = try given ?? makeServer(quota: quota).0
     var logger = Logger(label: "coffer-server-test")
     logger.logLevel = .warning
-    let router = CofferHTTP.router(server: server, options: .init(accountCreationsPerMinute: accountsPerMinute), logger: logger)
+    var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute)
+    // The limit's clock stands still, so a slow run cannot refill a token mid-test.
+    let start = ContinuousClock.now
+    options.rateLimitClock = { start }
+    let router = CofferHTTP.router(server: server, options: options, logger: logger)
     return (Application(router: router, logger: logger), server)
 }
 

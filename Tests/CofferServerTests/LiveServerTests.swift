@@ -18,7 +18,7 @@ final class RawConnection {
 
     /// Connects; reads give up after `receiveTimeout` seconds (a bound against hanging, not a
     /// timing assertion).
-    init?(port: Int, receiveTimeout: Int = 20) {
+    init?(port: Int, receiveTimeout: Int = 120) {
         let s = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard s >= 0 else { return nil }
         var tv = timeval(tv_sec: receiveTimeout, tv_usec: 0)
@@ -123,7 +123,7 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             #expect(fourth.read() == .closed)
             // Once one closes, a new connection is served again (the count follows closes).
             open.removeFirst()
-            let served = await eventually(seconds: 30) { RawConnection(port: port, receiveTimeout: 5)?.health() ?? false }
+            let served = await eventually(seconds: 120) { RawConnection(port: port, receiveTimeout: 20)?.health() ?? false }
             #expect(served)
             #expect(open.allSatisfy { $0.health() }, "connections within the cap keep working")
         }
