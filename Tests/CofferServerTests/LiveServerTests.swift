@@ -13,7 +13,7 @@ import Glibc
 
 /// A raw TCP connection to 127.0.0.1, for what an HTTP client will not do: stay idle, send half
 /// a request head, announce a body and never send it.
-final class RawConnection {
+final class RawConnection: @unchecked Sendable {
     let fd: Int32
 
     /// Connects; reads give up after `receiveTimeout` seconds (a bound against hanging, not a
@@ -52,7 +52,7 @@ final class RawConnection {
 
     func shutdown() { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
 
-    enum ReadOutcome: Equatable {
+    enum ReadOutcome: Equatable, Sendable {
         /// Bytes arrived (up to the end of a response head, or whatever came before the close).
         case data(String)
         /// The server closed the connection without sending anything (more).
@@ -106,6 +106,22 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
     try await body(p)
 }
 
+/// Runs blocking socket work on a thread of its own. The in-process server answers on Swift's
+/// cooperative threads, which a test blocked in `recv` must not hold: in a full parallel run they
+/// are few and busy, and a test holding one could starve the very server it waits for.
+func offPool<T: Sendable>(_ work: @escaping @Sendable () -> T) async -> T {
+    await withCheckedContinuation { c in Thread.detachNewThread { c.resume(returning: work()) } }
+}
+
+/// `eventually`, with the condition run off the cooperative threads (`offPool`).
+func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool) async -> Bool {
+    for _ in 0..<(seconds * 20) {
+        if await offPool(condition) { return true }
+        try? await Task.sleep(for: .milliseconds(50))
+    }
+    return await offPool(condition)
+}
+
 @Suite(.serialized) struct LiveServerTests {
     @Test func connectionsPastTheCapAreClosed() async throws {
         let (server, _) = try makeServer()
@@ -114,18 +130,21 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             var open: [RawConnection] = []
             for _ in 0..<3 {
                 guard let c = RawConnection(port: port) else { Issue.record("cannot connect"); return }
-                #expect(c.health())
+                let healthy = await offPool { c.health() }
+                #expect(healthy)
                 open.append(c)
             }
             // The fourth is accepted by the kernel and closed by the server at once.
             guard let fourth = RawConnection(port: port) else { Issue.record("cannot connect"); return }
             fourth.send("GET /health HTTP/1.1\r\nHost: coffer\r\n\r\n")
-            #expect(fourth.read() == .closed)
+            let fourthRead = await offPool { fourth.read() }
+            #expect(fourthRead == .closed)
             // Once one closes, a new connection is served again (the count follows closes).
             open.removeFirst()
-            let served = await eventually(seconds: 120) { RawConnection(port: port, receiveTimeout: 20)?.health() ?? false }
+            let served = await eventuallyOffPool(seconds: 120) { RawConnection(port: port, receiveTimeout: 20)?.health() ?? false }
             #expect(served)
-            #expect(open.allSatisfy { $0.health() }, "connections within the cap keep working")
+            let stillOpen = await offPool { [open] in open.allSatisfy { $0.health() } }
+            #expect(stillOpen, "connections within the cap keep working")
         }
     }
 
@@ -139,10 +158,14 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             // Half a request head, never finished (a slow-loris client).
             half.send("GET /health HTTP/1.1\r\nHost: coffer\r\n")
             guard let other = RawConnection(port: port) else { Issue.record("cannot connect"); return }
-            #expect(other.health())
-            #expect(idle.read() == .closed, "an idle connection stayed open")
-            #expect(half.read() != .timedOut, "a half-sent request head kept its connection open")
-            #expect(RawConnection(port: port)?.health() == true)
+            let otherHealthy = await offPool { other.health() }
+            #expect(otherHealthy)
+            let idleRead = await offPool { idle.read() }
+            #expect(idleRead == .closed, "an idle connection stayed open")
+            let halfRead = await offPool { half.read() }
+            #expect(halfRead != .timedOut, "a half-sent request head kept its connection open")
+            let fresh = await offPool { RawConnection(port: port)?.health() == true }
+            #expect(fresh)
         }
     }
 
@@ -172,14 +195,15 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
         }
         // The holder must outlive the waits below even on a loaded machine: no idle timeout here.
         try await withLiveServer(server, options: .init(idleTimeoutSeconds: nil, maxBufferedBodyBytes: 1_000_000)) { port in
-            #expect(upload(port) == "HTTP/1.1 204", "an upload within the budget")
+            let first = await offPool { upload(port) }
+            #expect(first == "HTTP/1.1 204", "an upload within the budget")
             guard let holder = RawConnection(port: port) else { Issue.record("cannot connect"); return }
             holder.send(put(nil))
             // The holder's reservation is made on the server's side; wait until it shows.
-            let refused = await eventually(seconds: 120) { upload(port) == "HTTP/1.1 503" }
+            let refused = await eventuallyOffPool(seconds: 120) { upload(port) == "HTTP/1.1 503" }
             #expect(refused, "a second large body was accepted while the first held the budget")
             holder.shutdown()
-            let accepted = await eventually(seconds: 120) { upload(port) == "HTTP/1.1 204" }
+            let accepted = await eventuallyOffPool(seconds: 120) { upload(port) == "HTTP/1.1 204" }
             #expect(accepted, "the budget was not given back")
         }
     }
@@ -210,7 +234,7 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
             for (name, request) in cases {
                 guard let c = RawConnection(port: port) else { Issue.record("cannot connect"); return }
                 c.send(request)
-                let outcome = c.read()
+                let outcome = await offPool { c.read() }
                 guard case .data(let text) = outcome else {
                     Issue.record("\(name): no answer before the body (\(outcome))")
                     continue
@@ -218,7 +242,8 @@ func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
                 #expect(text.hasPrefix("HTTP/1.1 401"), "\(name): \(text.prefix(40))")
             }
             // The server is still fine.
-            #expect(RawConnection(port: port)?.health() == true)
+            let stillFine = await offPool { RawConnection(port: port)?.health() == true }
+            #expect(stillFine)
         }
     }
 }
