@@ -26,9 +26,10 @@ let package = Package(
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         // FUSE over io_uring beside libfuse 3.14 (which cannot speak it): rings, their threads,
         // replies routed back into ring entries. C, because it lives in libfuse's callbacks.
-        .target(name: "CFuseURing", dependencies: ["CFuse"],
-                cSettings: [.headerSearchPath("../CFuse")],
-                linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
+        .target(
+            name: "CFuseURing", dependencies: ["CFuse"],
+            cSettings: [.headerSearchPath("../CFuse")],
+            linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
 
         // Cryptography over libsodium: keys, AEAD, wrapping, names, signatures, recovery phrase.
         .target(name: "CofferCrypto", dependencies: ["CSodium", "COpenSSL", "CBoringAEAD"]),
@@ -42,10 +43,12 @@ let package = Package(
         // Chunked document content: compression, sealing, manifests.
         .target(name: "CofferContent", dependencies: ["CofferCrypto", "CofferModel", "CZstd"]),
         // The device's SQLite store (GRDB): base and local trees, chunks, inodes.
-        .target(name: "CofferStore", dependencies: [
-            "CofferModel", .product(name: "GRDB", package: "GRDB.swift"),
-            .product(name: "GRDBSQLite", package: "GRDB.swift"),
-        ]),
+        .target(
+            name: "CofferStore",
+            dependencies: [
+                "CofferModel", .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]),
         // The decrypted file tree a user works with: paths, operations, content I/O.
         .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),
         // The FUSE daemon's filesystem: low-level operations over a vault.
@@ -53,41 +56,52 @@ let package = Package(
         // The client–server wire format and request signing, shared by both sides.
         .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
         // The client side of sync: signed calls to the server, the sync routine, the scheduler.
-        .target(name: "CofferSync", dependencies: [
-            "CofferVault", "CofferProtocol", "CofferModel", "CofferStore",
-            .product(name: "AsyncHTTPClient", package: "async-http-client"),
-            .product(name: "NIOSSL", package: "swift-nio-ssl"),
-        ]),
+        .target(
+            name: "CofferSync",
+            dependencies: [
+                "CofferVault", "CofferProtocol", "CofferModel", "CofferStore",
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]),
         // The server's logic and its two storage interfaces (SQLite metadata, directory content).
-        .target(name: "CofferServerCore", dependencies: [
-            "CofferProtocol", "CofferModel", "CofferCrypto",
-            .product(name: "GRDB", package: "GRDB.swift"),
-        ]),
+        .target(
+            name: "CofferServerCore",
+            dependencies: [
+                "CofferProtocol", "CofferModel", "CofferCrypto",
+                .product(name: "GRDB", package: "GRDB.swift"),
+            ]),
         // The server's HTTP layer (Hummingbird): routes, request authentication, limits, logs.
-        .target(name: "CofferServerHTTP", dependencies: [
-            "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
-            .product(name: "Hummingbird", package: "hummingbird"),
-            .product(name: "HummingbirdCore", package: "hummingbird"),
-            .product(name: "HummingbirdTLS", package: "hummingbird"),
-            .product(name: "NIOSSL", package: "swift-nio-ssl"),
-            .product(name: "Logging", package: "swift-log"),
-            .product(name: "NIOCore", package: "swift-nio"),
-            .product(name: "HTTPTypes", package: "swift-http-types"),
-        ]),
-        .executableTarget(name: "coffer-server", dependencies: [
-            "CofferServerHTTP", "CofferServerCore",
-            .product(name: "Hummingbird", package: "hummingbird"),
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
-            .product(name: "Logging", package: "swift-log"),
-        ]),
+        .target(
+            name: "CofferServerHTTP",
+            dependencies: [
+                "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "HummingbirdTLS", package: "hummingbird"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]),
+        .executableTarget(
+            name: "coffer-server",
+            dependencies: [
+                "CofferServerHTTP", "CofferServerCore",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]),
         // The command-line client.
-        .executableTarget(name: "coffer", dependencies: [
-            "CofferVault", "CofferFS", "CofferModel", "CofferCrypto", "CofferSync",
-            .product(name: "ArgumentParser", package: "swift-argument-parser"),
-        ]),
+        .executableTarget(
+            name: "coffer",
+            dependencies: [
+                "CofferVault", "CofferFS", "CofferModel", "CofferCrypto", "CofferSync",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]),
 
         // Shared helpers for tests.
-        .target(name: "CofferTestSupport", dependencies: ["CofferVault", "CofferCrypto"], path: "Tests/CofferTestSupport"),
+        .target(
+            name: "CofferTestSupport", dependencies: ["CofferVault", "CofferCrypto"], path: "Tests/CofferTestSupport"),
         .testTarget(name: "CofferCryptoTests", dependencies: ["CofferCrypto", "CSodium"]),
         .testTarget(name: "CofferModelTests", dependencies: ["CofferModel"]),
         .testTarget(name: "CofferContentTests", dependencies: ["CofferContent", "CofferTestSupport"]),
@@ -95,22 +109,29 @@ let package = Package(
         .testTarget(name: "CofferVaultTests", dependencies: ["CofferVault", "CofferTestSupport"]),
         .testTarget(name: "CofferCLITests", dependencies: ["CofferTestSupport"]),
         .testTarget(name: "CofferFSTests", dependencies: ["CofferTestSupport"]),
-        .testTarget(name: "CofferServerTests", dependencies: [
-            "CofferServerHTTP", "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
-            .product(name: "Hummingbird", package: "hummingbird"),
-            .product(name: "HummingbirdTesting", package: "hummingbird"),
-            .product(name: "HTTPTypes", package: "swift-http-types"),
-        ]),
-        .testTarget(name: "CofferSyncTests", dependencies: [
-            "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore", "CofferTestSupport",
-        ]),
+        .testTarget(
+            name: "CofferServerTests",
+            dependencies: [
+                "CofferServerHTTP", "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
+            ]),
+        .testTarget(
+            name: "CofferSyncTests",
+            dependencies: [
+                "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore",
+                "CofferTestSupport",
+            ]),
         .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
 
         // Fuzzing (docs/ARCHITECTURE.md, "Fuzzing"): every decoder of bytes from the network or the
         // disk. `scripts/fuzz` builds it with libFuzzer (`-sanitize=fuzzer -DCOFFER_FUZZING`, scratch
         // path .build-fuzz); the normal build makes it a replayer of the corpus in Fuzz/corpus.
-        .executableTarget(name: "CofferFuzz", dependencies: [
-            "CofferModel", "CofferProtocol", "CofferContent", "CofferCrypto", "CofferStore",
-        ]),
+        .executableTarget(
+            name: "CofferFuzz",
+            dependencies: [
+                "CofferModel", "CofferProtocol", "CofferContent", "CofferCrypto", "CofferStore",
+            ]),
     ]
 )

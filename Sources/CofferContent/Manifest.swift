@@ -4,7 +4,10 @@ import CofferModel
 public struct ChunkRef: Hashable, Sendable {
     public var id: [UInt8]
     public var length: UInt32
-    public init(id: [UInt8], length: UInt32) { self.id = id; self.length = length }
+    public init(id: [UInt8], length: UInt32) {
+        self.id = id
+        self.length = length
+    }
 }
 
 /// A document version: the ordered chunk list. Every chunk but the last holds exactly
@@ -26,10 +29,14 @@ public struct Manifest: Hashable, Sendable {
 
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: 16 + chunks.count * 40)
-        w.raw(Self.tag); w.u8(1)
+        w.raw(Self.tag)
+        w.u8(1)
         w.u32(chunkSize)
         w.u32(UInt32(chunks.count))
-        for c in chunks { w.raw(c.id); w.u32(c.length) }
+        for c in chunks {
+            w.raw(c.id)
+            w.u32(c.length)
+        }
         return w.bytes
     }
 
@@ -43,7 +50,9 @@ public struct Manifest: Hashable, Sendable {
         guard n <= 1 << 24 else { throw ContentError.corrupt("too many chunks") }
         // Each chunk takes 36 bytes. Checked before reserving room for `n`, which a 13-byte
         // record could otherwise make a 256 MiB allocation.
-        guard UInt64(n) * 36 <= UInt64(bytes.count - r.offset) else { throw ContentError.corrupt("chunk count exceeds the record") }
+        guard UInt64(n) * 36 <= UInt64(bytes.count - r.offset) else {
+            throw ContentError.corrupt("chunk count exceeds the record")
+        }
         chunks = []
         chunks.reserveCapacity(Int(n))
         for i in 0..<n {

@@ -27,7 +27,9 @@ public final class Passphrase: @unchecked Sendable {
         self.count = count
     }
 
-    private static func allocate(copying bytes: UnsafeRawBufferPointer) throws -> (storage: UnsafeMutableRawPointer, count: Int) {
+    private static func allocate(
+        copying bytes: UnsafeRawBufferPointer
+    ) throws -> (storage: UnsafeMutableRawPointer, count: Int) {
         ensureSodium()
         guard bytes.count > 0 else { throw PassphraseError.empty }
         guard bytes.count <= Self.maxBytes else { throw PassphraseError.tooLong }
@@ -36,7 +38,7 @@ public final class Passphrase: @unchecked Sendable {
         return (p, bytes.count)
     }
 
-    deinit { sodium_free(storage) } // sodium_free wipes before it frees
+    deinit { sodium_free(storage) }  // sodium_free wipes before it frees
 
     /// Whether two passphrases are the same bytes (compared in constant time for equal lengths).
     public func matches(_ other: Passphrase) -> Bool {
@@ -80,7 +82,8 @@ public enum PassphraseError: Error, Equatable, CustomStringConvertible {
         case .tooLong: return "the passphrase is longer than \(Passphrase.maxBytes) bytes"
         case .wrongPassphrase: return "wrong passphrase for the account key (or account.secret is damaged)"
         case .damaged(let why): return "account.secret is damaged: \(why)"
-        case .unsupportedVersion(let v): return "account.secret is sealed in format version \(v), which this coffer cannot read (upgrade coffer)"
+        case .unsupportedVersion(let v):
+            return "account.secret is sealed in format version \(v), which this coffer cannot read (upgrade coffer)"
         case .derivationFailed(let why): return "cannot derive a key from the passphrase: \(why)"
         }
     }
@@ -96,7 +99,7 @@ public enum PassphraseError: Error, Equatable, CustomStringConvertible {
 /// `maxOpsLimit` and `maxMemLimit` before any derivation, so a damaged file cannot make a command
 /// allocate or compute without bound.
 public enum SealedAccountSecret {
-    public static let magic: [UInt8] = [0x43, 0x46, 0x50, 0x57] // "CFPW"
+    public static let magic: [UInt8] = [0x43, 0x46, 0x50, 0x57]  // "CFPW"
     public static let version: UInt8 = 1
     public static let saltBytes = 16
     public static let headerBytes = magic.count + 1 + 8 + 8 + saltBytes
@@ -116,7 +119,9 @@ public enum SealedAccountSecret {
         /// rest is worth more than an online login (where "interactive", 64 MiB, is advised), and
         /// a mount asks only once.
         public static var standard: Cost {
-            Cost(opsLimit: UInt64(crypto_pwhash_opslimit_moderate()), memLimit: UInt64(crypto_pwhash_memlimit_moderate()))
+            Cost(
+                opsLimit: UInt64(crypto_pwhash_opslimit_moderate()), memLimit: UInt64(crypto_pwhash_memlimit_moderate())
+            )
         }
     }
 
@@ -151,11 +156,13 @@ public enum SealedAccountSecret {
             throw PassphraseError.damaged("a sealed key has \(sealedBytes) bytes, this one \(sealed.count)")
         }
         let header = Array(sealed[0..<headerBytes])
-        let cost = Cost(opsLimit: readBigEndian(header, at: magic.count + 1), memLimit: readBigEndian(header, at: magic.count + 9))
+        let cost = Cost(
+            opsLimit: readBigEndian(header, at: magic.count + 1), memLimit: readBigEndian(header, at: magic.count + 9))
         try checkCost(cost)
         let seed = try withDerivedKey(passphrase: passphrase, header: header, cost: cost) { key -> [UInt8]? in
-            try? AEAD.open(Array(sealed[headerBytes...]), key: key, purpose: .accountKey, fileID: [], extra: header,
-                           what: "the account key")
+            try? AEAD.open(
+                Array(sealed[headerBytes...]), key: key, purpose: .accountKey, fileID: [], extra: header,
+                what: "the account key")
         }
         guard let seed else { throw PassphraseError.wrongPassphrase }
         return try AccountSecret(seed: seed)
@@ -163,25 +170,32 @@ public enum SealedAccountSecret {
 
     static func checkCost(_ cost: Cost) throws {
         guard cost.opsLimit >= UInt64(crypto_pwhash_opslimit_min()), cost.opsLimit <= maxOpsLimit else {
-            throw PassphraseError.damaged("Argon2id opslimit \(cost.opsLimit) is outside \(crypto_pwhash_opslimit_min())...\(maxOpsLimit)")
+            throw PassphraseError.damaged(
+                "Argon2id opslimit \(cost.opsLimit) is outside \(crypto_pwhash_opslimit_min())...\(maxOpsLimit)")
         }
         guard cost.memLimit >= UInt64(crypto_pwhash_memlimit_min()), cost.memLimit <= maxMemLimit else {
-            throw PassphraseError.damaged("Argon2id memlimit \(cost.memLimit) bytes is outside \(crypto_pwhash_memlimit_min())...\(maxMemLimit)")
+            throw PassphraseError.damaged(
+                "Argon2id memlimit \(cost.memLimit) bytes is outside \(crypto_pwhash_memlimit_min())...\(maxMemLimit)")
         }
     }
 
     /// Derives the key into a buffer that is wiped once `body` returns. The key is lent to `body`
     /// as a `SymmetricKey` sharing that buffer; it must not escape, or the wipe would copy instead.
-    private static func withDerivedKey<R>(passphrase: Passphrase, header: [UInt8], cost: Cost,
-                                          _ body: (SymmetricKey) throws -> R) throws -> R {
+    private static func withDerivedKey<R>(
+        passphrase: Passphrase, header: [UInt8], cost: Cost,
+        _ body: (SymmetricKey) throws -> R
+    ) throws -> R {
         ensureSodium()
         let salt = Array(header[(headerBytes - saltBytes)..<headerBytes])
-        guard let memLimit = Int(exactly: cost.memLimit) else { throw PassphraseError.damaged("memlimit does not fit this machine") }
+        guard let memLimit = Int(exactly: cost.memLimit) else {
+            throw PassphraseError.damaged("memlimit does not fit this machine")
+        }
         var keyBytes = [UInt8](repeating: 0, count: SymmetricKey.byteCount)
         defer { keyBytes.withUnsafeMutableBytes { sodium_memzero($0.baseAddress, $0.count) } }
         let rc = passphrase.withBytes { pw, n in
-            crypto_pwhash(&keyBytes, UInt64(keyBytes.count), pw, UInt64(n), salt, cost.opsLimit, memLimit,
-                          crypto_pwhash_alg_argon2id13())
+            crypto_pwhash(
+                &keyBytes, UInt64(keyBytes.count), pw, UInt64(n), salt, cost.opsLimit, memLimit,
+                crypto_pwhash_alg_argon2id13())
         }
         guard rc == 0 else { throw PassphraseError.derivationFailed("Argon2id failed (out of memory?)") }
         return try body(SymmetricKey(unchecked: keyBytes))

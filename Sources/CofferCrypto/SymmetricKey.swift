@@ -39,7 +39,9 @@ public enum Padding {
     static func pad(_ plaintext: UnsafeRawBufferPointer, purpose: SealPurpose) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: paddedLength(plaintext.count, purpose: purpose))
         out.withUnsafeMutableBytes { o in
-            if let base = plaintext.baseAddress, plaintext.count > 0 { o.baseAddress?.copyMemory(from: base, byteCount: plaintext.count) }
+            if let base = plaintext.baseAddress, plaintext.count > 0 {
+                o.baseAddress?.copyMemory(from: base, byteCount: plaintext.count)
+            }
         }
         out[plaintext.count] = 0x80
         return out
@@ -58,7 +60,9 @@ public struct SymmetricKey: Sendable, Hashable {
     public let bytes: [UInt8]
 
     public init(bytes: [UInt8]) throws {
-        guard bytes.count == Self.byteCount else { throw CryptoError.invalidLength("a symmetric key has \(Self.byteCount) bytes, got \(bytes.count)") }
+        guard bytes.count == Self.byteCount else {
+            throw CryptoError.invalidLength("a symmetric key has \(Self.byteCount) bytes, got \(bytes.count)")
+        }
         self.bytes = bytes
     }
 
@@ -104,11 +108,18 @@ public enum AEAD {
         return ad
     }
 
-    public static func seal(_ plaintext: [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = []) -> [UInt8] {
-        plaintext.withUnsafeBytes { seal(UnsafeRawBufferPointer($0), key: key, purpose: purpose, fileID: fileID, extra: extra) }
+    public static func seal(
+        _ plaintext: [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = []
+    ) -> [UInt8] {
+        plaintext.withUnsafeBytes {
+            seal(UnsafeRawBufferPointer($0), key: key, purpose: purpose, fileID: fileID, extra: extra)
+        }
     }
 
-    public static func seal(_ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = []) -> [UInt8] {
+    public static func seal(
+        _ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8],
+        extra: [UInt8] = []
+    ) -> [UInt8] {
         if purpose.isPadded {
             return Padding.pad(plaintext, purpose: purpose).withUnsafeBytes {
                 sealExactly($0, key: key, purpose: purpose, fileID: fileID, extra: extra)
@@ -117,7 +128,9 @@ public enum AEAD {
         return sealExactly(plaintext, key: key, purpose: purpose, fileID: fileID, extra: extra)
     }
 
-    static func sealExactly(_ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8]) -> [UInt8] {
+    static func sealExactly(
+        _ plaintext: UnsafeRawBufferPointer, key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8]
+    ) -> [UInt8] {
         ensureSodium()
         let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
         let nonce = randomBytes(nonceBytes)
@@ -125,7 +138,10 @@ public enum AEAD {
         // extra pass over memory on every write.
         let total = nonceBytes + plaintext.count + tagBytes
         return [UInt8](unsafeUninitializedCapacity: total) { o, initialized in
-            guard let base = o.baseAddress else { initialized = 0; return }
+            guard let base = o.baseAddress else {
+                initialized = 0
+                return
+            }
             for i in 0..<nonceBytes { base[i] = nonce[i] }
             if Bulk.sealXChaCha(plaintext, ad: ad, nonce: nonce, key: key.bytes, into: base + nonceBytes) {
                 initialized = total
@@ -140,7 +156,9 @@ public enum AEAD {
         }
     }
 
-    public static func open(_ sealed: [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = [], what: String) throws -> [UInt8] {
+    public static func open(
+        _ sealed: [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = [], what: String
+    ) throws -> [UInt8] {
         ensureSodium()
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
         let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
@@ -152,8 +170,12 @@ public enum AEAD {
             // BoringSSL or libcrypto (`Bulk`); if it refuses, libsodium decides (a forged or
             // damaged value then costs two attempts, an intact one never does).
             if let ob = o.baseAddress,
-               sealed.withUnsafeBytes({ s in Bulk.openXChaCha(UnsafeRawBufferPointer(rebasing: s[nonceBytes...]), ad: ad,
-                                                             nonce: Array(s[0..<nonceBytes]), key: key.bytes, into: ob) }) {
+                sealed.withUnsafeBytes({ s in
+                    Bulk.openXChaCha(
+                        UnsafeRawBufferPointer(rebasing: s[nonceBytes...]), ad: ad,
+                        nonce: Array(s[0..<nonceBytes]), key: key.bytes, into: ob)
+                })
+            {
                 rc = 0
                 count = length
                 return
@@ -180,8 +202,10 @@ extension AEAD {
     /// plaintext now is (`nonceBytes..<count - tagBytes`). A 256 KiB chunk read back otherwise
     /// costs a fresh buffer and, for a raw chunk, a copy out of it (`ContentCipher.openChunkInPlace`).
     /// If the tag does not verify it throws, and `sealed` may then hold garbage.
-    public static func openInPlace(_ sealed: inout [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8],
-                                   extra: [UInt8] = [], what: String) throws -> Range<Int> {
+    public static func openInPlace(
+        _ sealed: inout [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8],
+        extra: [UInt8] = [], what: String
+    ) throws -> Range<Int> {
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
         let length = sealed.count - overhead
         guard Bulk.engine(for: length) == .boringSSL, !purpose.isPadded else {
@@ -197,8 +221,9 @@ extension AEAD {
         let ok = sealed.withUnsafeMutableBufferPointer { s -> Bool in
             guard let base = s.baseAddress else { return false }
             let body = base + nonceBytes
-            return Bulk.openXChaCha(UnsafeRawBufferPointer(start: body, count: length + tagBytes), ad: ad, nonce: nonce,
-                                    key: key.bytes, into: body, engine: .boringSSL)
+            return Bulk.openXChaCha(
+                UnsafeRawBufferPointer(start: body, count: length + tagBytes), ad: ad, nonce: nonce,
+                key: key.bytes, into: body, engine: .boringSSL)
         }
         guard ok else { throw CryptoError.authenticationFailed(what) }
         return nonceBytes..<(nonceBytes + length)

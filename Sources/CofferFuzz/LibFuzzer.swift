@@ -7,8 +7,10 @@ import Foundation
 nonisolated(unsafe) private var selected: FuzzTarget?
 
 @_cdecl("LLVMFuzzerInitialize")
-public func fuzzInitialize(_ argc: UnsafeMutablePointer<CInt>,
-                           _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>) -> CInt {
+public func fuzzInitialize(
+    _ argc: UnsafeMutablePointer<CInt>,
+    _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>
+) -> CInt {
     let name = ProcessInfo.processInfo.environment["COFFER_FUZZ_TARGET"] ?? ""
     guard let target = FuzzTarget(rawValue: name) else {
         let names = FuzzTarget.allCases.map(\.rawValue).joined(separator: ", ")
@@ -26,19 +28,21 @@ public func fuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
 }
 
 #if COFFER_FUZZING
-// libFuzzer's own `main` cannot be the entry point: SwiftPM links every executable with `main`
-// defined as the module's Swift entry point (`CofferFuzz_main`), so this one calls its driver.
-@_silgen_name("LLVMFuzzerRunDriver")
-private func runDriver(_ argc: UnsafeMutablePointer<CInt>,
-                       _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>,
-                       _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt) -> CInt
+    // libFuzzer's own `main` cannot be the entry point: SwiftPM links every executable with `main`
+    // defined as the module's Swift entry point (`CofferFuzz_main`), so this one calls its driver.
+    @_silgen_name("LLVMFuzzerRunDriver")
+    private func runDriver(
+        _ argc: UnsafeMutablePointer<CInt>,
+        _ argv: UnsafeMutablePointer<UnsafeMutablePointer<UnsafeMutablePointer<CChar>?>>,
+        _ callback: @convention(c) (UnsafePointer<UInt8>, Int) -> CInt
+    ) -> CInt
 
-@main
-struct FuzzDriver {
-    static func main() {
-        var argc = CommandLine.argc
-        var argv = CommandLine.unsafeArgv
-        exit(runDriver(&argc, &argv, { data, size in fuzz(data, size) }))
+    @main
+    struct FuzzDriver {
+        static func main() {
+            var argc = CommandLine.argc
+            var argv = CommandLine.unsafeArgv
+            exit(runDriver(&argc, &argv, { data, size in fuzz(data, size) }))
+        }
     }
-}
 #endif

@@ -72,7 +72,9 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         if bytes.count > 4, bytes[4] == 2 {
             check(again == bytes, "PosixAttributes re-encodes to other bytes")
         } else {
-            check((try? PosixAttributes(decoding: again)) == a, "PosixAttributes from a version 1 record does not round-trip")
+            check(
+                (try? PosixAttributes(decoding: again)) == a,
+                "PosixAttributes from a version 1 record does not round-trip")
         }
         _ = a.liveXattrs
         check(PosixAttributes.merge(a, a) == a, "PosixAttributes.merge is not idempotent")
@@ -103,28 +105,43 @@ enum FuzzTarget: String, CaseIterable, Sendable {
     static let messageTypes: [(name: String, run: @Sendable (Data) -> Void)] = [
         ("CreateAccountRequest", { json($0, as: CreateAccountRequest.self) { _ in } }),
         ("AccountResponse", { json($0, as: AccountResponse.self) { _ in } }),
-        ("UpsertRequest", {
-            json($0, as: UpsertRequest.self) { r in
-                for u in r.updates {
-                    record(u.record)
-                    if let p = u.expectedParent { _ = try? FileID(bytes: [UInt8](p)) }
+        (
+            "UpsertRequest",
+            {
+                json($0, as: UpsertRequest.self) { r in
+                    for u in r.updates {
+                        record(u.record)
+                        if let p = u.expectedParent { _ = try? FileID(bytes: [UInt8](p)) }
+                    }
                 }
             }
-        }),
+        ),
         ("UpsertResponse", { json($0, as: UpsertResponse.self) { _ in } }),
-        ("UpdatesRequest", { json($0, as: UpdatesRequest.self) { r in if let a = r.afterID { _ = try? FileID(bytes: [UInt8](a)) } } }),
-        ("UpdatesResponse", {
-            json($0, as: UpdatesResponse.self) { r in for f in r.files { record(f.record) } }
-        }),
+        (
+            "UpdatesRequest",
+            { json($0, as: UpdatesRequest.self) { r in if let a = r.afterID { _ = try? FileID(bytes: [UInt8](a)) } } }
+        ),
+        (
+            "UpdatesResponse",
+            {
+                json($0, as: UpdatesResponse.self) { r in for f in r.files { record(f.record) } }
+            }
+        ),
         ("ChunkIDsRequest", { json($0, as: ChunkIDsRequest.self) { _ in } }),
         ("MissingChunksResponse", { json($0, as: MissingChunksResponse.self) { _ in } }),
-        ("PutManifestRequest", {
-            json($0, as: PutManifestRequest.self) { r in
-                _ = try? FileID(bytes: [UInt8](r.fileID))
-                _ = ContentCipher.digest(ofSealedManifest: [UInt8](r.sealed)) == [UInt8](r.digest)
+        (
+            "PutManifestRequest",
+            {
+                json($0, as: PutManifestRequest.self) { r in
+                    _ = try? FileID(bytes: [UInt8](r.fileID))
+                    _ = ContentCipher.digest(ofSealedManifest: [UInt8](r.sealed)) == [UInt8](r.digest)
+                }
             }
-        }),
-        ("GetManifestRequest", { json($0, as: GetManifestRequest.self) { r in _ = try? FileID(bytes: [UInt8](r.fileID)) } }),
+        ),
+        (
+            "GetManifestRequest",
+            { json($0, as: GetManifestRequest.self) { r in _ = try? FileID(bytes: [UInt8](r.fileID)) } }
+        ),
         ("UsageResponse", { json($0, as: UsageResponse.self) { _ in } }),
         ("ErrorResponse", { json($0, as: ErrorResponse.self) { _ in } }),
         // New messages go last, so the first byte of the corpus inputs keeps its meaning.
@@ -143,7 +160,9 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         let encoder = JSONEncoder()
         encoder.outputFormatting = .sortedKeys
         guard let once = try? encoder.encode(value) else { violated("\(T.self) decoded but does not encode") }
-        guard let back = try? JSONDecoder().decode(T.self, from: once) else { violated("\(T.self) re-encoded does not decode") }
+        guard let back = try? JSONDecoder().decode(T.self, from: once) else {
+            violated("\(T.self) re-encoded does not decode")
+        }
         check((try? encoder.encode(back)) == once, "\(T.self) does not re-encode to the same JSON")
     }
 
@@ -173,22 +192,31 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         let timestampText = field(1)
         if let ts = Int64(timestampText) {
             let server: Int64 = 1_764_000_000_000
-            for now in [server, ts, ts &+ API.maxClockSkewMillis, ts &- API.maxClockSkewMillis &- 1, Int64.max, Int64.min, 0, ts &+ Int64.min] {
-                let expected = ts > 0 && now > 0 && (Int128(now) - Int128(ts)).magnitude <= UInt128(API.maxClockSkewMillis)
+            for now in [
+                server, ts, ts &+ API.maxClockSkewMillis, ts &- API.maxClockSkewMillis &- 1, Int64.max, Int64.min, 0,
+                ts &+ Int64.min,
+            ] {
+                let expected =
+                    ts > 0 && now > 0 && (Int128(now) - Int128(ts)).magnitude <= UInt128(API.maxClockSkewMillis)
                 check(RequestSigning.isFresh(timestamp: ts, now: now) == expected, "isFresh(\(ts), now: \(now))")
             }
-            let message = RequestSigning.canonical(server: serverID, method: field(4), path: field(5), body: body, timestamp: ts,
-                                                   nonce: field(2))
+            let message = RequestSigning.canonical(
+                server: serverID, method: field(4), path: field(5), body: body, timestamp: ts,
+                nonce: field(2))
             if let key = RequestSigning.unhex(field(0)).flatMap({ try? PublicSigningKey(bytes: $0) }),
-               let signature = RequestSigning.unhex(field(3)) {
+                let signature = RequestSigning.unhex(field(3))
+            {
                 _ = key.verify(signature: signature, message: message)
-                _ = RequestSigning.verify(account: key, server: serverID, method: field(4), path: field(5), body: body,
-                                          timestamp: ts, nonce: field(2), signature: signature)
+                _ = RequestSigning.verify(
+                    account: key, server: serverID, method: field(4), path: field(5), body: body,
+                    timestamp: ts, nonce: field(2), signature: signature)
             }
         }
 
         // Path parameters (chunk ids) go through the same hex decoder.
-        if let id = FileID(uuidString: field(5)) { check(FileID(uuidString: id.description) == id, "FileID uuid string round trip") }
+        if let id = FileID(uuidString: field(5)) {
+            check(FileID(uuidString: id.description) == id, "FileID uuid string round trip")
+        }
     }
 
     // MARK: - Account secret
@@ -219,9 +247,12 @@ extension FuzzTarget {
             let allowed = ops <= SealedAccountSecret.maxOpsLimit && mem <= SealedAccountSecret.maxMemLimit
             if allowed && (ops > 1 || mem > 64 * 1024) { return }
         }
-        guard let pw = try? Passphrase(passphrase), let secret = try? SealedAccountSecret.open(bytes, passphrase: pw) else { return }
+        guard let pw = try? Passphrase(passphrase), let secret = try? SealedAccountSecret.open(bytes, passphrase: pw)
+        else { return }
         let cheapest = SealedAccountSecret.Cost(opsLimit: 1, memLimit: 8192)
-        guard let again = try? SealedAccountSecret.seal(secret, passphrase: pw, cost: cheapest) else { violated("an opened secret does not seal") }
+        guard let again = try? SealedAccountSecret.seal(secret, passphrase: pw, cost: cheapest) else {
+            violated("an opened secret does not seal")
+        }
         check((try? SealedAccountSecret.open(again, passphrase: pw)) == secret, "sealed secret round trip")
     }
 }

@@ -36,7 +36,9 @@ public struct Ancestry<T: TreeView> {
 
     /// Facts about `id`. Throws `.notFound` if `id` itself is missing, `.orphan` naming the
     /// record whose parent is missing, and `.cycle` naming `id` when the walk comes back on itself.
-    public mutating func facts(of id: FileID, describe: Validator.Describe = { $0.description }) throws(TreeError) -> Facts {
+    public mutating func facts(
+        of id: FileID, describe: Validator.Describe = { $0.description }
+    ) throws(TreeError) -> Facts {
         if let f = known[id] { return f }
         var path: [(id: FileID, link: FileLink)] = []
         // Most walks are short (every create and chmod on a mount runs one), so a set of where
@@ -44,9 +46,12 @@ public struct Ancestry<T: TreeView> {
         // `id` is caught by meeting `id`, and one above it a few steps later by the set.
         var onPath: Set<FileID>?
         var current = id
-        var above: Facts? // facts of the parent of the last record on `path`; nil past the root
+        var above: Facts?  // facts of the parent of the last record on `path`; nil past the root
         while true {
-            if let f = known[current] { above = f; break }
+            if let f = known[current] {
+                above = f
+                break
+            }
             guard let link = tree.link(current) else {
                 guard let child = path.last else { throw .notFound(describe(id)) }
                 throw .orphan(describe(child.id))
@@ -57,11 +62,12 @@ public struct Ancestry<T: TreeView> {
                 if onPath?.insert(current).inserted == false { throw .cycle(describe(id)) }
             }
             path.append((current, link))
-            if link.parent == current { break } // the root is its own parent
+            if link.parent == current { break }  // the root is its own parent
             current = link.parent
         }
         for step in path.reversed() {
-            let f = Facts(depth: above.map { $0.depth + 1 } ?? 0, deletedAt: step.link.isDeleted ? step.id : above?.deletedAt)
+            let f = Facts(
+                depth: above.map { $0.depth + 1 } ?? 0, deletedAt: step.link.isDeleted ? step.id : above?.deletedAt)
             known[step.id] = f
             above = f
         }

@@ -12,7 +12,10 @@ public enum FileType: UInt8, Sendable, CaseIterable {
 public struct SealedName: Hashable, Sendable {
     public var ciphertext: [UInt8]
     public var mac: [UInt8]
-    public init(ciphertext: [UInt8], mac: [UInt8]) { self.ciphertext = ciphertext; self.mac = mac }
+    public init(ciphertext: [UInt8], mac: [UInt8]) {
+        self.ciphertext = ciphertext
+        self.mac = mac
+    }
 }
 
 public enum AccessMode: UInt8, Sendable {
@@ -28,7 +31,10 @@ public struct AccessEntry: Hashable, Sendable {
     public var sealedKey: [UInt8]
     public var isDeleted: Bool
     public init(account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false) {
-        self.account = account; self.mode = mode; self.sealedKey = sealedKey; self.isDeleted = isDeleted
+        self.account = account
+        self.mode = mode
+        self.sealedKey = sealedKey
+        self.isDeleted = isDeleted
     }
 }
 
@@ -54,12 +60,21 @@ public struct FileMetadata: Hashable, Sendable {
     /// Who wrote this version (verifies the signature).
     public var lastModifiedBy: AccountID
 
-    public init(id: FileID, type: FileType, parent: FileID, name: SealedName, owner: AccountID,
-                isDeleted: Bool = false, wrappedKey: [UInt8], access: [AccessEntry] = [],
-                sealedAttributes: [UInt8], contentDigest: [UInt8]? = nil, lastModifiedBy: AccountID) {
-        self.id = id; self.type = type; self.parent = parent; self.name = name; self.owner = owner
-        self.isDeleted = isDeleted; self.wrappedKey = wrappedKey; self.access = access
-        self.sealedAttributes = sealedAttributes; self.contentDigest = contentDigest
+    public init(
+        id: FileID, type: FileType, parent: FileID, name: SealedName, owner: AccountID,
+        isDeleted: Bool = false, wrappedKey: [UInt8], access: [AccessEntry] = [],
+        sealedAttributes: [UInt8], contentDigest: [UInt8]? = nil, lastModifiedBy: AccountID
+    ) {
+        self.id = id
+        self.type = type
+        self.parent = parent
+        self.name = name
+        self.owner = owner
+        self.isDeleted = isDeleted
+        self.wrappedKey = wrappedKey
+        self.access = access
+        self.sealedAttributes = sealedAttributes
+        self.contentDigest = contentDigest
         self.lastModifiedBy = lastModifiedBy
     }
 
@@ -71,12 +86,23 @@ public struct FileMetadata: Hashable, Sendable {
     /// The canonical bytes that are signed.
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: 256 + sealedAttributes.count)
-        w.raw(Self.tag); w.u8(Self.formatVersion)
-        w.raw(id.bytes); w.u8(type.rawValue); w.raw(parent.bytes)
-        w.data(name.ciphertext); w.data(name.mac)
-        w.raw(owner.bytes); w.bool(isDeleted); w.data(wrappedKey)
+        w.raw(Self.tag)
+        w.u8(Self.formatVersion)
+        w.raw(id.bytes)
+        w.u8(type.rawValue)
+        w.raw(parent.bytes)
+        w.data(name.ciphertext)
+        w.data(name.mac)
+        w.raw(owner.bytes)
+        w.bool(isDeleted)
+        w.data(wrappedKey)
         w.u32(UInt32(access.count))
-        for a in access { w.raw(a.account.bytes); w.u8(a.mode.rawValue); w.data(a.sealedKey); w.bool(a.isDeleted) }
+        for a in access {
+            w.raw(a.account.bytes)
+            w.u8(a.mode.rawValue)
+            w.data(a.sealedKey)
+            w.bool(a.isDeleted)
+        }
         w.data(sealedAttributes)
         w.optionalData(contentDigest)
         w.raw(lastModifiedBy.bytes)
@@ -107,7 +133,8 @@ public struct FileMetadata: Hashable, Sendable {
         for _ in 0..<n {
             let account = try AccountID(bytes: r.raw(32))
             guard let mode = AccessMode(rawValue: try r.u8()) else { throw DecodingError("unknown access mode") }
-            access.append(AccessEntry(account: account, mode: mode, sealedKey: try r.data(max: 256), isDeleted: try r.bool()))
+            access.append(
+                AccessEntry(account: account, mode: mode, sealedKey: try r.data(max: 256), isDeleted: try r.bool()))
         }
         sealedAttributes = try r.data(max: 1 << 20)
         contentDigest = try r.optionalData(max: 64)
@@ -128,7 +155,9 @@ public struct SignedMetadata: Hashable, Sendable {
     public var revision: UInt64
     public var signature: [UInt8]
     public init(metadata: FileMetadata, revision: UInt64 = 0, signature: [UInt8]) {
-        self.metadata = metadata; self.revision = revision; self.signature = signature
+        self.metadata = metadata
+        self.revision = revision
+        self.signature = signature
     }
 
     public var id: FileID { metadata.id }
@@ -139,7 +168,9 @@ public struct SignedMetadata: Hashable, Sendable {
     /// account can be taken for a record), the revision, then the canonical metadata.
     public static func message(metadata: FileMetadata, revision: UInt64) -> [UInt8] {
         var w = ByteWriter(capacity: 300 + metadata.sealedAttributes.count)
-        w.raw(messageTag); w.u64(revision); w.raw(metadata.encoded())
+        w.raw(messageTag)
+        w.u64(revision)
+        w.raw(metadata.encoded())
         return w.bytes
     }
 

@@ -41,7 +41,10 @@ public struct Batch<Base: TreeView>: TreeView {
         if let extra = addedByName[id]?[nameMAC] {
             // A set, not `out.contains`: a batch may hold thousands of deleted same-name siblings.
             var present = Set(out)
-            for e in extra where changes[e]?.parent == id && changes[e]?.name.mac == nameMAC && present.insert(e).inserted { out.append(e) }
+            for e in extra
+            where changes[e]?.parent == id && changes[e]?.name.mac == nameMAC && present.insert(e).inserted {
+                out.append(e)
+            }
         }
         return out
     }
@@ -49,7 +52,9 @@ public struct Batch<Base: TreeView>: TreeView {
     private mutating func put(_ m: FileMetadata) {
         if let previous = changes[m.id] {
             if previous.parent != m.parent { added[previous.parent]?.remove(m.id) }
-            if previous.parent != m.parent || previous.name.mac != m.name.mac { addedByName[previous.parent]?[previous.name.mac]?.remove(m.id) }
+            if previous.parent != m.parent || previous.name.mac != m.name.mac {
+                addedByName[previous.parent]?[previous.name.mac]?.remove(m.id)
+            }
         } else {
             order.append(m.id)
         }
@@ -71,7 +76,9 @@ public struct Batch<Base: TreeView>: TreeView {
         guard p.type == .folder else { throw .parentNotFolder(describe(id)) }
     }
 
-    private func requireNoSibling(named mac: [UInt8], in parent: FileID, except id: FileID, _ describe: Validator.Describe) throws(TreeError) {
+    private func requireNoSibling(
+        named mac: [UInt8], in parent: FileID, except id: FileID, _ describe: Validator.Describe
+    ) throws(TreeError) {
         for c in childIDs(of: parent, nameMAC: mac) where c != id {
             if let m = file(c), !m.isDeleted { throw .pathConflict(describe(c)) }
         }
@@ -79,7 +86,8 @@ public struct Batch<Base: TreeView>: TreeView {
 
     /// Create: not its own parent, parent exists and is a live folder, no sibling of that name.
     /// (Name rules are checked on plaintext by the caller via `FileName.validate`.)
-    public mutating func create(_ m: FileMetadata, describe: Validator.Describe = { $0.description }) throws(TreeError) {
+    public mutating func create(_ m: FileMetadata, describe: Validator.Describe = { $0.description }) throws(TreeError)
+    {
         if file(m.id) != nil { throw .pathConflict(describe(m.id)) }
         if m.isRoot { throw .multipleRoots }
         try requireFolder(m.parent, describe)
@@ -88,7 +96,9 @@ public struct Batch<Base: TreeView>: TreeView {
     }
 
     /// Rename: not the root, no sibling of that name.
-    public mutating func rename(_ id: FileID, to name: SealedName, describe: Validator.Describe = { $0.description }) throws(TreeError) {
+    public mutating func rename(
+        _ id: FileID, to name: SealedName, describe: Validator.Describe = { $0.description }
+    ) throws(TreeError) {
         var m = try live(id, describe)
         if m.isRoot { throw .rootModified }
         try requireNoSibling(named: name.mac, in: m.parent, except: id, describe)
@@ -99,7 +109,10 @@ public struct Batch<Base: TreeView>: TreeView {
     /// Move (optionally with a new name, since names are sealed with the parent's key and must be
     /// re-sealed on a move, as must the wrapped key): not into itself or a descendant, the new
     /// parent is a live folder, no sibling of that name there.
-    public mutating func move(_ id: FileID, to parent: FileID, name: SealedName, wrappedKey: [UInt8], describe: Validator.Describe = { $0.description }) throws(TreeError) {
+    public mutating func move(
+        _ id: FileID, to parent: FileID, name: SealedName, wrappedKey: [UInt8],
+        describe: Validator.Describe = { $0.description }
+    ) throws(TreeError) {
         var m = try live(id, describe)
         if m.isRoot { throw .rootModified }
         if parent == id { throw .cycle(describe(id)) }
@@ -122,13 +135,20 @@ public struct Batch<Base: TreeView>: TreeView {
     }
 
     /// Content or attribute change: the file exists and is live.
-    public mutating func update(_ id: FileID, describe: Validator.Describe = { $0.description }, _ change: (inout FileMetadata) -> Void) throws(TreeError) {
+    public mutating func update(
+        _ id: FileID, describe: Validator.Describe = { $0.description }, _ change: (inout FileMetadata) -> Void
+    ) throws(TreeError) {
         var m = try live(id, describe)
-        let type = m.type, parent = m.parent, name = m.name, deleted = m.isDeleted
+        let type = m.type
+        let parent = m.parent
+        let name = m.name
+        let deleted = m.isDeleted
         change(&m)
         // Updates may not smuggle in structural changes; those have their own checks.
         if m.type != type { throw .typeChanged(describe(id)) }
-        if m.parent != parent || m.name != name || m.isDeleted != deleted { throw .invalidName("use rename, move or delete for structural changes") }
+        if m.parent != parent || m.name != name || m.isDeleted != deleted {
+            throw .invalidName("use rename, move or delete for structural changes")
+        }
         put(m)
     }
 

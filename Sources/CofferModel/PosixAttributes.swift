@@ -2,7 +2,10 @@
 public struct Timespec: Hashable, Sendable, Comparable {
     public var seconds: Int64
     public var nanoseconds: Int64
-    public init(seconds: Int64, nanoseconds: Int64 = 0) { self.seconds = seconds; self.nanoseconds = nanoseconds }
+    public init(seconds: Int64, nanoseconds: Int64 = 0) {
+        self.seconds = seconds
+        self.nanoseconds = nanoseconds
+    }
     public static func < (a: Self, b: Self) -> Bool { (a.seconds, a.nanoseconds) < (b.seconds, b.nanoseconds) }
     public static let zero = Timespec(seconds: 0)
 }
@@ -28,8 +31,10 @@ public struct PosixAttributes: Hashable, Sendable {
     /// User xattrs; a nil value is a removal, kept so the removal can win a merge.
     public var xattrs: [String: Stamped<[UInt8]?>]
 
-    public init(mode: UInt32, uid: UInt32, gid: UInt32, mtime: Timespec, stamp: HybridTimestamp,
-                size: UInt64 = 0, symlinkTarget: String? = nil) {
+    public init(
+        mode: UInt32, uid: UInt32, gid: UInt32, mtime: Timespec, stamp: HybridTimestamp,
+        size: UInt64 = 0, symlinkTarget: String? = nil
+    ) {
         self.mode = Stamped(mode & 0o7777, at: stamp)
         self.uid = Stamped(uid, at: stamp)
         self.gid = Stamped(gid, at: stamp)
@@ -75,26 +80,35 @@ public struct PosixAttributes: Hashable, Sendable {
 
     public func encoded() -> [UInt8] {
         var w = ByteWriter(capacity: 160)
-        w.raw(Self.tag); w.u8(Self.formatVersion)
-        w.u32(mode.value); mode.stamp.encode(into: &w)
-        w.u32(uid.value); uid.stamp.encode(into: &w)
-        w.u32(gid.value); gid.stamp.encode(into: &w)
+        w.raw(Self.tag)
+        w.u8(Self.formatVersion)
+        w.u32(mode.value)
+        mode.stamp.encode(into: &w)
+        w.u32(uid.value)
+        uid.stamp.encode(into: &w)
+        w.u32(gid.value)
+        gid.stamp.encode(into: &w)
         Self.encode(mtime, into: &w)
         Self.encode(atime, into: &w)
-        w.i64(ctime.seconds); w.i64(ctime.nanoseconds)
+        w.i64(ctime.seconds)
+        w.i64(ctime.nanoseconds)
         w.u64(size)
         w.optionalData(symlinkTarget.map { Array($0.utf8) })
         let keys = xattrs.keys.sorted { Array($0.utf8).lexicographicallyPrecedes(Array($1.utf8)) }
         w.u32(UInt32(keys.count))
         for k in keys {
             guard let v = xattrs[k] else { continue }
-            w.string(k); w.optionalData(v.value); v.stamp.encode(into: &w)
+            w.string(k)
+            w.optionalData(v.value)
+            v.stamp.encode(into: &w)
         }
         return w.bytes
     }
 
     private static func encode(_ t: Stamped<Timespec>, into w: inout ByteWriter) {
-        w.i64(t.value.seconds); w.i64(t.value.nanoseconds); t.stamp.encode(into: &w)
+        w.i64(t.value.seconds)
+        w.i64(t.value.nanoseconds)
+        t.stamp.encode(into: &w)
     }
 
     private static func decodeStampedTime(from r: inout ByteReader) throws -> Stamped<Timespec> {
@@ -117,9 +131,13 @@ public struct PosixAttributes: Hashable, Sendable {
         ctime = Timespec(seconds: try r.i64(), nanoseconds: try r.i64())
         size = try r.u64()
         if let t = try r.optionalData(max: 4096) {
-            guard let s = String(validating: t, as: UTF8.self) else { throw DecodingError("symlink target is not UTF-8") }
+            guard let s = String(validating: t, as: UTF8.self) else {
+                throw DecodingError("symlink target is not UTF-8")
+            }
             symlinkTarget = s
-        } else { symlinkTarget = nil }
+        } else {
+            symlinkTarget = nil
+        }
         let n = try r.u32()
         guard n <= 10_000 else { throw DecodingError("too many xattrs") }
         xattrs = [:]
@@ -130,7 +148,9 @@ public struct PosixAttributes: Hashable, Sendable {
         for i in 0..<n {
             let k = try r.string(max: 255)
             let name = Array(k.utf8)
-            guard i == 0 || previous.lexicographicallyPrecedes(name) else { throw DecodingError("xattr names out of order") }
+            guard i == 0 || previous.lexicographicallyPrecedes(name) else {
+                throw DecodingError("xattr names out of order")
+            }
             previous = name
             let value = try r.optionalData(max: 64 * 1024)
             guard xattrs.updateValue(Stamped(value, at: try .decode(from: &r)), forKey: k) == nil else {

@@ -9,8 +9,10 @@ public enum Validator {
     /// back to paths (see `TreeError`).
     public typealias Describe = (FileID) -> String
 
-    public static func validate<T: TreeView>(changed ids: some Sequence<FileID>, before: (FileID) -> FileMetadata?,
-                                             in tree: T, describe: Describe = { $0.description }) throws(TreeError) {
+    public static func validate<T: TreeView>(
+        changed ids: some Sequence<FileID>, before: (FileID) -> FileMetadata?,
+        in tree: T, describe: Describe = { $0.description }
+    ) throws(TreeError) {
         // One memo for every walk up the tree in this batch: each record is walked once, so a
         // batch costs O(records changed + their distinct ancestors) whatever the depth.
         var ancestry = Ancestry(tree)
@@ -19,7 +21,7 @@ public enum Validator {
         var movedFolders: [(id: FileID, depth: Int)] = []
         var namesToCheck: [FileMetadata] = []
         for id in ids {
-            guard let m = tree.file(id) else { continue } // pruned in this batch
+            guard let m = tree.file(id) else { continue }  // pruned in this batch
             let old = before(id)
             // Root invariant: the root never changes, and no second root appears.
             if let old, old.isRoot {
@@ -29,7 +31,7 @@ public enum Validator {
                 continue
             }
             if m.isRoot {
-                if old == nil, tree.rootID == id, !hasOtherRoot(tree, besides: id) { continue } // the first root
+                if old == nil, tree.rootID == id, !hasOtherRoot(tree, besides: id) { continue }  // the first root
                 throw .multipleRoots
             }
             if let old, old.type != m.type { throw .typeChanged(describe(id)) }
@@ -53,7 +55,8 @@ public enum Validator {
         // the limit too. Heights are memoised across the batch, so nested moves cost one walk.
         var heights: [FileID: Int] = [:]
         for f in movedFolders {
-            try checkHeight(of: f.id, budget: TreeLimits.maxDepth - f.depth, in: tree, heights: &heights, describe: describe)
+            try checkHeight(
+                of: f.id, budget: TreeLimits.maxDepth - f.depth, in: tree, heights: &heights, describe: describe)
         }
         // Path conflict invariant: a changed live file has no live sibling of the same name.
         // (Files inside deleted folders may share names; they are not live.)
@@ -92,8 +95,14 @@ public enum Validator {
             var cursor = start
             var anchor: (depth: Int, live: Bool)?
             while true {
-                if let known = memo[cursor] { anchor = known; break }
-                guard path.count <= TreeLimits.maxDepth + 1, !onPath.contains(cursor), let m = before(cursor) else { anchor = nil; break }
+                if let known = memo[cursor] {
+                    anchor = known
+                    break
+                }
+                guard path.count <= TreeLimits.maxDepth + 1, !onPath.contains(cursor), let m = before(cursor) else {
+                    anchor = nil
+                    break
+                }
                 if m.isRoot {
                     anchor = (0, !m.isDeleted)
                     memo[cursor] = anchor
@@ -105,7 +114,11 @@ public enum Validator {
             }
             var result = anchor
             for id in path.reversed() {
-                if let r = result, let m = before(id) { result = (r.depth + 1, r.live && !m.isDeleted) } else { result = nil }
+                if let r = result, let m = before(id) {
+                    result = (r.depth + 1, r.live && !m.isDeleted)
+                } else {
+                    result = nil
+                }
                 memo[id] = result
             }
             return result
@@ -114,21 +127,25 @@ public enum Validator {
 
     /// Throws `tooDeep` when the subtree under `folder` is more than `budget` levels high.
     /// Iterative (no recursion on hostile depths); stops as soon as the budget is exceeded.
-    static func checkHeight<T: TreeView>(of folder: FileID, budget: Int, in tree: T, heights: inout [FileID: Int],
-                                         describe: Describe) throws(TreeError) {
+    static func checkHeight<T: TreeView>(
+        of folder: FileID, budget: Int, in tree: T, heights: inout [FileID: Int],
+        describe: Describe
+    ) throws(TreeError) {
         if let h = heights[folder] {
             if h > budget { throw TreeLimits.tooDeep(describe(folder)) }
             return
         }
         // A frame per folder on the current path; the path is never longer than the budget.
-        var stack: [(id: FileID, children: [FileID], next: Int, height: Int)] = [(folder, tree.childIDs(of: folder), 0, 0)]
+        var stack: [(id: FileID, children: [FileID], next: Int, height: Int)] = [
+            (folder, tree.childIDs(of: folder), 0, 0)
+        ]
         var onStack: Set<FileID> = [folder]
         while var top = stack.popLast() {
             if top.next < top.children.count {
                 let c = top.children[top.next]
                 top.next += 1
                 stack.append(top)
-                if c == top.id || onStack.contains(c) { continue } // validated trees have no cycles; never loop on one
+                if c == top.id || onStack.contains(c) { continue }  // validated trees have no cycles; never loop on one
                 if let h = heights[c] {
                     // c sits stack.count levels below `folder`, its deepest record h further.
                     if stack.count + h > budget { throw TreeLimits.tooDeep(describe(c)) }
@@ -147,8 +164,10 @@ public enum Validator {
     }
 
     static func sameStructure(_ a: FileMetadata, _ b: FileMetadata) -> Bool {
-        var x = a, y = b
-        x.sealedAttributes = []; y.sealedAttributes = []
+        var x = a
+        var y = b
+        x.sealedAttributes = []
+        y.sealedAttributes = []
         x.lastModifiedBy = y.lastModifiedBy
         return x == y
     }
@@ -171,7 +190,10 @@ public enum Validator {
     /// Checks every invariant over a whole tree.
     public static func validateAll(_ tree: FileTree, describe: Describe = { $0.description }) throws(TreeError) {
         let roots = tree.files.values.filter { $0.isRoot }
-        if roots.isEmpty { if tree.count == 0 { return }; throw .noRoot }
+        if roots.isEmpty {
+            if tree.count == 0 { return }
+            throw .noRoot
+        }
         if roots.count > 1 { throw .multipleRoots }
         for m in tree.files.values where !m.isRoot {
             guard let parent = tree.file(m.parent) else { throw .orphan(describe(m.id)) }

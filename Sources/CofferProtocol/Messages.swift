@@ -31,7 +31,10 @@ public struct CreateAccountRequest: Codable, Sendable {
     /// runs with `--registration invite`.
     public var invite: String?
     public init(username: String, signingKey: Data, boxKey: Data, invite: String? = nil) {
-        self.username = username; self.signingKey = signingKey; self.boxKey = boxKey; self.invite = invite
+        self.username = username
+        self.signingKey = signingKey
+        self.boxKey = boxKey
+        self.invite = invite
     }
 }
 
@@ -39,7 +42,11 @@ public struct AccountResponse: Codable, Sendable {
     public var username: String
     public var signingKey: Data
     public var boxKey: Data
-    public init(username: String, signingKey: Data, boxKey: Data) { self.username = username; self.signingKey = signingKey; self.boxKey = boxKey }
+    public init(username: String, signingKey: Data, boxKey: Data) {
+        self.username = username
+        self.signingKey = signingKey
+        self.boxKey = boxKey
+    }
 }
 
 /// One metadata record to upsert, with the precondition the client saw: the parent, name MAC and
@@ -52,7 +59,9 @@ public struct FileUpdate: Codable, Sendable {
     public var expectedNameMAC: Data?
     public var expectedRevision: UInt64?
     public init(record: Data, expectedParent: Data?, expectedNameMAC: Data?, expectedRevision: UInt64? = nil) {
-        self.record = record; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+        self.record = record
+        self.expectedParent = expectedParent
+        self.expectedNameMAC = expectedNameMAC
         self.expectedRevision = expectedRevision
     }
 }
@@ -77,7 +86,10 @@ public struct ServerFile: Codable, Sendable, Equatable {
     /// The signed record is left untouched, so its signature still verifies.
     public var serverDeleted: Bool
     public init(record: Data, version: Int64, contentVersion: Int64, serverDeleted: Bool) {
-        self.record = record; self.version = version; self.contentVersion = contentVersion; self.serverDeleted = serverDeleted
+        self.record = record
+        self.version = version
+        self.contentVersion = contentVersion
+        self.serverDeleted = serverDeleted
     }
 }
 
@@ -87,7 +99,10 @@ public struct ServerFile: Codable, Sendable, Equatable {
 public struct UpdatesRequest: Codable, Sendable {
     public var since: Int64
     public var afterID: Data?
-    public init(since: Int64, afterID: Data? = nil) { self.since = since; self.afterID = afterID }
+    public init(since: Int64, afterID: Data? = nil) {
+        self.since = since
+        self.afterID = afterID
+    }
 }
 
 /// Positions in the updates stream: (version, file id), a nil id standing for the end of its
@@ -115,7 +130,10 @@ public struct UpdatesResponse: Codable, Sendable {
     /// `afterID`. A version is complete (and `latest` a cursor to keep) only when this is nil.
     public var nextAfterID: Data?
     public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil) {
-        self.files = files; self.latest = latest; self.more = more; self.nextAfterID = nextAfterID
+        self.files = files
+        self.latest = latest
+        self.more = more
+        self.nextAfterID = nextAfterID
     }
 }
 
@@ -137,28 +155,41 @@ public struct PutManifestRequest: Codable, Sendable {
     public var sealed: Data
     public var chunkIDs: [Data]
     public init(fileID: Data, digest: Data, sealed: Data, chunkIDs: [Data]) {
-        self.fileID = fileID; self.digest = digest; self.sealed = sealed; self.chunkIDs = chunkIDs
+        self.fileID = fileID
+        self.digest = digest
+        self.sealed = sealed
+        self.chunkIDs = chunkIDs
     }
 }
 
 public struct GetManifestRequest: Codable, Sendable {
     public var fileID: Data
     public var digest: Data
-    public init(fileID: Data, digest: Data) { self.fileID = fileID; self.digest = digest }
+    public init(fileID: Data, digest: Data) {
+        self.fileID = fileID
+        self.digest = digest
+    }
 }
 
 public struct UsageResponse: Codable, Sendable {
     public var files: Int64
     public var bytes: Int64
     public var quotaBytes: Int64
-    public init(files: Int64, bytes: Int64, quotaBytes: Int64) { self.files = files; self.bytes = bytes; self.quotaBytes = quotaBytes }
+    public init(files: Int64, bytes: Int64, quotaBytes: Int64) {
+        self.files = files
+        self.bytes = bytes
+        self.quotaBytes = quotaBytes
+    }
 }
 
 /// Every error body. `code` is stable for programs; `message` is for people.
 public struct ErrorResponse: Codable, Sendable {
     public var code: String
     public var message: String
-    public init(code: String, message: String) { self.code = code; self.message = message }
+    public init(code: String, message: String) {
+        self.code = code
+        self.message = message
+    }
 
     public static let getUpdatesRequired = "get_updates_required"
     public static let badRequest = "bad_request"
@@ -178,9 +209,15 @@ public enum ChunkBundle {
     public static func encode(_ chunks: [(id: [UInt8], sealed: [UInt8])]) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(4 + chunks.reduce(0) { $0 + 36 + $1.sealed.count })
-        func u32(_ v: Int) { out += [UInt8((v >> 24) & 0xff), UInt8((v >> 16) & 0xff), UInt8((v >> 8) & 0xff), UInt8(v & 0xff)] }
+        func u32(_ v: Int) {
+            out += [UInt8((v >> 24) & 0xff), UInt8((v >> 16) & 0xff), UInt8((v >> 8) & 0xff), UInt8(v & 0xff)]
+        }
         u32(chunks.count)
-        for c in chunks { out += c.id; u32(c.sealed.count); out += c.sealed }
+        for c in chunks {
+            out += c.id
+            u32(c.sealed.count)
+            out += c.sealed
+        }
         return out
     }
 
@@ -195,9 +232,11 @@ public enum ChunkBundle {
         var out: [(id: [UInt8], sealed: [UInt8])] = []
         for _ in 0..<n {
             guard i + 32 <= bytes.count else { return nil }
-            let id = Array(bytes[i..<(i + 32)]); i += 32
+            let id = Array(bytes[i..<(i + 32)])
+            i += 32
             guard let len = u32(), i + len <= bytes.count else { return nil }
-            out.append((id, Array(bytes[i..<(i + len)]))); i += len
+            out.append((id, Array(bytes[i..<(i + len)])))
+            i += len
         }
         return i == bytes.count ? out : nil
     }

@@ -19,23 +19,36 @@ public enum RequestSigning {
     /// Bytes in a server id.
     public static let serverIDBytes = 16
 
-    public static func canonical(server: [UInt8], method: String, path: String, body: [UInt8], timestamp: Int64, nonce: String) -> [UInt8] {
-        Array("COFFER-REQUEST-2\n\(hex(server))\n\(method.uppercased())\n\(path)\n\(hex(sha256(body)))\n\(timestamp)\n\(nonce)".utf8)
+    public static func canonical(
+        server: [UInt8], method: String, path: String, body: [UInt8], timestamp: Int64, nonce: String
+    ) -> [UInt8] {
+        Array(
+            "COFFER-REQUEST-2\n\(hex(server))\n\(method.uppercased())\n\(path)\n\(hex(sha256(body)))\n\(timestamp)\n\(nonce)"
+                .utf8)
     }
 
     /// The four headers for a request to the server whose id is `server`.
-    public static func headers(keys: SigningKeyPair, server: [UInt8], method: String, path: String, body: [UInt8],
-                               timestamp: Int64, nonce: [UInt8] = randomBytes(16)) -> [(String, String)] {
+    public static func headers(
+        keys: SigningKeyPair, server: [UInt8], method: String, path: String, body: [UInt8],
+        timestamp: Int64, nonce: [UInt8] = randomBytes(16)
+    ) -> [(String, String)] {
         let n = hex(nonce)
-        let sig = keys.sign(canonical(server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: n))
-        return [(accountHeader, hex(keys.publicKey.bytes)), (timestampHeader, String(timestamp)),
-                (nonceHeader, n), (signatureHeader, hex(sig))]
+        let sig = keys.sign(
+            canonical(server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: n))
+        return [
+            (accountHeader, hex(keys.publicKey.bytes)), (timestampHeader, String(timestamp)),
+            (nonceHeader, n), (signatureHeader, hex(sig)),
+        ]
     }
 
-    public static func verify(account: PublicSigningKey, server: [UInt8], method: String, path: String, body: [UInt8],
-                              timestamp: Int64, nonce: String, signature: [UInt8]) -> Bool {
-        account.verify(signature: signature,
-                       message: canonical(server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: nonce))
+    public static func verify(
+        account: PublicSigningKey, server: [UInt8], method: String, path: String, body: [UInt8],
+        timestamp: Int64, nonce: String, signature: [UInt8]
+    ) -> Bool {
+        account.verify(
+            signature: signature,
+            message: canonical(
+                server: server, method: method, path: path, body: body, timestamp: timestamp, nonce: nonce))
     }
 
     public static func hex(_ bytes: [UInt8]) -> String { hexString(bytes) }

@@ -24,18 +24,27 @@ extension CofferServer {
     public func audit(account: Data) throws(ServerError) -> [String] {
         try guarded {
             var problems: [String] = []
-            guard let accountID = try? AccountID(bytes: Array(account)), let key = try? PublicSigningKey(bytes: Array(account)) else {
+            guard let accountID = try? AccountID(bytes: Array(account)),
+                let key = try? PublicSigningKey(bytes: Array(account))
+            else {
                 return ["malformed account key"]
             }
             let files = try metadata.read { try $0.files(account: account, since: 0, limit: Int(Int32.max)) }
             var tree = FileTree()
             var byID: [FileID: StoredFile] = [:]
             for f in files {
-                guard let s = try? SignedMetadata(decoding: Array(f.record)) else { problems.append("undecodable record"); continue }
+                guard let s = try? SignedMetadata(decoding: Array(f.record)) else {
+                    problems.append("undecodable record")
+                    continue
+                }
                 var m = s.metadata
                 if m.owner != accountID { problems.append("file \(m.id) not owned by the account") }
-                if !key.verify(signature: s.signature, message: s.message) { problems.append("bad signature on file \(m.id)") }
-                if f.deleted != (m.isDeleted || f.serverDeleted) { problems.append("file \(m.id): deleted flag inconsistent") }
+                if !key.verify(signature: s.signature, message: s.message) {
+                    problems.append("bad signature on file \(m.id)")
+                }
+                if f.deleted != (m.isDeleted || f.serverDeleted) {
+                    problems.append("file \(m.id): deleted flag inconsistent")
+                }
                 if f.deleted { m.isDeleted = true }
                 tree.insert(m)
                 byID[m.id] = f
@@ -47,14 +56,22 @@ extension CofferServer {
                 }
                 if m.type == .document, !m.isDeleted, let d = m.contentDigest {
                     let k = ManifestKey(account: account, fileID: Data(id.bytes), digest: Data(d))
-                    if try !metadata.read({ try $0.hasManifest(k) }) { problems.append("document \(id) has no manifest for its content") }
+                    if try !metadata.read({ try $0.hasManifest(k) }) {
+                        problems.append("document \(id) has no manifest for its content")
+                    }
                 }
             }
-            let (stored, recounted) = try metadata.read { tx in (try tx.account(key: account)?.bytesUsed, try tx.recountedUsage(account: account)) }
-            if let stored, stored != recounted { problems.append("usage is \(stored) bytes but what is stored counts \(recounted)") }
+            let (stored, recounted) = try metadata.read { tx in
+                (try tx.account(key: account)?.bytesUsed, try tx.recountedUsage(account: account))
+            }
+            if let stored, stored != recounted {
+                problems.append("usage is \(stored) bytes but what is stored counts \(recounted)")
+            }
             let known = try metadata.read { try $0.allChunkKeys() }
             for k in known where k.account == account {
-                if try !content.has(k) { problems.append("chunk \(RequestSigning.hex(Array(k.id))) recorded but not stored") }
+                if try !content.has(k) {
+                    problems.append("chunk \(RequestSigning.hex(Array(k.id))) recorded but not stored")
+                }
             }
             return problems
         }

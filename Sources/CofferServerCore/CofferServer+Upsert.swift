@@ -33,7 +33,9 @@ extension CofferServer {
         var entry = trees.withLock { $0.removeValue(forKey: account) } ?? CachedTree()
         if entry.version > version { entry = CachedTree() }
         if entry.version < version {
-            for f in try reader.files(account: account, since: entry.version, limit: Int(Int32.max)) { try entry.apply(f) }
+            for f in try reader.files(account: account, since: entry.version, limit: Int(Int32.max)) {
+                try entry.apply(f)
+            }
             entry.version = version
         }
         return entry
@@ -68,7 +70,9 @@ extension CofferServer {
     /// Applies a batch of signed records atomically. See docs/PROTOCOL.md, "What the server
     /// checks on upsert".
     public func upsert(caller: Data, _ request: UpsertRequest) throws(ServerError) -> UpsertResponse {
-        guard let callerID = try? AccountID(bytes: Array(caller)), let callerKey = try? PublicSigningKey(bytes: Array(caller)) else {
+        guard let callerID = try? AccountID(bytes: Array(caller)),
+            let callerKey = try? PublicSigningKey(bytes: Array(caller))
+        else {
             throw .unauthorized("malformed account key")
         }
         guard request.updates.count <= TreeLimits.maxRecordsPerBatch else {
@@ -85,37 +89,48 @@ extension CofferServer {
             let m = s.metadata
             guard ids.insert(m.id).inserted else { throw .badRequest("file \(m.id) appears twice in the batch") }
             guard m.owner == callerID else { throw .forbidden("record \(i) (file \(m.id)) is not owned by the caller") }
-            guard m.lastModifiedBy == callerID else { throw .forbidden("record \(i) (file \(m.id)) was not written by the caller") }
+            guard m.lastModifiedBy == callerID else {
+                throw .forbidden("record \(i) (file \(m.id)) was not written by the caller")
+            }
             guard callerKey.verify(signature: s.signature, message: s.message) else {
                 throw .forbidden("record \(i) (file \(m.id)): signature does not verify")
             }
-            if m.type != .document, m.contentDigest != nil { throw .badRequest("file \(m.id) is not a document but names content") }
+            if m.type != .document, m.contentDigest != nil {
+                throw .badRequest("file \(m.id) is not a document but names content")
+            }
             switch (u.expectedParent, u.expectedNameMAC) {
             case (nil, nil): break
-            case (let p?, _?): guard p.count == 16 else { throw .badRequest("record \(i): expectedParent is not a file id") }
+            case (let p?, _?):
+                guard p.count == 16 else { throw .badRequest("record \(i): expectedParent is not a file id") }
             default: throw .badRequest("record \(i): expectedParent and expectedNameMAC are both set or both absent")
             }
             decoded.append(Decoded(update: u, signed: s))
         }
 
         var released: [ChunkKey] = []
-        var cleanEntry: CachedTree? // committed state, safe to cache even if the batch fails
-        var newEntry: CachedTree?   // the state after this batch, cached only once it committed
+        var cleanEntry: CachedTree?  // committed state, safe to cache even if the batch fails
+        var newEntry: CachedTree?  // the state after this batch, cached only once it committed
         let version: Int64
         do {
             version = try guarded {
                 try metadata.write { tx -> Int64 in
-                    guard let account = try tx.lockAccount(key: caller) else { throw ServerError.unauthorized("no account has this key") }
+                    guard let account = try tx.lockAccount(key: caller) else {
+                        throw ServerError.unauthorized("no account has this key")
+                    }
                     var entry = try takeTree(account: caller, version: account.version, reader: tx)
                     cleanEntry = entry
                     let plan = try makePlan(caller: caller, decoded: decoded, entry: entry, reader: tx)
                     if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
-                    cleanEntry = nil // release the copy so the tree below is mutated in place
-                    let v = try apply(plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
+                    cleanEntry = nil  // release the copy so the tree below is mutated in place
+                    let v = try apply(
+                        plan, caller: caller, to: &entry, released: &released, tx: tx, newEntry: &newEntry)
                     // Records count against the quota (`QuotaRule`): a batch that leaves usage
                     // above the quota is refused unless it lowers usage (as deleting content does).
-                    if let after = try tx.account(key: caller), after.bytesUsed > account.bytesUsed, after.bytesUsed > quotaBytes {
-                        throw ServerError.quotaExceeded("storing these records would exceed the account's quota of \(quotaBytes) bytes")
+                    if let after = try tx.account(key: caller), after.bytesUsed > account.bytesUsed,
+                        after.bytesUsed > quotaBytes
+                    {
+                        throw ServerError.quotaExceeded(
+                            "storing these records would exceed the account's quota of \(quotaBytes) bytes")
                     }
                     return v
                 }
@@ -131,8 +146,10 @@ extension CofferServer {
     }
 
     /// Writes a plan in the open transaction and updates the cached tree to match.
-    func apply(_ plan: Plan, caller: Data, to entry: inout CachedTree, released: inout [ChunkKey], tx: any MetadataWriter,
-               newEntry: inout CachedTree?) throws -> Int64 {
+    func apply(
+        _ plan: Plan, caller: Data, to entry: inout CachedTree, released: inout [ChunkKey], tx: any MetadataWriter,
+        newEntry: inout CachedTree?
+    ) throws -> Int64 {
         let v = try tx.nextVersion()
         let newlyChanged = Set(plan.changed.map(\.id))
         for m in plan.changed {
@@ -141,11 +158,16 @@ extension CofferServer {
             let serverDeleted = entry.serverDeleted.contains(m.id) || plan.marked.contains(m.id)
             guard let raw = plan.rawRecords[m.id] else { throw StorageError("record bytes missing") }
             let cv = contentChanged ? v : (entry.contentVersion[m.id] ?? v)
-            try tx.putFile(StoredFile(id: Data(m.id.bytes), account: caller, record: raw, version: v, contentVersion: cv,
-                                      serverDeleted: serverDeleted, deleted: m.isDeleted || serverDeleted,
-                                      digest: m.contentDigest.map { Data($0) }))
+            try tx.putFile(
+                StoredFile(
+                    id: Data(m.id.bytes), account: caller, record: raw, version: v, contentVersion: cv,
+                    serverDeleted: serverDeleted, deleted: m.isDeleted || serverDeleted,
+                    digest: m.contentDigest.map { Data($0) }))
             var effective = m
-            if serverDeleted { effective.isDeleted = true; entry.serverDeleted.insert(m.id) }
+            if serverDeleted {
+                effective.isDeleted = true
+                entry.serverDeleted.insert(m.id)
+            }
             entry.tree.insert(effective)
             entry.contentVersion[m.id] = cv
             if let r = plan.revisions[m.id] { entry.revision[m.id] = r }
@@ -180,25 +202,32 @@ extension CofferServer {
             let id = m.id
             if let current = tree.file(id) {
                 guard let ep = d.update.expectedParent, let en = d.update.expectedNameMAC,
-                      Array(ep) == current.parent.bytes, Array(en) == current.name.mac else {
-                    throw ServerError.getUpdatesRequired("file \(id) changed on the server since the device last saw it")
+                    Array(ep) == current.parent.bytes, Array(en) == current.name.mac
+                else {
+                    throw ServerError.getUpdatesRequired(
+                        "file \(id) changed on the server since the device last saw it")
                 }
-                if current.type != m.type { throw ServerError.invalidTree(TreeError.typeChanged(id.description).description) }
+                if current.type != m.type {
+                    throw ServerError.invalidTree(TreeError.typeChanged(id.description).description)
+                }
                 if current.isDeleted && !m.isDeleted {
-                    throw ServerError.getUpdatesRequired("file \(id) was deleted on the server; a deleted file stays deleted")
+                    throw ServerError.getUpdatesRequired(
+                        "file \(id) was deleted on the server; a deleted file stays deleted")
                 }
                 if entry.serverDeleted.contains(id) { m.isDeleted = true }
                 let stored = entry.revision[id] ?? 0
                 if let expected = d.update.expectedRevision, expected != stored {
-                    throw ServerError.getUpdatesRequired("file \(id) changed on the server since the device last saw it")
+                    throw ServerError.getUpdatesRequired(
+                        "file \(id) changed on the server since the device last saw it")
                 }
-                if m == current && d.signed.revision == stored { continue } // nothing changes
+                if m == current && d.signed.revision == stored { continue }  // nothing changes
                 // Revisions only go up: a record based on an older one is stale (the device must
                 // merge first), and devices refuse an older record served again. An unchanged
                 // record re-signed with a newer revision (a retried push) is stored, so the server
                 // always holds the newest record a device has as base.
                 guard d.signed.revision > stored else {
-                    throw ServerError.getUpdatesRequired("file \(id) has a newer revision on the server than the one sent")
+                    throw ServerError.getUpdatesRequired(
+                        "file \(id) has a newer revision on the server than the one sent")
                 }
             } else {
                 // Not in the caller's tree: missing, or another account's. The precondition is
@@ -234,7 +263,8 @@ extension CofferServer {
                 // means the device has not seen that deletion: it must merge first, or its
                 // new file or edit would vanish.
                 if tree.file(deletedAncestor)?.isDeleted ?? false {
-                    throw ServerError.getUpdatesRequired("file \(m.id) is inside a folder that was deleted on the server")
+                    throw ServerError.getUpdatesRequired(
+                        "file \(m.id) is inside a folder that was deleted on the server")
                 }
                 marked.insert(m.id)
             }
@@ -253,8 +283,10 @@ extension CofferServer {
         // Content before metadata: a live document's new digest must name a stored manifest.
         for m in changed where m.type == .document && !m.isDeleted && !marked.contains(m.id) {
             guard let digest = m.contentDigest, digest != tree.file(m.id)?.contentDigest else { continue }
-            guard try reader.hasManifest(ManifestKey(account: caller, fileID: Data(m.id.bytes), digest: Data(digest))) else {
-                throw ServerError.conflict("file \(m.id) names content the server does not have; upload its manifest first")
+            guard try reader.hasManifest(ManifestKey(account: caller, fileID: Data(m.id.bytes), digest: Data(digest)))
+            else {
+                throw ServerError.conflict(
+                    "file \(m.id) names content the server does not have; upload its manifest first")
             }
         }
 

@@ -43,11 +43,14 @@ public final class CofferServer: Sendable {
         case closed
     }
 
-    public init(metadata: any MetadataStorage, content: any ContentStorage, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
-                identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
-                registration: RegistrationPolicy = .open, maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
-                nonces: any NonceStore = MemoryNonceStore(),
-                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
+    public init(
+        metadata: any MetadataStorage, content: any ContentStorage, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
+        identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
+        registration: RegistrationPolicy = .open,
+        maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
+        nonces: any NonceStore = MemoryNonceStore(),
+        clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
+    ) {
         self.metadata = metadata
         self.content = content
         self.nonces = nonces
@@ -60,16 +63,20 @@ public final class CofferServer: Sendable {
 
     /// The embedded defaults under `directory` (made 0700): `metadata.sqlite`, `nonces.sqlite`
     /// (both 0600), `server.id` and `chunks/`.
-    public static func open(directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
-                            registration: RegistrationPolicy = .open,
-                            clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) throws -> CofferServer {
+    public static func open(
+        directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
+        registration: RegistrationPolicy = .open,
+        clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
+    ) throws -> CofferServer {
         try PrivateFiles.prepareDirectory(directory)
         let meta = try SQLiteMetadataStorage(path: directory.appendingPathComponent("metadata.sqlite").path)
         let nonces = try SQLiteNonceStore(path: directory.appendingPathComponent("nonces.sqlite").path)
-        let chunks = try DirectoryContentStorage(root: directory.appendingPathComponent("chunks", isDirectory: true),
-                                                 tmp: directory.appendingPathComponent("tmp", isDirectory: true))
-        return CofferServer(metadata: meta, content: chunks, quotaBytes: quotaBytes, identity: try identity(in: directory),
-                            registration: registration, nonces: nonces, clock: clock)
+        let chunks = try DirectoryContentStorage(
+            root: directory.appendingPathComponent("chunks", isDirectory: true),
+            tmp: directory.appendingPathComponent("tmp", isDirectory: true))
+        return CofferServer(
+            metadata: meta, content: chunks, quotaBytes: quotaBytes, identity: try identity(in: directory),
+            registration: registration, nonces: nonces, clock: clock)
     }
 
     /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
@@ -78,20 +85,29 @@ public final class CofferServer: Sendable {
     static func identity(in directory: URL) throws -> [UInt8] {
         let path = directory.appendingPathComponent("server.id").path
         if let data = FileManager.default.contents(atPath: path) {
-            guard let id = RequestSigning.unhex(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
-                  id.count == RequestSigning.serverIDBytes else {
+            guard
+                let id = RequestSigning.unhex(
+                    String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)),
+                id.count == RequestSigning.serverIDBytes
+            else {
                 throw StorageError("\(path) does not hold a server id (\(RequestSigning.serverIDBytes * 2) hex digits)")
             }
             return id
         }
         let id = randomBytes(RequestSigning.serverIDBytes)
         let tmp = path + ".tmp-\(getpid())"
-        guard FileManager.default.createFile(atPath: tmp, contents: Data((RequestSigning.hex(id) + "\n").utf8),
-                                             attributes: [.posixPermissions: 0o600]) else {
+        guard
+            FileManager.default.createFile(
+                atPath: tmp, contents: Data((RequestSigning.hex(id) + "\n").utf8),
+                attributes: [.posixPermissions: 0o600])
+        else {
             throw StorageError("cannot write \(tmp)")
         }
         // Two processes starting at once: link refuses to replace, so the first id stays and both read it.
-        if link(tmp, path) != 0 && errno != EEXIST { unlink(tmp); throw StorageError("cannot create \(path)") }
+        if link(tmp, path) != 0 && errno != EEXIST {
+            unlink(tmp)
+            throw StorageError("cannot create \(path)")
+        }
         unlink(tmp)
         return try identity(in: directory)
     }
@@ -108,7 +124,9 @@ public final class CofferServer: Sendable {
 
     /// Storage failures become a 500 whose text stays in the server's log (`ServerError.detail`).
     func guarded<T>(_ body: () throws -> T) throws(ServerError) -> T {
-        do { return try body() } catch let e as ServerError { throw e } catch { throw .internal(detail: "storage failure: \(error)") }
+        do { return try body() } catch let e as ServerError { throw e } catch {
+            throw .internal(detail: "storage failure: \(error)")
+        }
     }
 
     // MARK: - Authentication
@@ -129,19 +147,29 @@ public final class CofferServer: Sendable {
     /// `API.maxClockSkewMillis` of the server's clock, and the key has an account (unless
     /// `mayCreateAccount`, for `POST /v1/accounts`). A request failing any of these is refused
     /// (401) without its body ever being collected.
-    public func preauthenticate(account: String?, timestamp: String?, nonce: String?, signature: String?,
-                                mayCreateAccount: Bool) throws(ServerError) -> Preauthenticated {
+    public func preauthenticate(
+        account: String?, timestamp: String?, nonce: String?, signature: String?,
+        mayCreateAccount: Bool
+    ) throws(ServerError) -> Preauthenticated {
         guard let account, let timestamp, let nonce, let signature else {
-            throw .unauthorized("missing signing headers (\(RequestSigning.accountHeader), \(RequestSigning.timestampHeader), \(RequestSigning.nonceHeader), \(RequestSigning.signatureHeader))")
+            throw .unauthorized(
+                "missing signing headers (\(RequestSigning.accountHeader), \(RequestSigning.timestampHeader), \(RequestSigning.nonceHeader), \(RequestSigning.signatureHeader))"
+            )
         }
-        guard account.utf8.count == 64, let keyBytes = RequestSigning.unhex(account), let key = try? PublicSigningKey(bytes: keyBytes) else {
+        guard account.utf8.count == 64, let keyBytes = RequestSigning.unhex(account),
+            let key = try? PublicSigningKey(bytes: keyBytes)
+        else {
             throw .unauthorized("\(RequestSigning.accountHeader) is not a hex public key")
         }
-        guard timestamp.utf8.count <= 20, let ts = Int64(timestamp) else { throw .unauthorized("\(RequestSigning.timestampHeader) is not a number") }
+        guard timestamp.utf8.count <= 20, let ts = Int64(timestamp) else {
+            throw .unauthorized("\(RequestSigning.timestampHeader) is not a number")
+        }
         guard Self.withinClockWindow(ts, now: now) else {
             throw .unauthorized("request timestamp is more than 5 minutes from the server's clock")
         }
-        guard nonce.utf8.count >= 16, nonce.utf8.count <= 128, let nonceBytes = RequestSigning.unhex(nonce), !nonceBytes.isEmpty else {
+        guard nonce.utf8.count >= 16, nonce.utf8.count <= 128, let nonceBytes = RequestSigning.unhex(nonce),
+            !nonceBytes.isEmpty
+        else {
             throw .unauthorized("\(RequestSigning.nonceHeader) must be 8 to 64 bytes of hex")
         }
         guard signature.utf8.count == 128, let sig = RequestSigning.unhex(signature), sig.count == 64 else {
@@ -162,30 +190,43 @@ public final class CofferServer: Sendable {
 
     /// Verifies the signature over the body and records the nonce (in `nonces`, never in the
     /// metadata store). Returns the caller's key.
-    public func authenticate(_ pre: Preauthenticated, method: String, path: String, body: [UInt8]) throws(ServerError) -> Data {
-        guard RequestSigning.verify(account: pre.publicKey, server: identity, method: method, path: path, body: body,
-                                    timestamp: pre.timestamp, nonce: pre.nonce, signature: pre.signature) else {
+    public func authenticate(
+        _ pre: Preauthenticated, method: String, path: String, body: [UInt8]
+    ) throws(ServerError) -> Data {
+        guard
+            RequestSigning.verify(
+                account: pre.publicKey, server: identity, method: method, path: path, body: body,
+                timestamp: pre.timestamp, nonce: pre.nonce, signature: pre.signature)
+        else {
             throw .unauthorized("request signature does not verify")
         }
         let current = now
         let purge = lastNoncePurge.withLock { last -> Bool in
-            if current.subtractingReportingOverflow(last).partialValue > 60_000 { last = current; return true }
+            if current.subtractingReportingOverflow(last).partialValue > 60_000 {
+                last = current
+                return true
+            }
             return false
         }
         // The timestamp is within the window, so these sums cannot overflow.
         let fresh = try guarded {
             if purge { try nonces.purge(expiredBefore: current - 1000) }
-            return try nonces.insert(account: pre.key, nonce: pre.nonce.lowercased(), expiresAt: pre.timestamp + API.maxClockSkewMillis + 1000)
+            return try nonces.insert(
+                account: pre.key, nonce: pre.nonce.lowercased(),
+                expiresAt: pre.timestamp + API.maxClockSkewMillis + 1000)
         }
         guard fresh else { throw .unauthorized("request nonce was already used (replay)") }
         return pre.key
     }
 
     /// Both steps at once, for callers that have the body already (tests, tools).
-    public func authenticate(method: String, path: String, body: [UInt8], account: String?, timestamp: String?,
-                             nonce: String?, signature: String?, mayCreateAccount: Bool = false) throws(ServerError) -> Data {
-        let pre = try preauthenticate(account: account, timestamp: timestamp, nonce: nonce, signature: signature,
-                                      mayCreateAccount: mayCreateAccount)
+    public func authenticate(
+        method: String, path: String, body: [UInt8], account: String?, timestamp: String?,
+        nonce: String?, signature: String?, mayCreateAccount: Bool = false
+    ) throws(ServerError) -> Data {
+        let pre = try preauthenticate(
+            account: account, timestamp: timestamp, nonce: nonce, signature: signature,
+            mayCreateAccount: mayCreateAccount)
         return try authenticate(pre, method: method, path: path, body: body)
     }
 
@@ -206,8 +247,12 @@ public final class CofferServer: Sendable {
     /// before it takes a token from the creation rate limit, so malformed requests cost none.
     /// Returns the record to store (username normalised).
     public func checkCreateAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountRecord {
-        guard req.signingKey.count == 32, req.boxKey.count == 32 else { throw .badRequest("signingKey and boxKey must be 32 bytes each") }
-        guard req.signingKey == caller else { throw .forbidden("an account is created by a request signed with its own key") }
+        guard req.signingKey.count == 32, req.boxKey.count == 32 else {
+            throw .badRequest("signingKey and boxKey must be 32 bytes each")
+        }
+        guard req.signingKey == caller else {
+            throw .forbidden("an account is created by a request signed with its own key")
+        }
         guard let username = Username.normalized(req.username) else { throw .badRequest(Username.rule) }
         return AccountRecord(key: req.signingKey, username: username, boxKey: req.boxKey)
     }
@@ -231,7 +276,9 @@ public final class CofferServer: Sendable {
                 if let inviteHash, try !tx.consumeInvite(hash: inviteHash) {
                     throw ServerError.forbidden("that invite code is unknown or already used")
                 }
-                guard try tx.insertAccount(record) else { throw ServerError.conflict("that username or key already has an account") }
+                guard try tx.insertAccount(record) else {
+                    throw ServerError.conflict("that username or key already has an account")
+                }
             }
         }
         return AccountResponse(username: record.username, signingKey: record.key, boxKey: record.boxKey)
@@ -242,11 +289,15 @@ public final class CofferServer: Sendable {
     public func makeInvites(count: Int) throws(ServerError) -> [String] {
         guard count > 0, count <= 10_000 else { throw .badRequest("make 1 to 10000 invites at once") }
         var generator = SystemRandomNumberGenerator()
-        let codes = (0..<count).map { _ in RequestSigning.hex((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) }) }
+        let codes = (0..<count).map { _ in
+            RequestSigning.hex((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
+        }
         let created = now
         try guarded {
             try metadata.write { tx in
-                for code in codes { if let h = Self.inviteHash(code) { try tx.insertInvite(hash: h, createdAt: created) } }
+                for code in codes {
+                    if let h = Self.inviteHash(code) { try tx.insertInvite(hash: h, createdAt: created) }
+                }
             }
         }
         return codes
@@ -263,7 +314,8 @@ public final class CofferServer: Sendable {
     /// Looks an account up by username, case- and normalisation-insensitively (`Username.key`).
     public func lookup(username: String) throws(ServerError) -> AccountResponse {
         guard Self.isValidUsername(username),
-              let a = try guarded({ try metadata.read { try $0.account(username: username) } }) else {
+            let a = try guarded({ try metadata.read { try $0.account(username: username) } })
+        else {
             throw .notFound("no such account")
         }
         return AccountResponse(username: a.username, signingKey: a.key, boxKey: a.boxKey)
@@ -307,8 +359,9 @@ public final class CofferServer: Sendable {
         }
         guard let last = files.last else { return UpdatesResponse(files: [], latest: since, more: false) }
         let split = nextVersion == last.version
-        return UpdatesResponse(files: files.map(\.wire), latest: last.version, more: nextVersion != nil,
-                               nextAfterID: split ? last.id : nil)
+        return UpdatesResponse(
+            files: files.map(\.wire), latest: last.version, more: nextVersion != nil,
+            nextAfterID: split ? last.id : nil)
     }
 
     /// A record's share of an updates response as JSON: its base64 and the fields around it.
@@ -343,15 +396,18 @@ public final class CofferServer: Sendable {
         }
         guard let account else { throw .unauthorized("no account has this key") }
         if !present.isEmpty { return }
-        let quotaError = ServerError.quotaExceeded("storing this chunk would exceed the account's quota of \(quotaBytes) bytes")
+        let quotaError = ServerError.quotaExceeded(
+            "storing this chunk would exceed the account's quota of \(quotaBytes) bytes")
         guard fitsQuota(used: account.bytesUsed, adding: counted) else { throw quotaError }
         let staged = try guarded { try content.stage(key, bytes: bytes) }
         var published = false
         defer { if !published { content.discard(staged) } }
         let stored: Bool = try guarded {
             try metadata.write { tx in
-                guard let a = try tx.lockAccount(key: caller) else { throw ServerError.unauthorized("no account has this key") }
-                if try !tx.presentChunks(account: caller, ids: [id]).isEmpty { return true } // another upload won
+                guard let a = try tx.lockAccount(key: caller) else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                if try !tx.presentChunks(account: caller, ids: [id]).isEmpty { return true }  // another upload won
                 guard fitsQuota(used: a.bytesUsed, adding: counted) else { return false }
                 try content.publish(staged)
                 published = true
@@ -397,7 +453,9 @@ public final class CofferServer: Sendable {
 
     /// Reads a planned bundle piece by piece (at most `chunkPieceBytes` of chunk bytes at a time),
     /// so answering holds one piece, not the bundle.
-    public func bundleReader(_ plan: ChunkBundlePlan) -> ChunkBundleReader { ChunkBundleReader(server: self, plan: plan) }
+    public func bundleReader(_ plan: ChunkBundlePlan) -> ChunkBundleReader {
+        ChunkBundleReader(server: self, plan: plan)
+    }
 
     /// The requested chunks as one `ChunkBundle` in memory (tests and tools; the HTTP route
     /// streams `bundleReader`).
@@ -420,7 +478,9 @@ public final class CofferServer: Sendable {
         let key = ManifestKey(account: caller, fileID: req.fileID, digest: req.digest)
         try guarded {
             try metadata.write { tx in
-                guard let account = try tx.lockAccount(key: caller) else { throw ServerError.unauthorized("no account has this key") }
+                guard let account = try tx.lockAccount(key: caller) else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
                 if let f = try tx.file(id: req.fileID), f.account != caller {
                     throw ServerError.forbidden(Self.unusableFileID(req.fileID))
                 }
@@ -428,10 +488,12 @@ public final class CofferServer: Sendable {
                 let present = try tx.presentChunks(account: caller, ids: req.chunkIDs)
                 let missing = Set(req.chunkIDs).subtracting(present)
                 guard missing.isEmpty else {
-                    throw ServerError.conflict("\(missing.count) chunk(s) listed by the manifest are not on the server; upload them first")
+                    throw ServerError.conflict(
+                        "\(missing.count) chunk(s) listed by the manifest are not on the server; upload them first")
                 }
                 guard fitsQuota(used: account.bytesUsed, adding: QuotaRule.counted(row: Int64(req.sealed.count))) else {
-                    throw ServerError.quotaExceeded("storing this manifest would exceed the account's quota of \(quotaBytes) bytes")
+                    throw ServerError.quotaExceeded(
+                        "storing this manifest would exceed the account's quota of \(quotaBytes) bytes")
                 }
                 _ = try tx.putManifest(key, sealed: req.sealed, chunkIDs: Array(Set(req.chunkIDs)), createdAt: now)
             }
@@ -473,7 +535,9 @@ public final class CofferServer: Sendable {
         public var chunks = 0
         public var strayFiles = 0
         public init(manifests: Int = 0, chunks: Int = 0, strayFiles: Int = 0) {
-            self.manifests = manifests; self.chunks = chunks; self.strayFiles = strayFiles
+            self.manifests = manifests
+            self.chunks = chunks
+            self.strayFiles = strayFiles
         }
     }
 
@@ -535,7 +599,10 @@ public final class ChunkBundleReader: Sendable {
     let plan: CofferServer.ChunkBundlePlan
     let state = Mutex(State())
 
-    init(server: CofferServer, plan: CofferServer.ChunkBundlePlan) { self.server = server; self.plan = plan }
+    init(server: CofferServer, plan: CofferServer.ChunkBundlePlan) {
+        self.server = server
+        self.plan = plan
+    }
 
     public var byteCount: Int { plan.byteCount }
 

@@ -1,9 +1,10 @@
 import CofferProtocol
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The embedded content store: one file per chunk under

@@ -31,15 +31,16 @@ public final class SQLiteNonceStore: NonceStore {
         pool = try DatabasePool(path: path, configuration: config)
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE nonce (
-                    account BLOB NOT NULL,
-                    nonce TEXT NOT NULL,
-                    expires_at INTEGER NOT NULL,
-                    PRIMARY KEY (account, nonce)
-                ) WITHOUT ROWID;
-                CREATE INDEX nonce_by_expiry ON nonce (expires_at);
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE nonce (
+                        account BLOB NOT NULL,
+                        nonce TEXT NOT NULL,
+                        expires_at INTEGER NOT NULL,
+                        PRIMARY KEY (account, nonce)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX nonce_by_expiry ON nonce (expires_at);
+                    """)
         }
         try migrator.migrate(pool)
         PrivateFiles.restrictDatabase(path)
@@ -47,14 +48,16 @@ public final class SQLiteNonceStore: NonceStore {
 
     public func insert(account: Data, nonce: String, expiresAt: Int64) throws -> Bool {
         try pool.write { db in
-            try db.execute(sql: "INSERT OR IGNORE INTO nonce (account, nonce, expires_at) VALUES (?, ?, ?)",
-                           arguments: [account, nonce, expiresAt])
+            try db.execute(
+                sql: "INSERT OR IGNORE INTO nonce (account, nonce, expires_at) VALUES (?, ?, ?)",
+                arguments: [account, nonce, expiresAt])
             return db.changesCount == 1
         }
     }
 
     public func purge(expiredBefore: Int64) throws {
-        try pool.write { db in try db.execute(sql: "DELETE FROM nonce WHERE expires_at < ?", arguments: [expiredBefore]) }
+        try pool.write { db in try db.execute(sql: "DELETE FROM nonce WHERE expires_at < ?", arguments: [expiredBefore])
+        }
     }
 }
 
@@ -88,8 +91,9 @@ public final class MemoryNonceStore: NonceStore {
 /// file 0600, whatever the process umask.
 enum PrivateFiles {
     static func prepareDirectory(_ url: URL) throws {
-        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
+        try FileManager.default.createDirectory(
+            at: url, withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700])
         guard chmod(url.path, 0o700) == 0 else { throw StorageError("cannot make \(url.path) private: errno \(errno)") }
     }
 

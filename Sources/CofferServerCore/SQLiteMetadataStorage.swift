@@ -31,66 +31,68 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     static var migrator: DatabaseMigrator {
         var m = DatabaseMigrator()
         m.registerMigration("v1") { db in
-            try db.execute(sql: """
-                CREATE TABLE account (
-                    key BLOB PRIMARY KEY NOT NULL,
-                    username TEXT NOT NULL UNIQUE,
-                    box_key BLOB NOT NULL,
-                    version INTEGER NOT NULL DEFAULT 0,
-                    bytes_used INTEGER NOT NULL DEFAULT 0
-                ) WITHOUT ROWID;
-                CREATE TABLE counter (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
-                INSERT INTO counter (name, value) VALUES ('version', 0);
-                CREATE TABLE file (
-                    id BLOB PRIMARY KEY NOT NULL,
-                    account BLOB NOT NULL,
-                    record BLOB NOT NULL,
-                    version INTEGER NOT NULL,
-                    content_version INTEGER NOT NULL,
-                    server_deleted INTEGER NOT NULL,
-                    deleted INTEGER NOT NULL,
-                    digest BLOB
-                ) WITHOUT ROWID;
-                CREATE INDEX file_by_version ON file (account, version, id);
-                CREATE TABLE nonce (
-                    account BLOB NOT NULL,
-                    nonce TEXT NOT NULL,
-                    expires_at INTEGER NOT NULL,
-                    PRIMARY KEY (account, nonce)
-                ) WITHOUT ROWID;
-                CREATE INDEX nonce_by_expiry ON nonce (expires_at);
-                CREATE TABLE manifest (
-                    account BLOB NOT NULL,
-                    file_id BLOB NOT NULL,
-                    digest BLOB NOT NULL,
-                    sealed BLOB NOT NULL,
-                    created_at INTEGER NOT NULL,
-                    PRIMARY KEY (account, file_id, digest)
-                ) WITHOUT ROWID;
-                CREATE TABLE manifest_chunk (
-                    account BLOB NOT NULL,
-                    file_id BLOB NOT NULL,
-                    digest BLOB NOT NULL,
-                    chunk_id BLOB NOT NULL,
-                    PRIMARY KEY (account, file_id, digest, chunk_id)
-                ) WITHOUT ROWID;
-                CREATE INDEX manifest_chunk_by_chunk ON manifest_chunk (account, chunk_id);
-                CREATE TABLE chunk (
-                    account BLOB NOT NULL,
-                    id BLOB NOT NULL,
-                    size INTEGER NOT NULL,
-                    created_at INTEGER NOT NULL,
-                    PRIMARY KEY (account, id)
-                ) WITHOUT ROWID;
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE account (
+                        key BLOB PRIMARY KEY NOT NULL,
+                        username TEXT NOT NULL UNIQUE,
+                        box_key BLOB NOT NULL,
+                        version INTEGER NOT NULL DEFAULT 0,
+                        bytes_used INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID;
+                    CREATE TABLE counter (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
+                    INSERT INTO counter (name, value) VALUES ('version', 0);
+                    CREATE TABLE file (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        account BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        version INTEGER NOT NULL,
+                        content_version INTEGER NOT NULL,
+                        server_deleted INTEGER NOT NULL,
+                        deleted INTEGER NOT NULL,
+                        digest BLOB
+                    ) WITHOUT ROWID;
+                    CREATE INDEX file_by_version ON file (account, version, id);
+                    CREATE TABLE nonce (
+                        account BLOB NOT NULL,
+                        nonce TEXT NOT NULL,
+                        expires_at INTEGER NOT NULL,
+                        PRIMARY KEY (account, nonce)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX nonce_by_expiry ON nonce (expires_at);
+                    CREATE TABLE manifest (
+                        account BLOB NOT NULL,
+                        file_id BLOB NOT NULL,
+                        digest BLOB NOT NULL,
+                        sealed BLOB NOT NULL,
+                        created_at INTEGER NOT NULL,
+                        PRIMARY KEY (account, file_id, digest)
+                    ) WITHOUT ROWID;
+                    CREATE TABLE manifest_chunk (
+                        account BLOB NOT NULL,
+                        file_id BLOB NOT NULL,
+                        digest BLOB NOT NULL,
+                        chunk_id BLOB NOT NULL,
+                        PRIMARY KEY (account, file_id, digest, chunk_id)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX manifest_chunk_by_chunk ON manifest_chunk (account, chunk_id);
+                    CREATE TABLE chunk (
+                        account BLOB NOT NULL,
+                        id BLOB NOT NULL,
+                        size INTEGER NOT NULL,
+                        created_at INTEGER NOT NULL,
+                        PRIMARY KEY (account, id)
+                    ) WITHOUT ROWID;
+                    """)
         }
         m.registerMigration("v2") { db in
             // Usage is recounted by the rule that now keeps it: records count too, and every
             // object counts at least its minimum (`QuotaRule`).
-            try db.execute(sql: """
-                CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
-                UPDATE account SET bytes_used = \(usageSQL("account.key"));
-                """)
+            try db.execute(
+                sql: """
+                    CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
+                    UPDATE account SET bytes_used = \(usageSQL("account.key"));
+                    """)
         }
         // Usernames are unique by `Username.key` (case and normalisation insensitive); nonces
         // moved to their own database (`SQLiteNonceStore`).
@@ -103,7 +105,9 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                 var usernameKey = SQLiteMetadataStorage.usernameKey(username)
                 // Accounts made before the rule that differ only in case keep working by key;
                 // the name finds the first of them.
-                if !taken.insert(usernameKey).inserted { usernameKey += "#" + key.map { String(format: "%02x", $0) }.joined() }
+                if !taken.insert(usernameKey).inserted {
+                    usernameKey += "#" + key.map { String(format: "%02x", $0) }.joined()
+                }
                 try db.execute(sql: "UPDATE account SET username_key = ? WHERE key = ?", arguments: [usernameKey, key])
             }
             try db.execute(sql: "CREATE UNIQUE INDEX account_by_username_key ON account (username_key)")
@@ -114,7 +118,10 @@ public final class SQLiteMetadataStorage: MetadataStorage {
 
     /// A setting as the reader and the writer connections have it (for the durability checks).
     func pragma(_ name: String) throws -> (reader: String?, writer: String?) {
-        (try pool.read { try String.fetchOne($0, sql: "PRAGMA \(name)") }, try pool.write { try String.fetchOne($0, sql: "PRAGMA \(name)") })
+        (
+            try pool.read { try String.fetchOne($0, sql: "PRAGMA \(name)") },
+            try pool.write { try String.fetchOne($0, sql: "PRAGMA \(name)") }
+        )
     }
 
     /// Usage by `QuotaRule`, counted from the tables for the account named by `account` (an SQL
@@ -149,14 +156,16 @@ struct SQLiteTransaction: MetadataWriter {
 
     private func accountRow(_ row: Row?) -> AccountRecord? {
         guard let row else { return nil }
-        return AccountRecord(key: row["key"], username: row["username"], boxKey: row["box_key"],
-                             version: row["version"], bytesUsed: row["bytes_used"])
+        return AccountRecord(
+            key: row["key"], username: row["username"], boxKey: row["box_key"],
+            version: row["version"], bytesUsed: row["bytes_used"])
     }
 
     private func fileRow(_ row: Row) -> StoredFile {
-        StoredFile(id: row["id"], account: row["account"], record: row["record"], version: row["version"],
-                   contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
-                   deleted: row["deleted"], digest: row["digest"])
+        StoredFile(
+            id: row["id"], account: row["account"], record: row["record"], version: row["version"],
+            contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
+            deleted: row["deleted"], digest: row["digest"])
     }
 
     func accountKeys() throws -> [Data] {
@@ -168,24 +177,30 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func account(username: String) throws -> AccountRecord? {
-        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE username_key = ?",
-                                    arguments: [SQLiteMetadataStorage.usernameKey(username)]))
+        accountRow(
+            try Row.fetchOne(
+                db, sql: "SELECT * FROM account WHERE username_key = ?",
+                arguments: [SQLiteMetadataStorage.usernameKey(username)]))
     }
 
     func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile] {
-        try Row.fetchAll(db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id LIMIT ?",
-                         arguments: [account, since, limit]).map(fileRow)
+        try Row.fetchAll(
+            db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id LIMIT ?",
+            arguments: [account, since, limit]
+        ).map(fileRow)
     }
 
     func visitFiles(account: Data, since: Int64, afterID: Data?, _ body: (StoredFile) throws -> Bool) throws {
         // Both forms walk the index file_by_version (account, version, id) in order.
         let rows: RowCursor
         if let afterID {
-            rows = try Row.fetchCursor(db, sql: "SELECT * FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
-                                       arguments: [account, since, afterID])
+            rows = try Row.fetchCursor(
+                db, sql: "SELECT * FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
+                arguments: [account, since, afterID])
         } else {
-            rows = try Row.fetchCursor(db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id",
-                                       arguments: [account, since])
+            rows = try Row.fetchCursor(
+                db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id",
+                arguments: [account, since])
         }
         while let row = try rows.next() {
             if try !body(fileRow(row)) { return }
@@ -197,18 +212,23 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
-        let sql = liveOnly ? "SELECT COUNT(*) FROM file WHERE account = ? AND deleted = 0" : "SELECT COUNT(*) FROM file WHERE account = ?"
+        let sql =
+            liveOnly
+            ? "SELECT COUNT(*) FROM file WHERE account = ? AND deleted = 0"
+            : "SELECT COUNT(*) FROM file WHERE account = ?"
         return try Int64.fetchOne(db, sql: sql, arguments: [account]) ?? 0
     }
 
     func manifest(_ key: ManifestKey) throws -> Data? {
-        try Data.fetchOne(db, sql: "SELECT sealed FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
-                          arguments: [key.account, key.fileID, key.digest])
+        try Data.fetchOne(
+            db, sql: "SELECT sealed FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+            arguments: [key.account, key.fileID, key.digest])
     }
 
     func hasManifest(_ key: ManifestKey) throws -> Bool {
-        try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM manifest WHERE account = ? AND file_id = ? AND digest = ?)",
-                          arguments: [key.account, key.fileID, key.digest]) ?? false
+        try Bool.fetchOne(
+            db, sql: "SELECT EXISTS (SELECT 1 FROM manifest WHERE account = ? AND file_id = ? AND digest = ?)",
+            arguments: [key.account, key.fileID, key.digest]) ?? false
     }
 
     func presentChunks(account: Data, ids: [Data]) throws -> Set<Data> {
@@ -230,19 +250,25 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey] {
-        try Row.fetchAll(db, sql: """
-            SELECT m.account, m.file_id, m.digest FROM manifest m
-            WHERE m.created_at < ? AND NOT EXISTS (
-                SELECT 1 FROM file f WHERE f.id = m.file_id AND f.account = m.account AND f.deleted = 0 AND f.digest = m.digest)
-            """, arguments: [before]).map { ManifestKey(account: $0["account"], fileID: $0["file_id"], digest: $0["digest"]) }
+        try Row.fetchAll(
+            db,
+            sql: """
+                SELECT m.account, m.file_id, m.digest FROM manifest m
+                WHERE m.created_at < ? AND NOT EXISTS (
+                    SELECT 1 FROM file f WHERE f.id = m.file_id AND f.account = m.account AND f.deleted = 0 AND f.digest = m.digest)
+                """, arguments: [before]
+        ).map { ManifestKey(account: $0["account"], fileID: $0["file_id"], digest: $0["digest"]) }
     }
 
     func unreferencedChunks(createdBefore before: Int64) throws -> [ChunkKey] {
-        try Row.fetchAll(db, sql: """
-            SELECT c.account, c.id FROM chunk c
-            WHERE c.created_at < ? AND NOT EXISTS (
-                SELECT 1 FROM manifest_chunk mc WHERE mc.account = c.account AND mc.chunk_id = c.id)
-            """, arguments: [before]).map { ChunkKey(account: $0["account"], id: $0["id"]) }
+        try Row.fetchAll(
+            db,
+            sql: """
+                SELECT c.account, c.id FROM chunk c
+                WHERE c.created_at < ? AND NOT EXISTS (
+                    SELECT 1 FROM manifest_chunk mc WHERE mc.account = c.account AND mc.chunk_id = c.id)
+                """, arguments: [before]
+        ).map { ChunkKey(account: $0["account"], id: $0["id"]) }
     }
 
     func allChunkKeys() throws -> Set<ChunkKey> {
@@ -254,11 +280,15 @@ struct SQLiteTransaction: MetadataWriter {
 
     func insertAccount(_ a: AccountRecord) throws -> Bool {
         let usernameKey = SQLiteMetadataStorage.usernameKey(a.username)
-        let exists = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM account WHERE key = ? OR username_key = ?)",
-                                       arguments: [a.key, usernameKey]) ?? false
+        let exists =
+            try Bool.fetchOne(
+                db, sql: "SELECT EXISTS (SELECT 1 FROM account WHERE key = ? OR username_key = ?)",
+                arguments: [a.key, usernameKey]) ?? false
         if exists { return false }
-        try db.execute(sql: "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?, ?)",
-                       arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed])
+        try db.execute(
+            sql:
+                "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed])
         return true
     }
 
@@ -277,54 +307,71 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func putFile(_ f: StoredFile) throws {
-        let old = try Row.fetchOne(db, sql: "SELECT account, length(record) AS n FROM file WHERE id = ?", arguments: [f.id])
-        try db.execute(sql: """
-            INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-            ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
-                version = excluded.version, content_version = excluded.content_version,
-                server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest
-            """, arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
+        let old = try Row.fetchOne(
+            db, sql: "SELECT account, length(record) AS n FROM file WHERE id = ?", arguments: [f.id])
+        try db.execute(
+            sql: """
+                INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
+                    version = excluded.version, content_version = excluded.content_version,
+                    server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest
+                """,
+            arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
         if let old { try addUsage(account: old["account"], bytes: -QuotaRule.counted(row: old["n"])) }
         try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
     }
 
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool {
-        try db.execute(sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)",
-                       arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
+        try db.execute(
+            sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)",
+            arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
         guard db.changesCount == 1 else { return false }
         try addUsage(account: key.account, bytes: QuotaRule.counted(row: Int64(sealed.count)))
-        let statement = try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunk (account, file_id, digest, chunk_id) VALUES (?, ?, ?, ?)")
+        let statement = try db.cachedStatement(
+            sql: "INSERT OR IGNORE INTO manifest_chunk (account, file_id, digest, chunk_id) VALUES (?, ?, ?, ?)")
         for c in chunkIDs { try statement.execute(arguments: [key.account, key.fileID, key.digest, c]) }
         return true
     }
 
     func deleteManifest(_ key: ManifestKey) throws -> [Data] {
-        guard let size = try Int64.fetchOne(db, sql: "SELECT length(sealed) FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
-                                            arguments: [key.account, key.fileID, key.digest]) else { return [] }
-        try db.execute(sql: "DELETE FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
-                       arguments: [key.account, key.fileID, key.digest])
+        guard
+            let size = try Int64.fetchOne(
+                db, sql: "SELECT length(sealed) FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+                arguments: [key.account, key.fileID, key.digest])
+        else { return [] }
+        try db.execute(
+            sql: "DELETE FROM manifest WHERE account = ? AND file_id = ? AND digest = ?",
+            arguments: [key.account, key.fileID, key.digest])
         try addUsage(account: key.account, bytes: -QuotaRule.counted(row: size))
-        let chunks = try Data.fetchAll(db, sql: "SELECT chunk_id FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
-                                       arguments: [key.account, key.fileID, key.digest])
-        try db.execute(sql: "DELETE FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
-                       arguments: [key.account, key.fileID, key.digest])
+        let chunks = try Data.fetchAll(
+            db, sql: "SELECT chunk_id FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
+            arguments: [key.account, key.fileID, key.digest])
+        try db.execute(
+            sql: "DELETE FROM manifest_chunk WHERE account = ? AND file_id = ? AND digest = ?",
+            arguments: [key.account, key.fileID, key.digest])
         return chunks
     }
 
     func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool {
-        try db.execute(sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at) VALUES (?, ?, ?, ?)",
-                       arguments: [key.account, key.id, size, createdAt])
+        try db.execute(
+            sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at) VALUES (?, ?, ?, ?)",
+            arguments: [key.account, key.id, size, createdAt])
         guard db.changesCount == 1 else { return false }
         try addUsage(account: key.account, bytes: QuotaRule.counted(chunk: size))
         return true
     }
 
     func deleteChunkIfUnreferenced(_ key: ChunkKey) throws -> Bool {
-        let referenced = try Bool.fetchOne(db, sql: "SELECT EXISTS (SELECT 1 FROM manifest_chunk WHERE account = ? AND chunk_id = ?)",
-                                           arguments: [key.account, key.id]) ?? true
+        let referenced =
+            try Bool.fetchOne(
+                db, sql: "SELECT EXISTS (SELECT 1 FROM manifest_chunk WHERE account = ? AND chunk_id = ?)",
+                arguments: [key.account, key.id]) ?? true
         if referenced { return false }
-        guard let size = try Int64.fetchOne(db, sql: "SELECT size FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id]) else {
+        guard
+            let size = try Int64.fetchOne(
+                db, sql: "SELECT size FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id])
+        else {
             return false
         }
         try db.execute(sql: "DELETE FROM chunk WHERE account = ? AND id = ?", arguments: [key.account, key.id])
@@ -333,7 +380,8 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func addUsage(account: Data, bytes: Int64) throws {
-        try db.execute(sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?", arguments: [bytes, account])
+        try db.execute(
+            sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?", arguments: [bytes, account])
     }
 
     func insertInvite(hash: Data, createdAt: Int64) throws {

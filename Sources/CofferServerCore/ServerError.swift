@@ -10,7 +10,10 @@ public struct ServerError: Error, Sendable, Equatable, CustomStringConvertible {
     public var detail: String?
 
     public init(_ status: Int, _ code: String, _ message: String, detail: String? = nil) {
-        self.status = status; self.code = code; self.message = message; self.detail = detail
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
     }
 
     public var description: String { "\(status) \(code): \(message)" + (detail.map { " (\($0))" } ?? "") }
@@ -21,7 +24,9 @@ public struct ServerError: Error, Sendable, Equatable, CustomStringConvertible {
     public static func forbidden(_ m: String) -> ServerError { .init(403, ErrorResponse.forbidden, m) }
     public static func notFound(_ m: String) -> ServerError { .init(404, ErrorResponse.notFound, m) }
     public static func conflict(_ m: String) -> ServerError { .init(409, ErrorResponse.conflict, m) }
-    public static func getUpdatesRequired(_ m: String) -> ServerError { .init(409, ErrorResponse.getUpdatesRequired, m) }
+    public static func getUpdatesRequired(_ m: String) -> ServerError {
+        .init(409, ErrorResponse.getUpdatesRequired, m)
+    }
     public static func invalidTree(_ m: String) -> ServerError { .init(409, ErrorResponse.invalidTree, m) }
     public static func tooLarge(_ m: String) -> ServerError { .init(413, ErrorResponse.tooLarge, m) }
     public static func quotaExceeded(_ m: String) -> ServerError { .init(413, ErrorResponse.quotaExceeded, m) }

@@ -10,7 +10,11 @@ public struct AccountRecord: Sendable, Equatable {
     public var version: Int64
     public var bytesUsed: Int64
     public init(key: Data, username: String, boxKey: Data, version: Int64 = 0, bytesUsed: Int64 = 0) {
-        self.key = key; self.username = username; self.boxKey = boxKey; self.version = version; self.bytesUsed = bytesUsed
+        self.key = key
+        self.username = username
+        self.boxKey = boxKey
+        self.version = version
+        self.bytesUsed = bytesUsed
     }
 }
 
@@ -26,10 +30,18 @@ public struct StoredFile: Sendable, Equatable {
     public var serverDeleted: Bool
     public var deleted: Bool
     public var digest: Data?
-    public init(id: Data, account: Data, record: Data, version: Int64, contentVersion: Int64,
-                serverDeleted: Bool, deleted: Bool, digest: Data?) {
-        self.id = id; self.account = account; self.record = record; self.version = version
-        self.contentVersion = contentVersion; self.serverDeleted = serverDeleted; self.deleted = deleted; self.digest = digest
+    public init(
+        id: Data, account: Data, record: Data, version: Int64, contentVersion: Int64,
+        serverDeleted: Bool, deleted: Bool, digest: Data?
+    ) {
+        self.id = id
+        self.account = account
+        self.record = record
+        self.version = version
+        self.contentVersion = contentVersion
+        self.serverDeleted = serverDeleted
+        self.deleted = deleted
+        self.digest = digest
     }
 
     public var wire: ServerFile {
@@ -42,7 +54,11 @@ public struct ManifestKey: Sendable, Hashable {
     public var account: Data
     public var fileID: Data
     public var digest: Data
-    public init(account: Data, fileID: Data, digest: Data) { self.account = account; self.fileID = fileID; self.digest = digest }
+    public init(account: Data, fileID: Data, digest: Data) {
+        self.account = account
+        self.fileID = fileID
+        self.digest = digest
+    }
 }
 
 /// Names one stored chunk. Chunks live in a per-account namespace: ids are chosen by clients
@@ -50,7 +66,10 @@ public struct ManifestKey: Sendable, Hashable {
 public struct ChunkKey: Sendable, Hashable {
     public var account: Data
     public var id: Data
-    public init(account: Data, id: Data) { self.account = account; self.id = id }
+    public init(account: Data, id: Data) {
+        self.account = account
+        self.id = id
+    }
 }
 
 /// How stored bytes count against an account's quota (docs/PROTOCOL.md, "Quota"). Every stored
@@ -157,7 +176,11 @@ public struct StagedChunk: Sendable {
     public let key: ChunkKey
     public let size: Int64
     public let location: String
-    public init(key: ChunkKey, size: Int64, location: String) { self.key = key; self.size = size; self.location = location }
+    public init(key: ChunkKey, size: Int64, location: String) {
+        self.key = key
+        self.size = size
+        self.location = location
+    }
 }
 
 /// Reads one stored chunk piece by piece (so answering never holds more than a piece).
@@ -192,6 +215,9 @@ extension ContentStorage {
     /// Stages and publishes at once (tools and tests; the server publishes inside a transaction).
     public func put(_ key: ChunkKey, bytes: [UInt8]) throws {
         let staged = try stage(key, bytes: bytes)
-        do { try publish(staged) } catch { discard(staged); throw error }
+        do { try publish(staged) } catch {
+            discard(staged)
+            throw error
+        }
     }
 }

@@ -4,8 +4,8 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 import HummingbirdCore
-import Logging
 import HummingbirdTLS
+import Logging
 import NIOCore
 import NIOSSL
 
@@ -39,9 +39,11 @@ public enum CofferHTTP {
         public static let defaultIdleTimeoutSeconds = 60
         public static let defaultMaxConnections = 512
         public static let defaultMaxBufferedBodyBytes = 512 * 1024 * 1024
-        public init(accountCreationsPerMinute: Int = 10, idleTimeoutSeconds: Int? = Options.defaultIdleTimeoutSeconds,
-                    maxConnections: Int = Options.defaultMaxConnections,
-                    maxBufferedBodyBytes: Int = Options.defaultMaxBufferedBodyBytes, tls: TLSConfiguration? = nil) {
+        public init(
+            accountCreationsPerMinute: Int = 10, idleTimeoutSeconds: Int? = Options.defaultIdleTimeoutSeconds,
+            maxConnections: Int = Options.defaultMaxConnections,
+            maxBufferedBodyBytes: Int = Options.defaultMaxBufferedBodyBytes, tls: TLSConfiguration? = nil
+        ) {
             self.accountCreationsPerMinute = accountCreationsPerMinute
             self.idleTimeoutSeconds = idleTimeoutSeconds
             self.maxConnections = maxConnections
@@ -51,14 +53,19 @@ public enum CofferHTTP {
     }
 
     /// The router with every route and middleware.
-    public static func router(server: CofferServer, options: Options = Options(), logger: Logger) -> Router<CofferRequestContext> {
+    public static func router(
+        server: CofferServer, options: Options = Options(), logger: Logger
+    ) -> Router<CofferRequestContext> {
         let router = Router(context: CofferRequestContext.self)
         router.add(middleware: ErrorAndLogMiddleware(logger: logger))
-        router.add(middleware: AuthenticationMiddleware(server: server, budget: BodyBudget(limit: options.maxBufferedBodyBytes)))
+        router.add(
+            middleware: AuthenticationMiddleware(
+                server: server, budget: BodyBudget(limit: options.maxBufferedBodyBytes)))
         let limiter = RateLimiter(perMinute: options.accountCreationsPerMinute, clock: options.rateLimitClock)
 
         router.get("/health") { _, _ in
-            Response(status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok")))
+            Response(
+                status: .ok, headers: [.contentType: "text/plain"], body: .init(byteBuffer: ByteBuffer(string: "ok")))
         }
 
         router.get("/v1/server") { _, _ -> Response in
@@ -71,8 +78,11 @@ public enum CofferHTTP {
             let req = try decode(CreateAccountRequest.self, context.body)
             _ = try server.checkCreateAccount(caller: caller, req)
             let address = context.remoteAddress?.ipAddress ?? "unknown"
-            guard limiter.allow(address) else { throw ServerError.rateLimited("too many accounts created from this address; try again later") }
-            return try json(try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
+            guard limiter.allow(address) else {
+                throw ServerError.rateLimited("too many accounts created from this address; try again later")
+            }
+            return try json(
+                try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
         }
 
         router.get("/v1/accounts/:username") { _, context -> Response in
@@ -86,28 +96,31 @@ public enum CofferHTTP {
         router.post("/v1/files/upsert") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(UpsertRequest.self, context.body)
-            return try json(try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
-                return try server.upsert(caller: caller, req)
-            })
+            return try json(
+                try await offload { () throws(ServerError) in
+                    _ = try server.requireAccount(caller)
+                    return try server.upsert(caller: caller, req)
+                })
         }
 
         router.post("/v1/updates") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(UpdatesRequest.self, context.body)
-            return try json(try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
-                return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
-            })
+            return try json(
+                try await offload { () throws(ServerError) in
+                    _ = try server.requireAccount(caller)
+                    return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
+                })
         }
 
         router.post("/v1/chunks/missing") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(ChunkIDsRequest.self, context.body)
-            return try json(try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
-                return try server.missingChunks(caller: caller, ids: req.ids)
-            })
+            return try json(
+                try await offload { () throws(ServerError) in
+                    _ = try server.requireAccount(caller)
+                    return try server.missingChunks(caller: caller, ids: req.ids)
+                })
         }
 
         router.post("/v1/chunks/get") { _, context -> Response in
@@ -170,24 +183,33 @@ public enum CofferHTTP {
 
     /// An application serving `server` on host:port, with the idle timeout and connection cap of
     /// `options`. `onRunning` gets the bound port (useful with port 0).
-    public static func application(server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
-                                   onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) throws -> some ApplicationProtocol {
+    public static func application(
+        server: CofferServer, host: String, port: Int, options: Options = Options(), logger: Logger,
+        onRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+    ) throws -> some ApplicationProtocol {
         let gate = ConnectionGate(max: options.maxConnections)
-        let http1 = HTTP1Channel.Configuration(additionalChannelHandlers: [ConnectionCounter(gate: gate)],
-                                               idleTimeout: options.idleTimeoutSeconds.map { .seconds(Int64(min(max($0, 1), 86_400))) })
+        let http1 = HTTP1Channel.Configuration(
+            additionalChannelHandlers: [ConnectionCounter(gate: gate)],
+            idleTimeout: options.idleTimeoutSeconds.map { .seconds(Int64(min(max($0, 1), 86_400))) })
         let builder: HTTPServerBuilder
-        if let tls = options.tls { builder = try .tls(.http1(configuration: http1), tlsConfiguration: tls) } else { builder = .http1(configuration: http1) }
-        return Application(router: router(server: server, options: options, logger: logger), server: builder,
-                           configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
-                           onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
-                           logger: logger)
+        if let tls = options.tls {
+            builder = try .tls(.http1(configuration: http1), tlsConfiguration: tls)
+        } else {
+            builder = .http1(configuration: http1)
+        }
+        return Application(
+            router: router(server: server, options: options, logger: logger), server: builder,
+            configuration: .init(address: .hostname(host, port: port), serverName: "coffer-server"),
+            onServerRunning: { channel in await onRunning(channel.localAddress?.port ?? port) },
+            logger: logger)
     }
 
     /// A server TLS configuration from PEM files: the certificate chain (leaf first) and its key.
     public static func tlsConfiguration(certificateFile: String, keyFile: String) throws -> TLSConfiguration {
         let chain = try NIOSSLCertificate.fromPEMFile(certificateFile).map { NIOSSLCertificateSource.certificate($0) }
         guard !chain.isEmpty else { throw ServerError.badRequest("\(certificateFile) holds no certificate") }
-        return TLSConfiguration.makeServerConfiguration(certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: keyFile, format: .pem)))
+        return TLSConfiguration.makeServerConfiguration(
+            certificateChain: chain, privateKey: .privateKey(try NIOSSLPrivateKey(file: keyFile, format: .pem)))
     }
 
     // MARK: - Helpers
@@ -201,21 +223,27 @@ public enum CofferHTTP {
     static func json<T: Encodable>(_ value: T) throws(ServerError) -> Response {
         let data: Data
         do { data = try JSONEncoder().encode(value) } catch { throw .internal("cannot encode response") }
-        return Response(status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        return Response(
+            status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
     static func octets(_ bytes: [UInt8]) -> Response {
-        Response(status: .ok, headers: [.contentType: "application/octet-stream"], body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
+        Response(
+            status: .ok, headers: [.contentType: "application/octet-stream"],
+            body: .init(byteBuffer: ByteBuffer(bytes: bytes)))
     }
 
     static func errorResponse(_ e: ServerError) -> Response {
         let data = (try? JSONEncoder().encode(e.response)) ?? Data()
-        return Response(status: HTTPResponse.Status(code: e.status), headers: [.contentType: "application/json"],
-                        body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        return Response(
+            status: HTTPResponse.Status(code: e.status), headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
     /// Runs blocking storage work off the async executors.
-    static func offload<T: Sendable>(_ work: @escaping @Sendable () throws(ServerError) -> T) async throws(ServerError) -> T {
+    static func offload<T: Sendable>(
+        _ work: @escaping @Sendable () throws(ServerError) -> T
+    ) async throws(ServerError) -> T {
         let result: Result<T, ServerError> = await withCheckedContinuation { continuation in
             DispatchQueue.global().async {
                 do throws(ServerError) { continuation.resume(returning: .success(try work())) } catch {

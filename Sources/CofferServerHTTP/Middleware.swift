@@ -14,22 +14,29 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
     typealias Context = CofferRequestContext
     let logger: Logger
 
-    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
         let start = ContinuousClock.now
         let response: Response
         do {
             response = try await next(request, context)
         } catch let e as ServerError {
             if let detail = e.detail {
-                logger.error("internal failure", metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string(detail)])
+                logger.error(
+                    "internal failure",
+                    metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string(detail)])
             }
             response = CofferHTTP.errorResponse(e)
         } catch let e as HTTPError {
             response = CofferHTTP.errorResponse(Self.map(e))
         } catch let e as any HTTPResponseError {
-            response = CofferHTTP.errorResponse(ServerError(Int(e.status.code), Self.code(for: Int(e.status.code)), "request refused"))
+            response = CofferHTTP.errorResponse(
+                ServerError(Int(e.status.code), Self.code(for: Int(e.status.code)), "request refused"))
         } catch {
-            logger.error("internal failure", metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string("\(error)")])
+            logger.error(
+                "internal failure",
+                metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string("\(error)")])
             response = CofferHTTP.errorResponse(.internal(detail: "\(error)"))
         }
         let elapsed = ContinuousClock.now - start
@@ -40,20 +47,24 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
         }
         let path = request.uri.path
         let level: Logger.Level = response.status.code >= 500 ? .error : .info
-        logger.log(level: level, "request", metadata: [
-            "method": .string(request.method.rawValue),
-            "path": .string(Self.loggablePath(path)),
-            "status": .stringConvertible(response.status.code),
-            "ms": .string(String(format: "%.1f", ms)),
-            "account": .string(account),
-        ])
+        logger.log(
+            level: level, "request",
+            metadata: [
+                "method": .string(request.method.rawValue),
+                "path": .string(Self.loggablePath(path)),
+                "status": .stringConvertible(response.status.code),
+                "ms": .string(String(format: "%.1f", ms)),
+                "account": .string(account),
+            ])
         return response
     }
 
     /// Paths are logged without the username of a lookup (a name, which is not the server's to log).
     static func loggablePath(_ path: String) -> String {
         if path.hasPrefix("/v1/accounts/") { return "/v1/accounts/:username" }
-        if path.hasPrefix("/v1/chunks/"), path != "/v1/chunks/missing", path != "/v1/chunks/get" { return "/v1/chunks/:id" }
+        if path.hasPrefix("/v1/chunks/"), path != "/v1/chunks/missing", path != "/v1/chunks/get" {
+            return "/v1/chunks/:id"
+        }
         return String(path.prefix(64))
     }
 
@@ -98,14 +109,17 @@ struct AuthenticationMiddleware: RouterMiddleware {
     let server: CofferServer
     let budget: BodyBudget
 
-    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
         if CofferHTTP.unauthenticatedPaths.contains(request.uri.path) { return try await next(request, context) }
         let headers = request.headers
         let mayCreateAccount = request.method == .post && request.uri.path == "/v1/accounts"
         let pre = try await CofferHTTP.offload { [server] () throws(ServerError) -> CofferServer.Preauthenticated in
-            try server.preauthenticate(account: headers[CofferHTTP.accountField], timestamp: headers[CofferHTTP.timestampField],
-                                       nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField],
-                                       mayCreateAccount: mayCreateAccount)
+            try server.preauthenticate(
+                account: headers[CofferHTTP.accountField], timestamp: headers[CofferHTTP.timestampField],
+                nonce: headers[CofferHTTP.nonceField], signature: headers[CofferHTTP.signatureField],
+                mayCreateAccount: mayCreateAccount)
         }
         // Account creation is the one request any fresh key may make, so its body is kept small:
         // strangers must not be able to hold the shared body budget with large announced bodies.
@@ -151,7 +165,8 @@ final class BodyBudget: Sendable {
         var current = inUse.load(ordering: .relaxed)
         while true {
             guard bytes <= limit - current else { return false }
-            let (exchanged, original) = inUse.compareExchange(expected: current, desired: current + bytes, ordering: .relaxed)
+            let (exchanged, original) = inUse.compareExchange(
+                expected: current, desired: current + bytes, ordering: .relaxed)
             if exchanged { return true }
             current = original
         }
@@ -230,7 +245,10 @@ final class RateLimiter: Sendable {
             let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
             b.tokens = min(capacity, b.tokens + seconds * capacity / 60)
             b.at = now
-            guard b.tokens >= 1 else { buckets[key] = b; return false }
+            guard b.tokens >= 1 else {
+                buckets[key] = b
+                return false
+            }
             b.tokens -= 1
             buckets[key] = b
             return true

@@ -39,8 +39,9 @@ final class ChunkFiles: Sendable {
 
     init(directory: String) throws {
         self.directory = directory
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
+        try FileManager.default.createDirectory(
+            atPath: directory, withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700])
     }
 
     func path(_ id: [UInt8]) -> String {
@@ -81,19 +82,27 @@ final class ChunkFiles: Sendable {
             while done < size, let base = buffer.baseAddress {
                 let n = pread(fd, base + done, size - done, off_t(offset + done))
                 if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { failure = n == 0 ? EIO : errno; break }
+                guard n > 0 else {
+                    failure = n == 0 ? EIO : errno
+                    break
+                }
                 done += n
             }
             count = done
         }
-        guard out.count == size else { throw StoreError("cannot read chunk file \(path): \(String(cString: strerror(failure)))") }
+        guard out.count == size else {
+            throw StoreError("cannot read chunk file \(path): \(String(cString: strerror(failure)))")
+        }
         return out
     }
 
     /// Makes every chunk file written since the last call durable (data and directory entry).
     /// A few files are synced one by one; many at once with one `syncfs` of the filesystem.
     func syncPending() throws {
-        let files = unsynced.withLock { s -> Set<String> in defer { s.removeAll() }; return s }
+        let files = unsynced.withLock { s -> Set<String> in
+            defer { s.removeAll() }
+            return s
+        }
         guard !files.isEmpty else { return }
         do {
             if files.count > 8 {
@@ -106,7 +115,7 @@ final class ChunkFiles: Sendable {
             var folders: Set<String> = []
             for p in files {
                 let fd = open(p, O_RDONLY | O_CLOEXEC)
-                if fd < 0 && errno == ENOENT { continue } // removed since (garbage collection)
+                if fd < 0 && errno == ENOENT { continue }  // removed since (garbage collection)
                 guard fd >= 0 else { throw StoreError("cannot sync \(p): \(Self.errorText())") }
                 defer { close(fd) }
                 guard fdatasync(fd) == 0 else { throw StoreError("cannot sync \(p): \(Self.errorText())") }
@@ -119,7 +128,7 @@ final class ChunkFiles: Sendable {
                 close(fd)
             }
         } catch {
-            unsynced.withLock { $0.formUnion(files) } // try again at the next commit
+            unsynced.withLock { $0.formUnion(files) }  // try again at the next commit
             throw error
         }
     }
@@ -149,7 +158,9 @@ final class ChunkFiles: Sendable {
         var rng = SystemRandomNumberGenerator()
         let pack = (0..<PackLocator.packIDBytes).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let folder = directory + "/" + Self.packFolder
-        if mkdir(folder, 0o700) != 0 && errno != EEXIST { throw StoreError("cannot create \(folder): \(Self.errorText())") }
+        if mkdir(folder, 0o700) != 0 && errno != EEXIST {
+            throw StoreError("cannot create \(folder): \(Self.errorText())")
+        }
         let p = packPath(pack)
         let fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StoreError("cannot write chunk pack \(p): \(Self.errorText())") }
@@ -205,7 +216,7 @@ final class ChunkFiles: Sendable {
                     let n = sendfile(sink, fd, &offset, Int(end - offset))
                     if n < 0 && errno == EINTR { continue }
                     if n < 0 { _ = posix_fadvise(fd, offset, end - offset, Int32(POSIX_FADV_WILLNEED)) }
-                    if n <= 0 { break } // handed to fadvise, or past the end of the pack
+                    if n <= 0 { break }  // handed to fadvise, or past the end of the pack
                 }
             }
         }
@@ -245,7 +256,8 @@ final class ChunkFiles: Sendable {
     /// Every chunk id that has a file, for sweeping files no row names.
     func allIDs() -> [[UInt8]] {
         var out: [[UInt8]] = []
-        for folder in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? [] where folder != Self.packFolder {
+        for folder in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
+        where folder != Self.packFolder {
             for name in (try? FileManager.default.contentsOfDirectory(atPath: directory + "/" + folder)) ?? [] {
                 if let id = bytes(fromHex: name) { out.append(id) }
             }
@@ -261,14 +273,17 @@ final class ChunkFiles: Sendable {
     private static func startWriteback(_ fd: Int32) {
         typealias SyncFileRange = @convention(c) (Int32, Int64, Int64, UInt32) -> Int32
         guard let handle = dlopen(nil, RTLD_NOW), let sym = dlsym(handle, "sync_file_range") else { return }
-        _ = unsafeBitCast(sym, to: SyncFileRange.self)(fd, 0, 0, 2) // SYNC_FILE_RANGE_WRITE
+        _ = unsafeBitCast(sym, to: SyncFileRange.self)(fd, 0, 0, 2)  // SYNC_FILE_RANGE_WRITE
     }
 
     /// `syncfs(2)`, which Glibc's module map hides behind _GNU_SOURCE; without it (never on
     /// glibc), `sync(2)` does the same and more.
     private static func syncfs(_ fd: Int32) -> Int32 {
         typealias SyncFS = @convention(c) (Int32) -> Int32
-        guard let handle = dlopen(nil, RTLD_NOW), let sym = dlsym(handle, "syncfs") else { sync(); return 0 }
+        guard let handle = dlopen(nil, RTLD_NOW), let sym = dlsym(handle, "syncfs") else {
+            sync()
+            return 0
+        }
         return unsafeBitCast(sym, to: SyncFS.self)(fd)
     }
 }
@@ -305,7 +320,9 @@ package struct PackLocator: Equatable {
     package let length: UInt64
 
     package init(pack: [UInt8], offset: UInt64, length: UInt64) {
-        self.pack = pack; self.offset = offset; self.length = length
+        self.pack = pack
+        self.offset = offset
+        self.length = length
     }
 
     package init(decoding bytes: [UInt8]) throws {

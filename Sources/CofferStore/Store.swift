@@ -21,7 +21,10 @@ public struct StoredFile: Sendable, Equatable {
     /// the signed record, which the server cannot re-sign.
     public var serverDeleted: Bool
     public init(signed: SignedMetadata, version: Int64 = 0, contentVersion: Int64 = 0, serverDeleted: Bool = false) {
-        self.signed = signed; self.version = version; self.contentVersion = contentVersion; self.serverDeleted = serverDeleted
+        self.signed = signed
+        self.version = version
+        self.contentVersion = contentVersion
+        self.serverDeleted = serverDeleted
     }
     public var metadata: FileMetadata { signed.metadata }
     /// The metadata as the tree should see it: deleted if either the writer or the server said so.
@@ -67,8 +70,9 @@ public final class Store: Sendable {
 
     public init(directory: String) throws {
         self.directory = directory
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
+        try FileManager.default.createDirectory(
+            atPath: directory, withIntermediateDirectories: true,
+            attributes: [.posixPermissions: 0o700])
         databasePath = directory + "/coffer.sqlite"
         var config = Configuration()
         config.busyMode = .timeout(30)
@@ -106,25 +110,32 @@ public final class Store: Sendable {
         var m = DatabaseMigrator()
         m.registerMigration("v1") { db in
             for table in ["base_files", "local_files"] {
-                try db.execute(sql: """
-                    CREATE TABLE \(table) (
-                        id BLOB PRIMARY KEY NOT NULL,
-                        parent BLOB NOT NULL,
-                        record BLOB NOT NULL,
-                        content_digest BLOB,
-                        version INTEGER NOT NULL DEFAULT 0,
-                        content_version INTEGER NOT NULL DEFAULT 0
-                    ) WITHOUT ROWID
-                    """)
+                try db.execute(
+                    sql: """
+                        CREATE TABLE \(table) (
+                            id BLOB PRIMARY KEY NOT NULL,
+                            parent BLOB NOT NULL,
+                            record BLOB NOT NULL,
+                            content_digest BLOB,
+                            version INTEGER NOT NULL DEFAULT 0,
+                            content_version INTEGER NOT NULL DEFAULT 0
+                        ) WITHOUT ROWID
+                        """)
                 try db.execute(sql: "CREATE INDEX \(table)_digest ON \(table)(content_digest)")
             }
-            try db.execute(sql: "CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID")
-            try db.execute(sql: "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY (digest, chunk_id)) WITHOUT ROWID")
+            try db.execute(
+                sql: "CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID")
+            try db.execute(
+                sql:
+                    "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY (digest, chunk_id)) WITHOUT ROWID"
+            )
             try db.execute(sql: "CREATE INDEX manifest_chunks_chunk ON manifest_chunks(chunk_id)")
             try db.execute(sql: "CREATE TABLE chunks (id BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL)")
-            try db.execute(sql: "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB UNIQUE NOT NULL)")
+            try db.execute(
+                sql: "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB UNIQUE NOT NULL)")
             try db.execute(sql: "CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
-            try db.execute(sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
+            try db.execute(
+                sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
         }
         m.registerMigration("v1-root-inode") { db in
             // Inode 1 is the root's (FUSE_ROOT_ID) on every device, including one whose root
@@ -230,7 +241,7 @@ public final class Store: Sendable {
                 try db.inTransaction(.immediate) {
                     let writer = StoreWriter(session: WriteSession(direct: db), files: files, processLog: processLog)
                     result = try body(writer)
-                    try files.syncPending() // chunk files before the rows naming them
+                    try files.syncPending()  // chunk files before the rows naming them
                     return .commit
                 }
                 guard let result else { throw StoreError("a write transaction produced no result") }
@@ -273,7 +284,9 @@ public final class Store: Sendable {
                 }
                 group.opened()
             }
-            guard let generation = group.openGeneration else { throw StoreError("the store's group transaction is in an unknown state") }
+            guard let generation = group.openGeneration else {
+                throw StoreError("the store's group transaction is in an unknown state")
+            }
             return generation
         }
     }
@@ -306,10 +319,13 @@ public final class Store: Sendable {
     /// everything since the group began is rolled back, and `takeLostGroup` tells the owner to
     /// reload what it holds in memory. Caller holds the gate and the connection.
     private func commitGroup(_ db: Database) throws {
-        guard db.isInsideTransaction else { group.closed(); return }
+        guard db.isInsideTransaction else {
+            group.closed()
+            return
+        }
         do {
             try runQueued(db)
-            try files.syncPending() // chunk files before the rows naming them
+            try files.syncPending()  // chunk files before the rows naming them
             try db.commit()
             group.closed()
         } catch {
@@ -383,7 +399,9 @@ public final class Store: Sendable {
                 // three A/B pairs: 5.75-5.86 s against 5.93-6.28 s (docs/PERFORMANCE.md).
                 while group.hasQueued {
                     do {
-                        try pool.writeWithoutTransaction { db in try runQueued(db, limit: Self.queueSlice, yielding: true) }
+                        try pool.writeWithoutTransaction { db in
+                            try runQueued(db, limit: Self.queueSlice, yielding: true)
+                        }
                     } catch { break }
                 }
                 guard group.isDue else { continue }
@@ -435,7 +453,10 @@ public final class Store: Sendable {
             try db.execute(sql: "PRAGMA synchronous = FULL")
             defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
             try db.inTransaction {
-                try db.execute(sql: "INSERT INTO settings(key, value) VALUES ('durable', x'01') ON CONFLICT(key) DO UPDATE SET value = x'01'")
+                try db.execute(
+                    sql:
+                        "INSERT INTO settings(key, value) VALUES ('durable', x'01') ON CONFLICT(key) DO UPDATE SET value = x'01'"
+                )
                 return .commit
             }
         }
@@ -452,14 +473,18 @@ public final class Store: Sendable {
             var result = (manifests: 0, chunks: 0, compactedPacks: 0)
             var doomedFiles: [[UInt8]] = []
             try db.inTransaction(.immediate) {
-                try db.execute(sql: """
-                    DELETE FROM manifests WHERE digest NOT IN (
-                        SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
-                        UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
-                    """)
+                try db.execute(
+                    sql: """
+                        DELETE FROM manifests WHERE digest NOT IN (
+                            SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
+                            UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
+                        """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
-                doomedFiles = try Data.fetchAll(db, sql: "SELECT id FROM chunks WHERE in_file = 1 AND id NOT IN (SELECT chunk_id FROM manifest_chunks)").map { [UInt8]($0) }
+                doomedFiles = try Data.fetchAll(
+                    db,
+                    sql: "SELECT id FROM chunks WHERE in_file = 1 AND id NOT IN (SELECT chunk_id FROM manifest_chunks)"
+                ).map { [UInt8]($0) }
                 try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
                 result.chunks = db.changesCount
                 return .commit
@@ -473,8 +498,13 @@ public final class Store: Sendable {
             for id in files.allIDs() where !listed.contains(id) { files.remove(id) }
             // One pass over the packed chunks' rows serves both the sweep and the rewrite. A
             // row's pack id is its locator's first bytes, readable even if the rest is damaged.
-            let packRows = try Row.fetchAll(db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)")
-            let named = Set(packRows.map { row -> [UInt8] in let sealed: Data = row[1]; return [UInt8](sealed.prefix(PackLocator.packIDBytes)) })
+            let packRows = try Row.fetchAll(
+                db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)")
+            let named = Set(
+                packRows.map { row -> [UInt8] in
+                    let sealed: Data = row[1]
+                    return [UInt8](sealed.prefix(PackLocator.packIDBytes))
+                })
             for pack in files.allPackIDs() where !named.contains(pack) { files.removePack(pack) }
             result.compactedPacks = try compactPacks(db, packRows)
             return result
@@ -511,8 +541,10 @@ public final class Store: Sendable {
             try files.syncPending()
             try db.inTransaction(.immediate) {
                 for (item, locator) in zip(batch, locators) {
-                    try db.execute(sql: "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = \(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
-                                   arguments: [Data(locator.encoded), item.id, Data(item.old.encoded)])
+                    try db.execute(
+                        sql:
+                            "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = \(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
+                        arguments: [Data(locator.encoded), item.id, Data(item.old.encoded)])
                 }
                 return .commit
             }
@@ -527,7 +559,9 @@ public final class Store: Sendable {
             guard let size = files.packSize(pack) else { continue }
             let live = chunks.reduce(0) { $0 + Int($1.locator.length) }
             guard size - live >= Self.compactionMinimumDeadBytes, live * 2 < size else { continue }
-            guard let read = try? chunks.map({ c in (id: c.id, old: c.locator, sealed: try files.readPacked(c.locator)) }) else { continue }
+            guard
+                let read = try? chunks.map({ c in (id: c.id, old: c.locator, sealed: try files.readPacked(c.locator)) })
+            else { continue }
             batch += read
             batchPacks.append(pack)
             batchBytes += live
@@ -545,4 +579,3 @@ public final class Store: Sendable {
         }
     }
 }
-

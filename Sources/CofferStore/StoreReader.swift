@@ -34,21 +34,26 @@ public struct StoreReader {
 
     public func files(_ side: TreeSide) throws -> [StoredFile] {
         try with { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")).map(Self.decode)
+            try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)")
+            ).map(Self.decode)
         }
     }
 
     /// Every record that decodes, plus a description of each that does not (for fsck).
     public func filesLeniently(_ side: TreeSide) throws -> (files: [StoredFile], problems: [String]) {
         let rows = try with { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT id, record, version, content_version, server_deleted FROM \(side.table)"))
+            try Row.fetchAll(
+                db.cachedStatement(
+                    sql: "SELECT id, record, version, content_version, server_deleted FROM \(side.table)"))
         }
         var files: [StoredFile] = []
         var problems: [String] = []
         for row in rows {
             do { files.append(try Self.decode(row)) } catch {
                 let id: Data = row["id"]
-                problems.append("\(side == .base ? "base" : "local") record \(hexString([UInt8](id))) does not decode: \(error)")
+                problems.append(
+                    "\(side == .base ? "base" : "local") record \(hexString([UInt8](id))) does not decode: \(error)")
             }
         }
         return (files, problems)
@@ -56,15 +61,20 @@ public struct StoreReader {
 
     public func file(_ id: FileID, _ side: TreeSide) throws -> StoredFile? {
         try with { db in
-            try Row.fetchOne(db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"),
-                             arguments: [Data(id.bytes)]).map(Self.decode)
+            try Row.fetchOne(
+                db.cachedStatement(
+                    sql: "SELECT record, version, content_version, server_deleted FROM \(side.table) WHERE id = ?"),
+                arguments: [Data(id.bytes)]
+            ).map(Self.decode)
         }
     }
 
     /// Whether `side` has a record for `id`, without decoding it.
     public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
         try with { db in
-            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT 1 FROM \(side.table) WHERE id = ?"), arguments: [Data(id.bytes)])
+                ?? false
         }
     }
 
@@ -75,19 +85,25 @@ public struct StoreReader {
 
     static func decode(_ row: Row) throws -> StoredFile {
         let record: Data = row["record"]
-        return StoredFile(signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"],
-                          contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
+        return StoredFile(
+            signed: try SignedMetadata(decoding: [UInt8](record)), version: row["version"],
+            contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
     }
 
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
         try with { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT sealed FROM manifests WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT sealed FROM manifests WHERE digest = ?"), arguments: [Data(digest)]
+            ).map { [UInt8]($0) }
         }
     }
 
     public func chunk(_ id: [UInt8]) throws -> [UInt8]? {
         let found = try with { db -> (sealed: Data, place: Int64)? in
-            guard let row = try Row.fetchOne(db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)]) else {
+            guard
+                let row = try Row.fetchOne(
+                    db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)])
+            else {
                 return nil
             }
             return (row["sealed"], row["in_file"])
@@ -97,30 +113,41 @@ public struct StoreReader {
     }
 
     public func hasChunk(_ id: [UInt8]) throws -> Bool {
-        try with { db in try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)]) ?? false }
+        try with { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)])
+                ?? false
+        }
     }
 
     /// Whether `id` was deleted and pruned on this device (`StoreWriter.addTombstone`).
     public func isTombstoned(_ id: FileID) throws -> Bool {
         try with { db in
-            try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM tombstones WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
+            try Bool.fetchOne(
+                db.cachedStatement(sql: "SELECT 1 FROM tombstones WHERE id = ?"), arguments: [Data(id.bytes)]) ?? false
         }
     }
 
     public func setting(_ key: String) throws -> [UInt8]? {
-        try with { db in try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map { [UInt8]($0) } }
+        try with { db in
+            try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map
+            { [UInt8]($0) }
+        }
     }
 
     public func inode(of id: FileID) throws -> UInt64? {
         try with { db in
-            try Int64.fetchOne(db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]).map { UInt64($0) }
+            try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]
+            ).map { UInt64($0) }
         }
     }
 
     public func fileID(ofInode ino: UInt64) throws -> FileID? {
         try with { db in
-            try Data.fetchOne(db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)])
-                .flatMap { try? FileID(bytes: [UInt8]($0)) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)]
+            )
+            .flatMap { try? FileID(bytes: [UInt8]($0)) }
         }
     }
 
@@ -138,7 +165,9 @@ public struct StoreReader {
     /// Ids changed by any writer after `seq`, and the newest sequence number.
     public func changes(after seq: Int64) throws -> (ids: Set<FileID>, last: Int64) {
         let rows = try with { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq"), arguments: [seq])
+            try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT seq, file_id FROM change_log WHERE seq > ? ORDER BY seq"),
+                arguments: [seq])
         }
         var ids: Set<FileID> = []
         var last = seq
@@ -151,7 +180,9 @@ public struct StoreReader {
     }
 
     public func lastChange() throws -> Int64 {
-        try with { db in try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0 }
+        try with { db in
+            try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0
+        }
     }
 
     public func count(_ sql: String) throws -> Int { try with { db in try Int.fetchOne(db, sql: sql) ?? 0 } }
@@ -159,7 +190,10 @@ public struct StoreReader {
     /// Chunk ids listed by a manifest row (for integrity checks).
     public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {
         try with { db in
-            try Data.fetchAll(db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"), arguments: [Data(digest)]).map { [UInt8]($0) }
+            try Data.fetchAll(
+                db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"),
+                arguments: [Data(digest)]
+            ).map { [UInt8]($0) }
         }
     }
 
@@ -168,6 +202,7 @@ public struct StoreReader {
     }
 
     public func allManifestDigests() throws -> [[UInt8]] {
-        try with { db in try Data.fetchAll(db.cachedStatement(sql: "SELECT digest FROM manifests")).map { [UInt8]($0) } }
+        try with { db in try Data.fetchAll(db.cachedStatement(sql: "SELECT digest FROM manifests")).map { [UInt8]($0) }
+        }
     }
 }

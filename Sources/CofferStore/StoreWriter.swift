@@ -59,11 +59,14 @@ public struct StoreWriter {
         let lookUpPrevious: Bool
         let known: Data?
         if m.type != .document {
-            lookUpPrevious = false; known = nil
+            lookUpPrevious = false
+            known = nil
         } else if case .some(let given) = previousDigest {
-            lookUpPrevious = false; known = given.map { Data($0) }
+            lookUpPrevious = false
+            known = given.map { Data($0) }
         } else {
-            lookUpPrevious = true; known = nil
+            lookUpPrevious = true
+            known = nil
         }
         // The record is encoded where the statement runs: in the mount daemon that is the
         // group thread, not the request (a few microseconds per create, close or chmod).
@@ -72,15 +75,19 @@ public struct StoreWriter {
             let parent = Data(m.parent.bytes)
             let record = Data(f.signed.encoded())
             let digest = m.contentDigest.map { Data($0) }
-            let previous = lookUpPrevious
-                ? try Data.fetchOne(db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
+            let previous =
+                lookUpPrevious
+                ? try Data.fetchOne(
+                    db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
                 : known
-            try db.cachedStatement(sql: """
-                INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
-                  content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
-                  server_deleted = excluded.server_deleted
-                """).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted])
+            try db.cachedStatement(
+                sql: """
+                    INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
+                      content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
+                      server_deleted = excluded.server_deleted
+                    """
+            ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted])
             if let previous, previous != digest { try Self.releaseManifest(previous, db) }
         }
         try logChange(m.id)
@@ -94,7 +101,9 @@ public struct StoreWriter {
     public func remove(_ id: FileID, _ side: TreeSide) throws {
         let table = side.table
         let key = Data(id.bytes)
-        try session.run { db in try db.cachedStatement(sql: "DELETE FROM \(table) WHERE id = ?").execute(arguments: [key]) }
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM \(table) WHERE id = ?").execute(arguments: [key])
+        }
         try logChange(id)
     }
 
@@ -109,10 +118,13 @@ public struct StoreWriter {
     /// Drops a manifest no record names any more. Its chunks stay until garbage collection,
     /// which alone can know that no writer is about to reference them again.
     static func releaseManifest(_ digest: Data, _ db: Database) throws {
-        let used = try Bool.fetchOne(db.cachedStatement(sql: """
-            SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
-                OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
-            """), arguments: [digest]) ?? true
+        let used =
+            try Bool.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
+                            OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
+                        """), arguments: [digest]) ?? true
         guard !used else { return }
         try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
         try db.cachedStatement(sql: "DELETE FROM manifest_chunks WHERE digest = ?").execute(arguments: [digest])
@@ -143,9 +155,11 @@ public struct StoreWriter {
         let bytes = Data(sealed)
         let chunks = Array(Set(chunkIDs.map { Data($0) }))
         try session.run { db in
-            try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)").execute(arguments: [key, bytes])
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifests(digest, sealed) VALUES (?, ?)").execute(
+                arguments: [key, bytes])
             for c in chunks {
-                try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)").execute(arguments: [key, c])
+                try db.cachedStatement(sql: "INSERT OR IGNORE INTO manifest_chunks(digest, chunk_id) VALUES (?, ?)")
+                    .execute(arguments: [key, c])
             }
         }
     }
@@ -163,7 +177,9 @@ public struct StoreWriter {
     public func putChunk(id: [UInt8], sealing seal: @escaping @Sendable () -> [UInt8]) throws {
         let key = Data(id)
         try session.run { db in
-            try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [key, Data(seal())])
+            try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [
+                key, Data(seal()),
+            ])
         }
     }
 
@@ -186,7 +202,8 @@ public struct StoreWriter {
             let rows = small
             try session.run { db in
                 for (id, sealed) in rows {
-                    try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [id, sealed])
+                    try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(
+                        arguments: [id, sealed])
                 }
             }
         }
@@ -195,8 +212,10 @@ public struct StoreWriter {
         let rows = zip(large, locators).map { (Data($0.id), Data($1.encoded)) }
         try session.run { db in
             for (id, locator) in rows {
-                try db.cachedStatement(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))")
-                    .execute(arguments: [id, locator])
+                try db.cachedStatement(
+                    sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
+                )
+                .execute(arguments: [id, locator])
             }
         }
     }
@@ -204,8 +223,11 @@ public struct StoreWriter {
     public func setSetting(_ key: String, _ value: [UInt8]) throws {
         let bytes = Data(value)
         try session.run { db in
-            try db.cachedStatement(sql: "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-                .execute(arguments: [key, bytes])
+            try db.cachedStatement(
+                sql:
+                    "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+            )
+            .execute(arguments: [key, bytes])
         }
     }
 
@@ -217,7 +239,9 @@ public struct StoreWriter {
             let key = Data(id.bytes)
             counters?.noteInode(Int64(fixed))
             try session.run { db in
-                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [Int64(fixed), key])
+                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [
+                    Int64(fixed), key,
+                ])
             }
             return fixed
         }
@@ -231,7 +255,9 @@ public struct StoreWriter {
         if let counters {
             let ino = counters.nextInode()
             try session.run { db in
-                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [ino, key])
+                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [
+                    ino, key,
+                ])
             }
             return UInt64(ino)
         }
@@ -243,13 +269,16 @@ public struct StoreWriter {
 
     public func forgetInode(of id: FileID) throws {
         let key = Data(id.bytes)
-        try session.run { db in try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [key]) }
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [key])
+        }
     }
 
     /// Drops old change-log entries; readers that fell further behind reload everything.
     public func trimChangeLog(keeping n: Int64) throws {
         try session.run { db in
-            try db.cachedStatement(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?").execute(arguments: [n])
+            try db.cachedStatement(sql: "DELETE FROM change_log WHERE seq <= (SELECT MAX(seq) FROM change_log) - ?")
+                .execute(arguments: [n])
         }
     }
 }

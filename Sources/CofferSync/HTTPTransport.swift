@@ -24,17 +24,22 @@ public struct HTTPTransport: ServerTransport {
     /// The shared client, or one that also trusts a server's own certificate.
     let client: HTTPClient
 
-    public init(baseURL: String, timeout: TimeAmount = .seconds(60), minimumBytesPerSecond: Int = 64 * 1024,
-                maxResponseBytes: Int = 256 * 1024 * 1024) {
-        self.init(baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond, maxResponseBytes: maxResponseBytes,
-                  client: .shared)
+    public init(
+        baseURL: String, timeout: TimeAmount = .seconds(60), minimumBytesPerSecond: Int = 64 * 1024,
+        maxResponseBytes: Int = 256 * 1024 * 1024
+    ) {
+        self.init(
+            baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond,
+            maxResponseBytes: maxResponseBytes,
+            client: .shared)
     }
 
     /// A transport that trusts `trustedCertificatePEM` (a self-signed server certificate or a
     /// private CA) besides the system's roots.
     public init(baseURL: String, trustedCertificatePEM: [UInt8]?, timeout: TimeAmount = .seconds(60)) throws {
-        self.init(baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: 64 * 1024, maxResponseBytes: 256 * 1024 * 1024,
-                  client: try trustedCertificatePEM.map { try Self.client(trusting: $0) } ?? .shared)
+        self.init(
+            baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: 64 * 1024, maxResponseBytes: 256 * 1024 * 1024,
+            client: try trustedCertificatePEM.map { try Self.client(trusting: $0) } ?? .shared)
     }
 
     init(baseURL: String, timeout: TimeAmount, minimumBytesPerSecond: Int, maxResponseBytes: Int, client: HTTPClient) {
@@ -56,12 +61,15 @@ public struct HTTPTransport: ServerTransport {
         do { certificates = try NIOSSLCertificate.fromPEMBytes(pem) } catch {
             throw SyncError.protocolError("the server certificate to trust is not PEM: \(error)")
         }
-        guard !certificates.isEmpty else { throw SyncError.protocolError("the server certificate to trust holds no certificate") }
+        guard !certificates.isEmpty else {
+            throw SyncError.protocolError("the server certificate to trust holds no certificate")
+        }
         return clients.withLock { cache in
             if let c = cache[pem] { return c }
             var tls = TLSConfiguration.makeClientConfiguration()
             tls.additionalTrustRoots = [.certificates(certificates)]
-            let c = HTTPClient(eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
+            let c = HTTPClient(
+                eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
             cache[pem] = c
             return c
         }
@@ -72,16 +80,21 @@ public struct HTTPTransport: ServerTransport {
     /// plain HTTP shows every request's metadata to the network and lets anyone on the path
     /// answer in the server's place.
     public static func checkedURL(_ url: String, allowInsecureHTTP: Bool) throws -> String {
-        guard let comps = URLComponents(string: url), let scheme = comps.scheme?.lowercased(), let host = comps.host, !host.isEmpty else {
+        guard let comps = URLComponents(string: url), let scheme = comps.scheme?.lowercased(), let host = comps.host,
+            !host.isEmpty
+        else {
             throw SyncError.protocolError("\(url) is not a server URL (like https://host:port)")
         }
         switch scheme {
         case "https": return url
         case "http":
             if allowInsecureHTTP || isLoopback(host) { return url }
-            throw SyncError.protocolError("refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to allow it")
+            throw SyncError.protocolError(
+                "refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to allow it"
+            )
         default:
-            throw SyncError.protocolError("\(url): the server URL must start with https:// (or http:// for this machine)")
+            throw SyncError.protocolError(
+                "\(url): the server URL must start with https:// (or http:// for this machine)")
         }
     }
 
@@ -105,7 +118,10 @@ public struct HTTPTransport: ServerTransport {
         defer { freeaddrinfo(result) }
         var cursor: UnsafeMutablePointer<addrinfo>? = first
         while let ai = cursor {
-            let fd = socket(ai.pointee.ai_family, ai.pointee.ai_socktype | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue), ai.pointee.ai_protocol)
+            let fd = socket(
+                ai.pointee.ai_family,
+                ai.pointee.ai_socktype | Int32(SOCK_NONBLOCK.rawValue) | Int32(SOCK_CLOEXEC.rawValue),
+                ai.pointee.ai_protocol)
             if fd >= 0 {
                 defer { close(fd) }
                 if connect(fd, ai.pointee.ai_addr, ai.pointee.ai_addrlen) == 0 { return true }
@@ -124,7 +140,9 @@ public struct HTTPTransport: ServerTransport {
         return false
     }
 
-    public func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8]) {
+    public func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8]) {
         var fields = HTTPHeaders()
         for (name, value) in headers { fields.add(name: name, value: value) }
         var payload: HTTPClient.Body?
@@ -132,12 +150,18 @@ public struct HTTPTransport: ServerTransport {
             fields.add(name: "content-type", value: contentType)
             payload = .bytes(body)
         }
-        let request = try HTTPClient.Request(url: baseURL + path, method: HTTPMethod(rawValue: method), headers: fields, body: payload)
-        let reply = BoundedReply(what: "\(method) \(path)", timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond,
-                                 maxBytes: maxResponseBytes, sent: body.count)
+        let request = try HTTPClient.Request(
+            url: baseURL + path, method: HTTPMethod(rawValue: method), headers: fields, body: payload)
+        let reply = BoundedReply(
+            what: "\(method) \(path)", timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond,
+            maxBytes: maxResponseBytes, sent: body.count)
         let task = client.execute(request: request, delegate: reply)
         reply.watch(task)
-        let r = try await withTaskCancellationHandler { try await task.futureResult.get() } onCancel: { task.cancel() }
+        let r = try await withTaskCancellationHandler {
+            try await task.futureResult.get()
+        } onCancel: {
+            task.cancel()
+        }
         return (r.status, r.body)
     }
 }
@@ -187,18 +211,26 @@ final class BoundedReply: HTTPClientResponseDelegate, @unchecked Sendable {
     func watch(_ task: HTTPClient.Task<Reply>) {
         task.eventLoop.execute { [self] in
             guard !finished else { return }
-            timer = task.eventLoop.scheduleRepeatedTask(initialDelay: .milliseconds(250), delay: .milliseconds(250)) { [self] t in
-                guard !finished else { t.cancel(); return }
+            timer = task.eventLoop.scheduleRepeatedTask(initialDelay: .milliseconds(250), delay: .milliseconds(250)) {
+                [self] t in
+                guard !finished else {
+                    t.cancel()
+                    return
+                }
                 if NIODeadline.now() > deadline {
                     finished = true
                     t.cancel()
-                    task.fail(reason: SyncError.offline("no complete reply to \(what) in time (\(timeout.nanoseconds / 1_000_000_000) s)"))
+                    task.fail(
+                        reason: SyncError.offline(
+                            "no complete reply to \(what) in time (\(timeout.nanoseconds / 1_000_000_000) s)"))
                 }
             }
         }
     }
 
-    private func tooLarge() -> SyncError { SyncError.protocolError("the reply to \(what) is larger than \(maxBytes) bytes") }
+    private func tooLarge() -> SyncError {
+        SyncError.protocolError("the reply to \(what) is larger than \(maxBytes) bytes")
+    }
 
     func didReceiveHead(task: HTTPClient.Task<Reply>, _ head: HTTPResponseHead) -> EventLoopFuture<Void> {
         status = Int(head.status.code)

@@ -6,7 +6,9 @@ import Synchronization
 
 /// Moves one request to the server and back. Production uses `HTTPTransport`.
 public protocol ServerTransport: Sendable {
-    func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8])
+    func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8])
     /// A quick check that the server can be reached at all.
     func reachable(timeout: Double) -> Bool
 }
@@ -48,14 +50,17 @@ public enum ServerText {
         // Skips an escape sequence's remainder; `kind` is the byte after ESC (or the C1 form's 7-bit equivalent).
         func skipSequence(_ kind: UInt32) {
             switch kind {
-            case 0x5B: // CSI: parameters and intermediates, then one final byte 0x40-0x7E
+            case 0x5B:  // CSI: parameters and intermediates, then one final byte 0x40-0x7E
                 while let c = scalars.next() { if (0x40...0x7E).contains(c.value) || c.value < 0x20 { return } }
-            case 0x5D, 0x50, 0x58, 0x5E, 0x5F: // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \ or 0x9C)
+            case 0x5D, 0x50, 0x58, 0x5E, 0x5F:  // OSC, DCS, SOS, PM, APC: up to BEL or ST (ESC \ or 0x9C)
                 while let c = scalars.next() {
                     if c.value == 0x07 || c.value == 0x9C { return }
-                    if c.value == 0x1B { _ = scalars.next(); return }
+                    if c.value == 0x1B {
+                        _ = scalars.next()
+                        return
+                    }
                 }
-            default: // two-character sequences (ESC c, ESC 7, ...), the one byte is already gone
+            default:  // two-character sequences (ESC c, ESC 7, ...), the one byte is already gone
                 return
             }
         }
@@ -72,8 +77,15 @@ public enum ServerText {
             }
             var scalar = c
             if v == 0x09 || v == 0x0A || v == 0x0D { scalar = " " } else if v < 0x20 || v == 0x7F { continue }
-            if (0x202A...0x202E).contains(v) || (0x2066...0x2069).contains(v) || v == 0x200E || v == 0x200F || v == 0x061C { continue }
-            guard kept < limit else { truncated = true; break }
+            if (0x202A...0x202E).contains(v) || (0x2066...0x2069).contains(v) || v == 0x200E || v == 0x200F
+                || v == 0x061C
+            {
+                continue
+            }
+            guard kept < limit else {
+                truncated = true
+                break
+            }
             out.unicodeScalars.append(scalar)
             kept += 1
         }
@@ -106,15 +118,20 @@ public struct ServerClient: Sendable {
         let learned: @Sendable ([UInt8]) throws -> Void
         let known = Mutex<[UInt8]?>(nil)
         /// `pinned` reads the id pinned so far (nil before the first contact), `learned` pins one.
-        public init(pinned: @escaping @Sendable () -> [UInt8]? = { nil }, learned: @escaping @Sendable ([UInt8]) throws -> Void = { _ in }) {
+        public init(
+            pinned: @escaping @Sendable () -> [UInt8]? = { nil },
+            learned: @escaping @Sendable ([UInt8]) throws -> Void = { _ in }
+        ) {
             self.pinned = pinned
             self.learned = learned
         }
     }
     let identity: ServerIdentity
 
-    public init(transport: any ServerTransport, keys: SigningKeyPair, identity: ServerIdentity = ServerIdentity(),
-                now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) {
+    public init(
+        transport: any ServerTransport, keys: SigningKeyPair, identity: ServerIdentity = ServerIdentity(),
+        now: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
+    ) {
         self.transport = transport
         self.keys = keys
         self.identity = identity
@@ -127,22 +144,26 @@ public struct ServerClient: Sendable {
         if let id = identity.known.withLock({ $0 }) { return id }
         let (status, body): (Int, [UInt8])
         do {
-            (status, body) = try await transport.send(method: "GET", path: API.prefix + "/server", headers: [], body: [], contentType: "application/json")
+            (status, body) = try await transport.send(
+                method: "GET", path: API.prefix + "/server", headers: [], body: [], contentType: "application/json")
         } catch let e as SyncError {
             throw e
         } catch {
             throw SyncError.offline("\(error)")
         }
         guard status == 200, let info = try? JSONDecoder().decode(ServerInfoResponse.self, from: Data(body)),
-              info.id.count == RequestSigning.serverIDBytes else {
+            info.id.count == RequestSigning.serverIDBytes
+        else {
             if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
-            throw SyncError.protocolError("the server did not tell its id (GET \(API.prefix)/server answered \(status))")
+            throw SyncError.protocolError(
+                "the server did not tell its id (GET \(API.prefix)/server answered \(status))")
         }
         let id = [UInt8](info.id)
         let pinned = identity.pinned()
         if let pinned, pinned != id {
             throw SyncError.protocolError(
-                "the server at this address is not the one this device synced with (its id changed from \(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent")
+                "the server at this address is not the one this device synced with (its id changed from \(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent"
+            )
         }
         if pinned == nil { try identity.learned(id) }
         identity.known.withLock { $0 = id }
@@ -153,12 +174,16 @@ public struct ServerClient: Sendable {
     /// under a long-running mount is noticed rather than answering every request with 401.
     public func recheckServerID() { identity.known.withLock { $0 = nil } }
 
-    func raw(_ method: String, _ path: String, body: [UInt8] = [], contentType: String = "application/json") async throws -> [UInt8] {
+    func raw(
+        _ method: String, _ path: String, body: [UInt8] = [], contentType: String = "application/json"
+    ) async throws -> [UInt8] {
         let server = try await serverID()
-        let headers = RequestSigning.headers(keys: keys, server: server, method: method, path: path, body: body, timestamp: now())
+        let headers = RequestSigning.headers(
+            keys: keys, server: server, method: method, path: path, body: body, timestamp: now())
         let (status, response): (Int, [UInt8])
         do {
-            (status, response) = try await transport.send(method: method, path: path, headers: headers, body: body, contentType: contentType)
+            (status, response) = try await transport.send(
+                method: method, path: path, headers: headers, body: body, contentType: contentType)
         } catch let e as SyncError {
             throw e
         } catch {
@@ -171,7 +196,9 @@ public struct ServerClient: Sendable {
             // The one place where server text becomes an error message (shown by `coffer`, kept in
             // `coffer status`, logged by the daemon): made safe for a terminal first.
             if let e = try? JSONDecoder().decode(ErrorResponse.self, from: Data(response)) {
-                throw SyncError.server(status: status, code: ServerText.sanitized(e.code, limit: 64), message: ServerText.sanitized(e.message))
+                throw SyncError.server(
+                    status: status, code: ServerText.sanitized(e.code, limit: 64),
+                    message: ServerText.sanitized(e.message))
             }
             if status >= 500 || status == 0 { throw SyncError.offline("status \(status)") }
             let text = String(decoding: response.prefix(1024), as: UTF8.self)
@@ -180,7 +207,9 @@ public struct ServerClient: Sendable {
         return response
     }
 
-    func json<Response: Decodable>(_ method: String, _ path: String, _ request: (some Encodable)?) async throws -> Response {
+    func json<Response: Decodable>(
+        _ method: String, _ path: String, _ request: (some Encodable)?
+    ) async throws -> Response {
         let body = try request.map { try [UInt8](JSONEncoder().encode($0)) } ?? []
         let data = try await raw(method, path, body: body)
         do { return try JSONDecoder().decode(Response.self, from: Data(data)) } catch {
@@ -212,12 +241,15 @@ public struct ServerClient: Sendable {
     }
 
     public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {
-        let r: MissingChunksResponse = try await json("POST", API.prefix + "/chunks/missing", ChunkIDsRequest(ids: ids.map { Data($0) }))
+        let r: MissingChunksResponse = try await json(
+            "POST", API.prefix + "/chunks/missing", ChunkIDsRequest(ids: ids.map { Data($0) }))
         return r.missing.map { [UInt8]($0) }
     }
 
     public func putChunk(id: [UInt8], sealed: [UInt8]) async throws {
-        _ = try await raw("PUT", API.prefix + "/chunks/" + RequestSigning.hex(id), body: sealed, contentType: "application/octet-stream")
+        _ = try await raw(
+            "PUT", API.prefix + "/chunks/" + RequestSigning.hex(id), body: sealed,
+            contentType: "application/octet-stream")
     }
 
     public func getChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]: [UInt8]] {
@@ -234,7 +266,8 @@ public struct ServerClient: Sendable {
     }
 
     public func getManifest(fileID: FileID, digest: [UInt8]) async throws -> [UInt8] {
-        let body = try [UInt8](JSONEncoder().encode(GetManifestRequest(fileID: Data(fileID.bytes), digest: Data(digest))))
+        let body = try [UInt8](
+            JSONEncoder().encode(GetManifestRequest(fileID: Data(fileID.bytes), digest: Data(digest))))
         return try await raw("POST", API.prefix + "/manifests/get", body: body)
     }
 

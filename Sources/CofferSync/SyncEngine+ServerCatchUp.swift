@@ -23,12 +23,15 @@ struct PageProgress {
             h.combine(f.serverDeleted)
             guard seen.insert(h.finalize()).inserted, !fresh else { continue }
             if let s = try? SignedMetadata(decoding: [UInt8](f.record)), s.metadata.lastModifiedBy == account,
-               let key = try? PublicSigningKey(bytes: account.bytes), key.verify(signature: s.signature, message: s.message) {
+                let key = try? PublicSigningKey(bytes: account.bytes),
+                key.verify(signature: s.signature, message: s.message)
+            {
                 fresh = true
             }
         }
         guard fresh || !page.more else {
-            throw SyncError.protocolError("the server keeps saying there are more updates without sending any new record; the pull was stopped")
+            throw SyncError.protocolError(
+                "the server keeps saying there are more updates without sending any new record; the pull was stopped")
         }
     }
 }
@@ -78,9 +81,9 @@ extension SyncEngine {
                 // Different bytes at a version this device read: the server reuses version numbers.
                 if f.version == cursor, [UInt8](f.record) != mine.signed.encoded() { behind = true }
             } else if probe.more {
-                suspicious = true // perhaps on a later page
+                suspicious = true  // perhaps on a later page
             } else {
-                behind = true // the server's copy is older than what the device read, or gone
+                behind = true  // the server's copy is older than what the device read, or gone
             }
         }
         // The device pruned what it read at the cursor (a deletion): the server still has it there.
@@ -90,25 +93,41 @@ extension SyncEngine {
         let server = try await serverTree()
         var resend: [PendingRecord] = []
         var skipped: Set<FileID> = []
-        let deletedOnServer = Set(server.values.filter { $0.serverDeleted || $0.signed.metadata.isDeleted }.map(\.signed.metadata.id))
-        for record in Self.parentsFirst(base.map { PendingRecord(stored: $0, expectedParent: nil, expectedNameMAC: nil, expectedRevision: nil) }).joined() {
+        let deletedOnServer = Set(
+            server.values.filter { $0.serverDeleted || $0.signed.metadata.isDeleted }.map(\.signed.metadata.id))
+        for record in Self.parentsFirst(
+            base.map { PendingRecord(stored: $0, expectedParent: nil, expectedNameMAC: nil, expectedRevision: nil) }
+        ).joined() {
             let b = record.stored
             let id = b.metadata.id
             // Deleted here only because an ancestor is: that ancestor's record carries the deletion.
-            if b.serverDeleted && !b.metadata.isDeleted { skipped.insert(id); continue }
+            if b.serverDeleted && !b.metadata.isDeleted {
+                skipped.insert(id)
+                continue
+            }
             if let s = server[id] {
                 if s.signed.encoded() == b.signed.encoded() { continue }
                 // The server's record is as new or newer (another device wrote after the
                 // restore): the full pull below brings it; the server would refuse ours anyway.
                 if s.signed.revision >= b.signed.revision { continue }
                 // A deletion the device has not seen yet wins (the full pull below brings it).
-                if deletedOnServer.contains(id) { skipped.insert(id); continue }
-                resend.append(PendingRecord(stored: b, expectedParent: s.signed.metadata.parent, expectedNameMAC: s.signed.metadata.name.mac,
-                                            expectedRevision: s.signed.revision))
+                if deletedOnServer.contains(id) {
+                    skipped.insert(id)
+                    continue
+                }
+                resend.append(
+                    PendingRecord(
+                        stored: b, expectedParent: s.signed.metadata.parent,
+                        expectedNameMAC: s.signed.metadata.name.mac,
+                        expectedRevision: s.signed.revision))
             } else {
                 // A file gone from the server and deleted here has nothing to restore.
-                if b.effectiveMetadata.isDeleted { skipped.insert(id); continue }
-                resend.append(PendingRecord(stored: b, expectedParent: nil, expectedNameMAC: nil, expectedRevision: nil))
+                if b.effectiveMetadata.isDeleted {
+                    skipped.insert(id)
+                    continue
+                }
+                resend.append(
+                    PendingRecord(stored: b, expectedParent: nil, expectedNameMAC: nil, expectedRevision: nil))
             }
         }
         // The server refuses a live record under a folder it has deleted; such files follow the
@@ -117,10 +136,13 @@ extension SyncEngine {
         // Files whose deletion synced and was pruned here, but which the restored server still
         // holds alive: the signed deletion is gone with the prune, so the device signs a new one
         // (any key holder may delete), or the full pull below would bring them back to life.
-        let tombstoned = try vault.tombstoned(among: server.values.filter { !$0.serverDeleted && !$0.signed.metadata.isDeleted }.map(\.signed))
+        let tombstoned = try vault.tombstoned(
+            among: server.values.filter { !$0.serverDeleted && !$0.signed.metadata.isDeleted }.map(\.signed))
         resend += tombstoned.map { s in
-            PendingRecord(stored: vault.signedDeletion(of: s), expectedParent: s.metadata.parent, expectedNameMAC: s.metadata.name.mac,
-                          expectedRevision: s.revision)
+            PendingRecord(
+                stored: vault.signedDeletion(of: s), expectedParent: s.metadata.parent,
+                expectedNameMAC: s.metadata.name.mac,
+                expectedRevision: s.revision)
         }
         // Records the server changed at versions the cursor has passed are invisible to the
         // device's pulls: the cursor must go back even when nothing needs sending.
@@ -132,10 +154,13 @@ extension SyncEngine {
 
         try await upload(try vault.content(of: resend.map(\.stored)), &report)
         for records in Self.parentsFirst(resend) {
-            let request = UpsertRequest(updates: records.map {
-                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
-            })
+            let request = UpsertRequest(
+                updates: records.map {
+                    FileUpdate(
+                        record: Data($0.stored.signed.encoded()),
+                        expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                        expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
+                })
             let response = try await client.upsert(request)
             report.changed.formUnion(try vault.markPushed(records, version: response.version))
             report.pushedRecords += records.count
@@ -148,25 +173,34 @@ extension SyncEngine {
 
     static func catchUpNotice(resent: Int, at date: Date) -> String {
         let when = ISO8601DateFormatter().string(from: date)
-        return "the server was behind this device (restored from a backup?); re-sent \(resent) file\(resent == 1 ? "" : "s") (\(when))"
+        return
+            "the server was behind this device (restored from a backup?); re-sent \(resent) file\(resent == 1 ? "" : "s") (\(when))"
     }
 
     /// The server's whole tree for this account, newest record per file.
     func serverTree() async throws -> [FileID: RemoteFile] { try await updates(since: 0).files }
 
     /// `records` without those whose parent chain (in the device's base) reaches a folder in `deleted`.
-    static func dropUnderDeleted(_ records: [PendingRecord], deleted: Set<FileID>, base: [FileID: StoredFile]) -> [PendingRecord] {
+    static func dropUnderDeleted(
+        _ records: [PendingRecord], deleted: Set<FileID>, base: [FileID: StoredFile]
+    ) -> [PendingRecord] {
         var verdict: [FileID: Bool] = [:]
         func underDeleted(_ id: FileID) -> Bool {
             var chain: [FileID] = []
             var cursor = id
             var result = false
             while chain.count < 100_000 {
-                if let v = verdict[cursor] { result = v; break }
+                if let v = verdict[cursor] {
+                    result = v
+                    break
+                }
                 guard let f = base[cursor], !f.metadata.isRoot else { break }
                 let parent = f.metadata.parent
                 chain.append(cursor)
-                if deleted.contains(parent) { result = true; break }
+                if deleted.contains(parent) {
+                    result = true
+                    break
+                }
                 cursor = parent
             }
             for c in chain { verdict[c] = result }

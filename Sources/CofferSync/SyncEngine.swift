@@ -39,7 +39,9 @@ public final class SyncEngine: Sendable {
     public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
         self.vault = vault
         self.transport = transport
-        let identity = ServerClient.ServerIdentity(pinned: { [vault] in vault.serverSettings?.pinnedID }) { [vault] id in try vault.pinServerID(id) }
+        let identity = ServerClient.ServerIdentity(pinned: { [vault] in vault.serverSettings?.pinnedID }) {
+            [vault] id in try vault.pinServerID(id)
+        }
         self.client = ServerClient(transport: transport, keys: vault.signing, identity: identity)
         self.serverCheckInterval = serverCheckInterval
     }
@@ -48,19 +50,24 @@ public final class SyncEngine: Sendable {
     /// where the user allowed it), trusting the certificate recorded with it if any.
     public static func forStore(_ vault: Vault) throws -> SyncEngine {
         guard let server = vault.serverSettings else {
-            throw SyncError.protocolError("no server configured; create the account with `coffer init NAME --server URL`")
+            throw SyncError.protocolError(
+                "no server configured; create the account with `coffer init NAME --server URL`")
         }
         let url = try HTTPTransport.checkedURL(server.url, allowInsecureHTTP: server.insecureHTTP)
-        return SyncEngine(vault: vault, transport: try HTTPTransport(baseURL: url, trustedCertificatePEM: server.trustedCertificatePEM))
+        return SyncEngine(
+            vault: vault,
+            transport: try HTTPTransport(baseURL: url, trustedCertificatePEM: server.trustedCertificatePEM))
     }
 
     /// Registers this account with the server (with an invite code when the server asks for one).
     public func register(invite: String? = nil) async throws {
         guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
-        _ = try await client.createAccount(CreateAccountRequest(username: vault.username,
-                                                                signingKey: Data(keys.signingKeys.publicKey.bytes),
-                                                                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite))
+        _ = try await client.createAccount(
+            CreateAccountRequest(
+                username: vault.username,
+                signingKey: Data(keys.signingKeys.publicKey.bytes),
+                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite))
     }
 
     @discardableResult
@@ -112,7 +119,10 @@ public final class SyncEngine: Sendable {
                 guard let signed = try? SignedMetadata(decoding: [UInt8](f.record)) else {
                     throw SyncError.protocolError("the server sent a malformed record")
                 }
-                records.append(RemoteFile(signed: signed, version: f.version, contentVersion: f.contentVersion, serverDeleted: f.serverDeleted))
+                records.append(
+                    RemoteFile(
+                        signed: signed, version: f.version, contentVersion: f.contentVersion,
+                        serverDeleted: f.serverDeleted))
             }
             // Every record is checked as its page arrives, so nothing unsigned piles up while a
             // server keeps paging (and the catch-up never builds on a record nobody signed).
@@ -127,8 +137,12 @@ public final class SyncEngine: Sendable {
             if page.more, !UpdatesCursor.isAfter((page.latest, page.nextAfterID), (since, afterID)) {
                 throw SyncError.protocolError("the server's update cursor did not advance")
             }
-            if !page.more, page.nextAfterID != nil { throw SyncError.protocolError("the server's updates ended inside a version") }
-            if let next = page.nextAfterID, next.count != 16 { throw SyncError.protocolError("the server sent a malformed update cursor") }
+            if !page.more, page.nextAfterID != nil {
+                throw SyncError.protocolError("the server's updates ended inside a version")
+            }
+            if let next = page.nextAfterID, next.count != 16 {
+                throw SyncError.protocolError("the server sent a malformed update cursor")
+            }
             try progress.admit(page)
             since = page.latest
             afterID = page.nextAfterID
@@ -155,7 +169,9 @@ public final class SyncEngine: Sendable {
                 let batch = Array(missing[start..<min(missing.count, start + 64)])
                 let got = try await client.getChunks(batch)
                 for id in batch {
-                    guard let c = got[id] else { throw SyncError.protocolError("the server did not send a requested chunk") }
+                    guard let c = got[id] else {
+                        throw SyncError.protocolError("the server did not send a requested chunk")
+                    }
                     chunks[id] = c
                 }
                 start += batch.count
@@ -168,7 +184,6 @@ public final class SyncEngine: Sendable {
         report.pulled += files.count
         report.changed.formUnion(changed)
     }
-
 
     /// Body bytes sent and received by this engine so far.
     public var traffic: (sent: Int, received: Int, requests: Int) {
@@ -195,14 +210,18 @@ public final class SyncEngine: Sendable {
             start += batch.count
         }
         _ = try await forEachConcurrently(missing) { [vault, client] id -> Int in
-            guard let sealed = try vault.sealedChunk(id) else { throw SyncError.protocolError("a local chunk vanished during sync") }
+            guard let sealed = try vault.sealedChunk(id) else {
+                throw SyncError.protocolError("a local chunk vanished during sync")
+            }
             try await client.putChunk(id: id, sealed: sealed)
             return 1
         }
         report.pushedChunks += missing.count
         _ = try await forEachConcurrently(uploads) { [client] u -> Int in
-            try await client.putManifest(PutManifestRequest(fileID: Data(u.fileID.bytes), digest: Data(u.digest),
-                                                            sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) }))
+            try await client.putManifest(
+                PutManifestRequest(
+                    fileID: Data(u.fileID.bytes), digest: Data(u.digest),
+                    sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) }))
             return 1
         }
     }
@@ -215,10 +234,13 @@ public final class SyncEngine: Sendable {
         let all = try vault.pendingRecords()
         guard !all.isEmpty else { return }
         for records in Self.parentsFirst(all) {
-            let request = UpsertRequest(updates: records.map {
-                FileUpdate(record: Data($0.stored.signed.encoded()), expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                           expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
-            })
+            let request = UpsertRequest(
+                updates: records.map {
+                    FileUpdate(
+                        record: Data($0.stored.signed.encoded()),
+                        expectedParent: $0.expectedParent.map { Data($0.bytes) },
+                        expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
+                })
             let response = try await client.upsert(request)
             let changed = try vault.markPushed(records, version: response.version)
             report.pushedRecords += records.count
@@ -243,7 +265,9 @@ public final class SyncEngine: Sendable {
                 return d
             }
             let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
-            batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map { Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)]) }
+            batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map {
+                Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)])
+            }
         }
         return batches
     }
@@ -251,8 +275,10 @@ public final class SyncEngine: Sendable {
 
 /// Runs `body` over `items` with at most `width` calls in flight; results in no particular order.
 /// Requests to the server are mostly waiting, so a few at once hide the round trips.
-func forEachConcurrently<T: Sendable, R: Sendable>(_ items: [T], width: Int = 8,
-                                                   _ body: @escaping @Sendable (T) async throws -> R) async throws -> [R] {
+func forEachConcurrently<T: Sendable, R: Sendable>(
+    _ items: [T], width: Int = 8,
+    _ body: @escaping @Sendable (T) async throws -> R
+) async throws -> [R] {
     try await withThrowingTaskGroup(of: R.self) { group in
         var results: [R] = []
         var next = 0
@@ -290,9 +316,14 @@ public func runBlocking<T: Sendable>(_ body: @escaping @Sendable () async throws
 final class ResultBox<T: Sendable>: @unchecked Sendable {
     private var result: Result<T, any Error>?
     private let lock = NSLock()
-    func set(_ r: Result<T, any Error>) { lock.lock(); result = r; lock.unlock() }
+    func set(_ r: Result<T, any Error>) {
+        lock.lock()
+        result = r
+        lock.unlock()
+    }
     func get() throws -> T {
-        lock.lock(); defer { lock.unlock() }
+        lock.lock()
+        defer { lock.unlock() }
         guard let result else { throw SyncError.protocolError("no result") }
         return try result.get()
     }

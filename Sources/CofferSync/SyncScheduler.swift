@@ -16,8 +16,10 @@ public final class SyncScheduler: Sendable {
     let finished = Mutex<Bool>(false)
     let nudges = Atomic<Int>(0)
 
-    public init(engine: SyncEngine, quietPeriod: Double = 2, interval: Double = 30,
-                onChange: @escaping @Sendable (Set<FileID>) -> Void, log: @escaping @Sendable (String) -> Void) {
+    public init(
+        engine: SyncEngine, quietPeriod: Double = 2, interval: Double = 30,
+        onChange: @escaping @Sendable (Set<FileID>) -> Void, log: @escaping @Sendable (String) -> Void
+    ) {
         self.engine = engine
         self.quietPeriod = quietPeriod
         self.interval = interval
@@ -51,7 +53,10 @@ public final class SyncScheduler: Sendable {
         while !stopped.load(ordering: .relaxed) {
             usleep(100_000)
             let seq = (try? engine.vault.store.read { try $0.lastChange() }) ?? lastSeq
-            if seq != lastSeq { lastSeq = seq; lastLocalChange = Date() }
+            if seq != lastSeq {
+                lastSeq = seq
+                lastLocalChange = Date()
+            }
             let pending = ((try? engine.vault.store.read { try $0.count("SELECT COUNT(*) FROM local_files") }) ?? 0) > 0
             let now = Date()
             let n = nudges.load(ordering: .relaxed)
@@ -67,10 +72,14 @@ public final class SyncScheduler: Sendable {
                 nextAttempt = Date()
                 if !report.changed.isEmpty { onChange(report.changed) }
                 if let n = report.resentToServer {
-                    log("sync: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")")
+                    log(
+                        "sync: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")"
+                    )
                 }
                 if report.pulled + report.pushedRecords > 0 {
-                    log("sync: pulled \(report.pulled), pushed \(report.pushedRecords) records and \(report.pushedChunks) chunks")
+                    log(
+                        "sync: pulled \(report.pulled), pushed \(report.pushedRecords) records and \(report.pushedChunks) chunks"
+                    )
                 }
             } catch {
                 failures += 1

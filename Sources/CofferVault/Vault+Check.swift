@@ -40,7 +40,9 @@ extension Vault {
         let toVerify = base + local.filter { !($0.signed.signature.isEmpty && $0.metadata.lastModifiedBy == accountID) }
         for f in toVerify {
             let m = f.metadata
-            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: f.signed.signature, message: f.signed.message) else {
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes),
+                pk.verify(signature: f.signed.signature, message: f.signed.message)
+            else {
                 report.problems.append("bad signature on file \(m.id)")
                 continue
             }
@@ -117,13 +119,21 @@ extension Vault {
 
     /// Counts of records with unsynced local changes, for `coffer status`.
     public func pendingChanges() throws -> (created: Int, modified: Int, deleted: Int) {
-        let (base, local) = try store.read { r in (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files) }
+        let (base, local) = try store.read { r in
+            (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files)
+        }
         let baseIDs = Dictionary(uniqueKeysWithValues: base.map { ($0.metadata.id, $0.metadata) })
-        var created = 0, modified = 0, deleted = 0
+        var created = 0
+        var modified = 0
+        var deleted = 0
         for f in local {
-            if f.metadata.isDeleted { deleted += 1 }
-            else if baseIDs[f.metadata.id] == nil { created += 1 }
-            else if baseIDs[f.metadata.id] != f.metadata { modified += 1 }
+            if f.metadata.isDeleted {
+                deleted += 1
+            } else if baseIDs[f.metadata.id] == nil {
+                created += 1
+            } else if baseIDs[f.metadata.id] != f.metadata {
+                modified += 1
+            }
         }
         return (created, modified, deleted)
     }

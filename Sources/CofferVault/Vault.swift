@@ -49,8 +49,10 @@ public final class Vault: Sendable {
 
     static let secretFile = "account.secret"
 
-    init(dataDirectory: String, store: Store, secret: AccountSecret, username: String, deviceID: UInt32,
-         locks: StoreLocks, now: @escaping @Sendable () -> Timespec) throws {
+    init(
+        dataDirectory: String, store: Store, secret: AccountSecret, username: String, deviceID: UInt32,
+        locks: StoreLocks, now: @escaping @Sendable () -> Timespec
+    ) throws {
         self.dataDirectory = dataDirectory
         self.store = store
         self.secret = secret
@@ -78,9 +80,11 @@ public final class Vault: Sendable {
     /// device joining an account that already has a tree on a server).
     /// With `passphrase`, the secret is sealed at rest under the new passphrase it gives (asked
     /// before anything is written, so a refused prompt leaves no half-made store).
-    public static func create(dataDirectory: String, username: String, secret: AccountSecret = .generate(),
-                              passphrase: (any PassphraseSource)? = nil, createRoot: Bool = true,
-                              now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
+    public static func create(
+        dataDirectory: String, username: String, secret: AccountSecret = .generate(),
+        passphrase: (any PassphraseSource)? = nil, createRoot: Bool = true,
+        now: @escaping @Sendable () -> Timespec = Vault.systemNow
+    ) throws -> Vault {
         // The model's one rule, which the server applies too: a name this device accepts is one
         // the server accepts, stored in the same normalised form.
         guard let name = Username.normalized(username.trimmingCharacters(in: .whitespaces)) else {
@@ -93,7 +97,9 @@ public final class Vault: Sendable {
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
         let device = UInt32.random(in: 1...UInt32.max)
-        let existing = try store.read { try $0.count("SELECT COUNT(*) FROM local_files") + $0.count("SELECT COUNT(*) FROM base_files") }
+        let existing = try store.read {
+            try $0.count("SELECT COUNT(*) FROM local_files") + $0.count("SELECT COUNT(*) FROM base_files")
+        }
         guard existing == 0 else { throw VaultError.accountExists(dataDirectory) }
         try store.write { w in
             try w.setSetting("username", Array(name.utf8))
@@ -101,16 +107,19 @@ public final class Vault: Sendable {
         }
         // The secret is written last: its presence is what marks the store as initialised.
         try writeSecret(secret, to: dataDirectory, passphrase: sealing)
-        let vault = try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: name,
-                              deviceID: device, locks: locks, now: now)
+        let vault = try Vault(
+            dataDirectory: dataDirectory, store: store, secret: secret, username: name,
+            deviceID: device, locks: locks, now: now)
         if createRoot { try vault.createRoot() }
         return vault
     }
 
     /// Opens the account stored in `dataDirectory`. `passphrase` is asked (once) only if the
     /// account key is sealed under one.
-    public static func open(dataDirectory: String, passphrase: (any PassphraseSource)? = nil,
-                            now: @escaping @Sendable () -> Timespec = Vault.systemNow) throws -> Vault {
+    public static func open(
+        dataDirectory: String, passphrase: (any PassphraseSource)? = nil,
+        now: @escaping @Sendable () -> Timespec = Vault.systemNow
+    ) throws -> Vault {
         let secret = try readSecret(in: dataDirectory, passphrase: passphrase)
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
@@ -119,8 +128,9 @@ public final class Vault: Sendable {
             let d = try r.setting("device").map { $0.reduce(UInt32(0)) { ($0 << 8) | UInt32($1) } } ?? 1
             return (u, d)
         }
-        return try Vault(dataDirectory: dataDirectory, store: store, secret: secret, username: username,
-                         deviceID: device, locks: locks, now: now)
+        return try Vault(
+            dataDirectory: dataDirectory, store: store, secret: secret, username: username,
+            deviceID: device, locks: locks, now: now)
     }
 
     /// The largest `account.secret` read: both formats are far smaller (a plain key is one
@@ -139,7 +149,9 @@ public final class Vault: Sendable {
         var buffer = [UInt8](repeating: 0, count: secretFileLimit + 1)
         var filled = 0
         while filled < buffer.count {
-            let n = buffer.withUnsafeMutableBytes { b in b.baseAddress.map { Foundation.read(fd, $0 + filled, b.count - filled) } ?? 0 }
+            let n = buffer.withUnsafeMutableBytes { b in
+                b.baseAddress.map { Foundation.read(fd, $0 + filled, b.count - filled) } ?? 0
+            }
             if n < 0 && errno == EINTR { continue }
             guard n >= 0 else { throw VaultError.io("cannot read \(path): \(String(cString: strerror(errno)))") }
             if n == 0 { break }
@@ -158,7 +170,8 @@ public final class Vault: Sendable {
             return try AccountSecret(base64: text)
         }
         guard let passphrase else {
-            throw VaultError.invalidArgument("the account key in \(directory) is protected by a passphrase, and none was given")
+            throw VaultError.invalidArgument(
+                "the account key in \(directory) is protected by a passphrase, and none was given")
         }
         return try SealedAccountSecret.open(bytes, passphrase: try passphrase.existingPassphrase())
     }
@@ -179,7 +192,9 @@ public final class Vault: Sendable {
     static func writeSecret(_ secret: AccountSecret, to directory: String, passphrase: Passphrase? = nil) throws {
         let path = directory + "/" + secretFile
         let tmp = path + ".tmp"
-        var bytes = try passphrase.map { try SealedAccountSecret.seal(secret, passphrase: $0) } ?? Array((secret.base64 + "\n").utf8)
+        var bytes =
+            try passphrase.map { try SealedAccountSecret.seal(secret, passphrase: $0) }
+            ?? Array((secret.base64 + "\n").utf8)
         defer { bytes.withUnsafeMutableBytes { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
         // A leftover temporary (an interrupted write) or a planted link is removed, not followed.
         unlink(tmp)
@@ -211,11 +226,13 @@ public final class Vault: Sendable {
             let t = now()
             let attrs = PosixAttributes(mode: 0o755, uid: getuid(), gid: getgid(), mtime: t, stamp: stamp)
             let sealedName = sealName(storedUsername, parentKey: key, fileID: id)
-            let access = AccessEntry(account: accountID, mode: .owner, sealedKey: box.publicKey.seal(key: key, fileID: id.bytes))
-            let m = FileMetadata(id: id, type: .folder, parent: id, name: sealedName, owner: accountID,
-                                 wrappedKey: [], access: [access],
-                                 sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
-                                 lastModifiedBy: accountID)
+            let access = AccessEntry(
+                account: accountID, mode: .owner, sealedKey: box.publicKey.seal(key: key, fileID: id.bytes))
+            let m = FileMetadata(
+                id: id, type: .folder, parent: id, name: sealedName, owner: accountID,
+                wrappedKey: [], access: [access],
+                sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+                lastModifiedBy: accountID)
             var batch = Batch(base: s.tree)
             batch.upsertUnchecked(m)
             _ = try batch.validate()
@@ -231,7 +248,9 @@ public final class Vault: Sendable {
     // MARK: Helpers used under the state lock
 
     func sign(_ m: FileMetadata, revision: UInt64) -> SignedMetadata {
-        SignedMetadata(metadata: m, revision: revision, signature: signing.sign(SignedMetadata.message(metadata: m, revision: revision)))
+        SignedMetadata(
+            metadata: m, revision: revision,
+            signature: signing.sign(SignedMetadata.message(metadata: m, revision: revision)))
     }
 
     /// Wall-clock milliseconds, for record revisions.
@@ -254,8 +273,9 @@ public final class Vault: Sendable {
     }
 
     func sealName(_ name: String, parentKey: SymmetricKey, fileID: FileID) -> SealedName {
-        SealedName(ciphertext: AEAD.seal(Array(name.utf8), key: parentKey, purpose: .name, fileID: fileID.bytes),
-                   mac: NameMAC.mac(name: name, parentKey: parentKey))
+        SealedName(
+            ciphertext: AEAD.seal(Array(name.utf8), key: parentKey, purpose: .name, fileID: fileID.bytes),
+            mac: NameMAC.mac(name: name, parentKey: parentKey))
     }
 
     /// The key of a file, unwrapped along the key chain and cached.
@@ -279,7 +299,10 @@ public final class Vault: Sendable {
             }
             // Unwrap from the highest known ancestor downwards (iteratively, no deep recursion).
             for f in chain.reversed() where s.keys[f.id] == nil {
-                if f.isRoot { _ = try key(f.id, &s); continue }
+                if f.isRoot {
+                    _ = try key(f.id, &s)
+                    continue
+                }
                 guard let pk = s.keys[f.parent] else { throw TreeError.orphan(f.id.description) }
                 s.keys[f.id] = try KeyWrap.unwrap(f.wrappedKey, with: pk, fileID: f.id.bytes)
             }
@@ -304,7 +327,9 @@ public final class Vault: Sendable {
         if let a = s.attrs[id] { return a }
         guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
         let k = try key(id, &s)
-        var a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
+        var a = try PosixAttributes(
+            decoding: AEAD.open(
+                m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
         // A folder time not yet written wins over an older record (the record may have been
         // replaced meanwhile, by a pull or another process, and the cache dropped).
         if let p = s.pendingFolderTimes[id], p.stamp > a.mtime.stamp {
@@ -327,8 +352,9 @@ public final class Vault: Sendable {
             if let uid = own.uid { attrs.uid.value = uid }
             if let gid = own.gid { attrs.gid.value = gid }
         }
-        return Node(id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs,
-                    subfolders: m.type == .folder ? s.tree.subfolderCount(of: id) : 0)
+        return Node(
+            id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs,
+            subfolders: m.type == .folder ? s.tree.subfolderCount(of: id) : 0)
     }
 
     /// A path for messages; best effort.
@@ -349,20 +375,26 @@ public final class Vault: Sendable {
     func reloadAll(_ s: inout VaultState) throws {
         // Records that do not decode are left out here (fsck reports them) rather than making
         // the whole store unopenable.
-        let (base, local, last) = try store.read { r in (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files, try r.lastChange()) }
+        let (base, local, last) = try store.read { r in
+            (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files, try r.lastChange())
+        }
         var merged: [FileID: StoredFile] = [:]
         for f in base { merged[f.metadata.id] = f }
         for f in local { merged[f.metadata.id] = f }
         let keepClock = s.clock
         var pending = s.externalChanges
-        if s.lastSeq > 0, let (ids, _) = try? store.read({ try $0.changes(after: s.lastSeq) }) { pending.formUnion(ids) }
+        if s.lastSeq > 0, let (ids, _) = try? store.read({ try $0.changes(after: s.lastSeq) }) {
+            pending.formUnion(ids)
+        }
         s = VaultState()
         s.clock = keepClock
         s.externalChanges = pending
         s.tree = FileTree(merged.values.map(\.effectiveMetadata))
         s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
         s.lastSeq = last
-        for m in s.tree.files.values { if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.atime.stamp, a.mode.stamp) } }
+        for m in s.tree.files.values {
+            if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.atime.stamp, a.mode.stamp) }
+        }
     }
 
     /// Applies other writers' commits since the last one this vault saw. Returns the changed ids.
@@ -394,7 +426,10 @@ public final class Vault: Sendable {
                 if old?.sealedAttributes != rec.metadata.sealedAttributes { s.attrs[id] = nil }
             } else {
                 s.tree.remove(id)
-                s.names[id] = nil; s.keys[id] = nil; s.attrs[id] = nil; s.versions[id] = nil
+                s.names[id] = nil
+                s.keys[id] = nil
+                s.attrs[id] = nil
+                s.versions[id] = nil
             }
         }
     }
@@ -419,85 +454,97 @@ public final class Vault: Sendable {
     func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
         do {
             return try state.withLock { s in
-              let pendingBefore = s.pendingFolderTimes
-              do {
-                if store.takeLostGroup() {
-                    // A group commit failed and took this vault's recent writes with it: what is
-                    // in memory is ahead of the store. Start over from the store.
-                    try reloadAll(&s)
-                    for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
-                }
-                let (result, changed, lastSeq, pruned, group) = try store.write { w -> (R, [FileMetadata], Int64, [FileID], UInt64?) in
-                    // Catch up with other writers inside this transaction: nobody can commit in between.
-                    // Usually nobody did, and the cheap check spares reading the log.
-                    // Inside the group transaction this vault last committed in, with no change
-                    // logged in this process since, the log cannot have moved: skip the query.
-                    let unmoved = w.groupGeneration != nil && w.groupGeneration == s.checkedGroup
-                        && w.lastLoggedInProcess == s.lastSeq
-                    let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
-                    let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
-                    if !ids.isEmpty {
-                        var recs: [FileID: StoredFile?] = [:]
-                        for id in ids { recs[id] = try w.reader.current(id) }
-                        apply(recs, &s)
-                        s.externalChanges.formUnion(ids)
+                let pendingBefore = s.pendingFolderTimes
+                do {
+                    if store.takeLostGroup() {
+                        // A group commit failed and took this vault's recent writes with it: what is
+                        // in memory is ahead of the store. Start over from the store.
+                        try reloadAll(&s)
+                        for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
                     }
-                    s.lastSeq = last
-                    var batch = Batch(base: s.tree)
-                    let result = try body(&batch, &s, w)
-                    try writeDueFolderTimes(&batch, &s, force: false)
-                    let snapshot = s.tree
-                    let changed = try batch.validate(describe: { id in var c = VaultState(tree: snapshot); return self.path(id, &c) })
-                    var pruned: [FileID] = []
-                    for m in changed {
-                        // A deletion the server never saw is pruned right here, in the same
-                        // transaction: nothing will ever need to push it.
-                        if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
-                           batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) }) {
-                            try w.remove(m.id, .local) // a no-op if it never reached the store
-                            try w.forgetInode(of: m.id)
-                            pruned.append(m.id)
-                            continue
+                    let (result, changed, lastSeq, pruned, group) = try store.write {
+                        w -> (R, [FileMetadata], Int64, [FileID], UInt64?) in
+                        // Catch up with other writers inside this transaction: nobody can commit in between.
+                        // Usually nobody did, and the cheap check spares reading the log.
+                        // Inside the group transaction this vault last committed in, with no change
+                        // logged in this process since, the log cannot have moved: skip the query.
+                        let unmoved =
+                            w.groupGeneration != nil && w.groupGeneration == s.checkedGroup
+                            && w.lastLoggedInProcess == s.lastSeq
+                        let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
+                        let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
+                        if !ids.isEmpty {
+                            var recs: [FileID: StoredFile?] = [:]
+                            for id in ids { recs[id] = try w.reader.current(id) }
+                            apply(recs, &s)
+                            s.externalChanges.formUnion(ids)
                         }
-                        let v = s.versions[m.id] ?? (0, 0)
-                        // The tree in memory still holds the record as it was (the batch lands
-                        // below), so it knows what the row named.
-                        try w.put(StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local,
-                                  previousDigest: .some(s.tree.file(m.id)?.contentDigest))
+                        s.lastSeq = last
+                        var batch = Batch(base: s.tree)
+                        let result = try body(&batch, &s, w)
+                        try writeDueFolderTimes(&batch, &s, force: false)
+                        let snapshot = s.tree
+                        let changed = try batch.validate(describe: { id in
+                            var c = VaultState(tree: snapshot)
+                            return self.path(id, &c)
+                        })
+                        var pruned: [FileID] = []
+                        for m in changed {
+                            // A deletion the server never saw is pruned right here, in the same
+                            // transaction: nothing will ever need to push it.
+                            if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
+                                batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) })
+                            {
+                                try w.remove(m.id, .local)  // a no-op if it never reached the store
+                                try w.forgetInode(of: m.id)
+                                pruned.append(m.id)
+                                continue
+                            }
+                            let v = s.versions[m.id] ?? (0, 0)
+                            // The tree in memory still holds the record as it was (the batch lands
+                            // below), so it knows what the row named.
+                            try w.put(
+                                StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local,
+                                previousDigest: .some(s.tree.file(m.id)?.contentDigest))
+                        }
+                        // Nobody else can log while this transaction is open: the last entry is ours,
+                        // or the one read on the way in.
+                        return (
+                            result, changed.filter { !pruned.contains($0.id) }, w.lastLogged ?? latest, pruned,
+                            w.groupGeneration
+                        )
                     }
-                    // Nobody else can log while this transaction is open: the last entry is ours,
-                    // or the one read on the way in.
-                    return (result, changed.filter { !pruned.contains($0.id) } , w.lastLogged ?? latest, pruned, w.groupGeneration)
+                    s.checkedGroup = group
+                    s.pruneCandidates = []
+                    for m in changed {
+                        let old = s.tree.file(m.id)
+                        s.tree.insert(m)
+                        if old?.name != m.name { s.names[m.id] = nil }
+                        if old?.sealedAttributes != m.sealedAttributes { s.attrs[m.id] = nil }
+                    }
+                    for id in pruned {
+                        s.tree.remove(id)
+                        s.names[id] = nil
+                        s.attrs[id] = nil
+                        s.versions[id] = nil
+                    }
+                    s.lastSeq = lastSeq
+                    return result
+                } catch {
+                    s.pruneCandidates = []
+                    s.checkedGroup = nil
+                    // A refused batch changed no folder: the bumps it made are forgotten, and the
+                    // ones it would have written are pending again.
+                    s.pendingFolderTimes = pendingBefore
+                    // Operations fill the name and attribute caches as they go; a refused batch may
+                    // have left entries for changes that never happened, so start those caches over.
+                    s.names.removeAll(keepingCapacity: true)
+                    s.attrs.removeAll(keepingCapacity: true)
+                    throw error
                 }
-                s.checkedGroup = group
-                s.pruneCandidates = []
-                for m in changed {
-                    let old = s.tree.file(m.id)
-                    s.tree.insert(m)
-                    if old?.name != m.name { s.names[m.id] = nil }
-                    if old?.sealedAttributes != m.sealedAttributes { s.attrs[m.id] = nil }
-                }
-                for id in pruned {
-                    s.tree.remove(id)
-                    s.names[id] = nil; s.attrs[id] = nil; s.versions[id] = nil
-                }
-                s.lastSeq = lastSeq
-                return result
-              } catch {
-                s.pruneCandidates = []
-                s.checkedGroup = nil
-                // A refused batch changed no folder: the bumps it made are forgotten, and the
-                // ones it would have written are pending again.
-                s.pendingFolderTimes = pendingBefore
-                // Operations fill the name and attribute caches as they go; a refused batch may
-                // have left entries for changes that never happened, so start those caches over.
-                s.names.removeAll(keepingCapacity: true)
-                s.attrs.removeAll(keepingCapacity: true)
-                throw error
-              }
             }
         } catch let e as XattrError {
-            throw e // keeps its own errno (EEXIST, ENODATA)
+            throw e  // keeps its own errno (EEXIST, ENODATA)
         } catch {
             throw VaultError.wrap(error)
         }

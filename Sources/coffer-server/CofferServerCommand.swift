@@ -27,8 +27,10 @@ struct CofferServerCommand: AsyncParsableCommand {
     @Option(help: "Stored bytes allowed per account.")
     var quotaBytes: Int64 = CofferServer.defaultQuotaBytes
 
-    @Option(help: ArgumentHelp("Who may create accounts: open, invite (codes from `coffer-server invite`) or closed.",
-                               discussion: "Default: open when listening on loopback only, invite otherwise."))
+    @Option(
+        help: ArgumentHelp(
+            "Who may create accounts: open, invite (codes from `coffer-server invite`) or closed.",
+            discussion: "Default: open when listening on loopback only, invite otherwise."))
     var registration: String?
 
     @Option(help: "Accounts one client address may create per minute (0: no limit).")
@@ -62,9 +64,13 @@ struct CofferServerCommand: AsyncParsableCommand {
         if let registration, CofferServer.RegistrationPolicy(rawValue: registration) == nil {
             throw ValidationError("--registration must be open, invite or closed")
         }
-        guard (1...86_400).contains(idleTimeoutSeconds) else { throw ValidationError("--idle-timeout-seconds must be 1 to 86400") }
+        guard (1...86_400).contains(idleTimeoutSeconds) else {
+            throw ValidationError("--idle-timeout-seconds must be 1 to 86400")
+        }
         guard maxConnections >= 1 else { throw ValidationError("--max-connections must be at least 1") }
-        guard (0...(100 * 365 * 86_400)).contains(graceSeconds) else { throw ValidationError("--grace-seconds must be 0 to 100 years") }
+        guard (0...(100 * 365 * 86_400)).contains(graceSeconds) else {
+            throw ValidationError("--grace-seconds must be 0 to 100 years")
+        }
     }
 
     func run() async throws {
@@ -73,9 +79,10 @@ struct CofferServerCommand: AsyncParsableCommand {
         logger.logLevel = Logger.Level(rawValue: logLevel) ?? .info
         let server: CofferServer
         do {
-            server = try CofferServer.open(directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes,
-                                           registration: registration.flatMap(CofferServer.RegistrationPolicy.init(rawValue:))
-                                               ?? Self.defaultRegistration(host: host))
+            server = try CofferServer.open(
+                directory: URL(fileURLWithPath: data, isDirectory: true), quotaBytes: quotaBytes,
+                registration: registration.flatMap(CofferServer.RegistrationPolicy.init(rawValue:))
+                    ?? Self.defaultRegistration(host: host))
         } catch {
             FileHandle.standardError.write(Data("coffer-server: cannot open \(data): \(error)\n".utf8))
             throw ExitCode(1)
@@ -83,23 +90,29 @@ struct CofferServerCommand: AsyncParsableCommand {
         if audit {
             let problems = try server.auditAll()
             for p in problems { FileHandle.standardOutput.write(Data("problem: \(p)\n".utf8)) }
-            FileHandle.standardOutput.write(Data("audit: \(problems.isEmpty ? "clean" : "\(problems.count) problems")\n".utf8))
+            FileHandle.standardOutput.write(
+                Data("audit: \(problems.isEmpty ? "clean" : "\(problems.count) problems")\n".utf8))
             if !problems.isEmpty { throw ExitCode(1) }
             return
         }
         if cleanup {
             let report = try server.cleanup(graceMillis: graceSeconds * 1000)
-            FileHandle.standardOutput.write(Data("cleanup: removed \(report.manifests) manifests, \(report.chunks) chunks, \(report.strayFiles) stray files\n".utf8))
+            FileHandle.standardOutput.write(
+                Data(
+                    "cleanup: removed \(report.manifests) manifests, \(report.chunks) chunks, \(report.strayFiles) stray files\n"
+                        .utf8))
             return
         }
         let host = self.host
-        var options = CofferHTTP.Options(accountCreationsPerMinute: accountsPerMinute, idleTimeoutSeconds: idleTimeoutSeconds,
-                                         maxConnections: maxConnections)
+        var options = CofferHTTP.Options(
+            accountCreationsPerMinute: accountsPerMinute, idleTimeoutSeconds: idleTimeoutSeconds,
+            maxConnections: maxConnections)
         switch (tlsCert, tlsKey) {
         case (nil, nil): break
         case (let cert?, let key?):
             do { options.tls = try CofferHTTP.tlsConfiguration(certificateFile: cert, keyFile: key) } catch {
-                FileHandle.standardError.write(Data("coffer-server: cannot load the TLS certificate or key: \(error)\n".utf8))
+                FileHandle.standardError.write(
+                    Data("coffer-server: cannot load the TLS certificate or key: \(error)\n".utf8))
                 throw ExitCode(1)
             }
         default:
@@ -127,7 +140,8 @@ struct CofferServerCommand: AsyncParsableCommand {
 /// `coffer-server invite --data DIR [--count N]`: prints new single-use invite codes, one a line.
 struct Invite: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).",
+        abstract:
+            "Make single-use invite codes for `--registration invite` (printed once; only their hashes are kept).",
         usage: "coffer-server invite --data <data> [--count <count>]")
 
     /// `--data` is the server command's own option (given after `invite` too).

@@ -8,17 +8,25 @@ struct Init: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Create a new account and an empty encrypted tree.")
     @OptionGroup var store: StoreOptions
     @Argument(help: "Your username (letters, digits, '-', '_', '.').") var username: String
-    @Option(help: "Register the account with this coffer-server (e.g. https://host:8443, or http://127.0.0.1:8080) and sync with it.") var server: String?
+    @Option(
+        help:
+            "Register the account with this coffer-server (e.g. https://host:8443, or http://127.0.0.1:8080) and sync with it."
+    ) var server: String?
     @OptionGroup var connection: ServerConnectionOptions
-    @Flag(help: "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE).")
+    @Flag(
+        help:
+            "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE)."
+    )
     var passphrase = false
-    @Option(help: "An invite code from the server's operator (for a server that registers by invite).") var invite: String?
+    @Option(help: "An invite code from the server's operator (for a server that registers by invite).") var invite:
+        String?
 
     func run() throws {
         try guarded {
             let dir = store.resolvedDataDir
             let trusted = try server.map { try connection.checked($0) } ?? nil
-            let vault = try Vault.create(dataDirectory: dir, username: username, passphrase: passphrase ? CLIPassphraseSource() : nil)
+            let vault = try Vault.create(
+                dataDirectory: dir, username: username, passphrase: passphrase ? CLIPassphraseSource() : nil)
             if let server {
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
@@ -31,18 +39,22 @@ struct Init: ParsableCommand {
                     throw error
                 }
             }
-            print("Created account \(vault.username) in \(vault.dataDirectory)\(server.map { " (synced with \($0))" } ?? "").")
+            print(
+                "Created account \(vault.username) in \(vault.dataDirectory)\(server.map { " (synced with \($0))" } ?? "")."
+            )
             print("Back up your key now: `coffer account export --phrase` prints your 24-word recovery phrase.")
         }
     }
 }
 
 struct Account: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Export or import the account key.",
-                                                    subcommands: [ExportKey.self, ImportKey.self, SetPassphrase.self])
+    static let configuration = CommandConfiguration(
+        abstract: "Export or import the account key.",
+        subcommands: [ExportKey.self, ImportKey.self, SetPassphrase.self])
 
     struct ExportKey: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "export", abstract: "Print the account key (base64, or the 24-word phrase).")
+        static let configuration = CommandConfiguration(
+            commandName: "export", abstract: "Print the account key (base64, or the 24-word phrase).")
         @OptionGroup var store: StoreOptions
         @Flag(help: "Print the 24-word recovery phrase instead of the base64 string.") var phrase = false
 
@@ -56,12 +68,16 @@ struct Account: ParsableCommand {
     }
 
     struct ImportKey: ParsableCommand {
-        static let configuration = CommandConfiguration(commandName: "import", abstract: "Restore an account from a phrase or base64 key read on stdin.")
+        static let configuration = CommandConfiguration(
+            commandName: "import", abstract: "Restore an account from a phrase or base64 key read on stdin.")
         @OptionGroup var store: StoreOptions
         @Option(help: "Username for the restored tree (without --server).") var username: String = "coffer"
         @Option(help: "Join the account on this server and bring the whole tree down.") var server: String?
         @OptionGroup var connection: ServerConnectionOptions
-        @Flag(help: "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE).")
+        @Flag(
+            help:
+                "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE)."
+        )
         var passphrase = false
 
         func run() throws {
@@ -72,18 +88,25 @@ struct Account: ParsableCommand {
                 let dir = store.resolvedDataDir
                 let sealing = passphrase ? CLIPassphraseSource() : nil
                 guard let server else {
-                    let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, passphrase: sealing)
+                    let vault = try Vault.create(
+                        dataDirectory: dir, username: username, secret: secret, passphrase: sealing)
                     print("Imported account \(vault.username) (\(vault.accountID)) into \(vault.dataDirectory).")
                     return
                 }
                 // The tree arrives with the first pull; the username is the server's.
-                let vault = try Vault.create(dataDirectory: dir, username: username, secret: secret, passphrase: sealing, createRoot: false)
+                let vault = try Vault.create(
+                    dataDirectory: dir, username: username, secret: secret, passphrase: sealing, createRoot: false)
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
                     let probe = try SyncEngine.forStore(vault)
                     let report = try runBlocking { try await probe.sync() }
-                    guard probe.vault.hasRoot else { throw CLIError("the server has no tree for this account; create it with `coffer init NAME --server URL`") }
-                    print("Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): \(report.pulled) files.")
+                    guard probe.vault.hasRoot else {
+                        throw CLIError(
+                            "the server has no tree for this account; create it with `coffer init NAME --server URL`")
+                    }
+                    print(
+                        "Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): \(report.pulled) files."
+                    )
                 } catch {
                     removeNewStore(dir)
                     throw error
@@ -94,7 +117,8 @@ struct Account: ParsableCommand {
 
     struct SetPassphrase: ParsableCommand {
         static let configuration = CommandConfiguration(
-            commandName: "passphrase", abstract: "Set, change or remove the passphrase that seals the account key on this device.",
+            commandName: "passphrase",
+            abstract: "Set, change or remove the passphrase that seals the account key on this device.",
             discussion: """
                 Asks for the current passphrase (if there is one), then the new one twice. From a script:                 $COFFER_PASSPHRASE_FILE holds the current one and $COFFER_NEW_PASSPHRASE_FILE the new one                 (either file's first line). The passphrase protects this device's copy of the key only:                 `coffer account export` still prints the key itself.
                 """)
@@ -111,12 +135,16 @@ struct Account: ParsableCommand {
                     return
                 }
                 if !remove && protected && source.scriptGivesNoNewPassphrase {
-                    throw CLIError("$\(CLIPassphraseSource.fileVariable) gives the current passphrase; put the new one in $\(CLIPassphraseSource.newFileVariable)")
+                    throw CLIError(
+                        "$\(CLIPassphraseSource.fileVariable) gives the current passphrase; put the new one in $\(CLIPassphraseSource.newFileVariable)"
+                    )
                 }
                 let vault = try store.openVault()
                 if remove {
                     try vault.protectAccountKey(with: nil)
-                    print("Removed the passphrase: the account key in \(dir) is stored unsealed (readable by its owner only).")
+                    print(
+                        "Removed the passphrase: the account key in \(dir) is stored unsealed (readable by its owner only)."
+                    )
                 } else {
                     try vault.protectAccountKey(with: try source.newPassphrase())
                     print("\(protected ? "Changed" : "Set") the passphrase of the account key in \(dir).")
@@ -144,7 +172,9 @@ struct Completions: ParsableCommand {
 
     func run() throws {
         try guarded {
-            guard let kind = CompletionShell(rawValue: shell) else { throw CLIError("unknown shell \"\(shell)\"; use bash, zsh or fish") }
+            guard let kind = CompletionShell(rawValue: shell) else {
+                throw CLIError("unknown shell \"\(shell)\"; use bash, zsh or fish")
+            }
             print(Coffer.completionScript(for: kind))
         }
     }
@@ -153,15 +183,21 @@ struct Completions: ParsableCommand {
 /// How to reach a server: a certificate to trust for it, and consent to plain HTTP beyond this
 /// machine.
 struct ServerConnectionOptions: ParsableArguments {
-    @Option(help: "Trust this PEM certificate for the server (a self-signed one or a private CA).") var serverCa: String?
-    @Flag(help: "Allow plain http:// to a server that is not on this machine (requests can then be read and answered by anyone on the path).")
+    @Option(help: "Trust this PEM certificate for the server (a self-signed one or a private CA).") var serverCa:
+        String?
+    @Flag(
+        help:
+            "Allow plain http:// to a server that is not on this machine (requests can then be read and answered by anyone on the path)."
+    )
     var insecureHttp = false
 
     /// Checks the URL against the HTTP policy and reads the certificate, before anything is created.
     func checked(_ server: String) throws -> [UInt8]? {
         _ = try HTTPTransport.checkedURL(server, allowInsecureHTTP: insecureHttp)
         guard let serverCa else { return nil }
-        guard let pem = FileManager.default.contents(atPath: serverCa) else { throw CLIError("cannot read \(serverCa)") }
+        guard let pem = FileManager.default.contents(atPath: serverCa) else {
+            throw CLIError("cannot read \(serverCa)")
+        }
         _ = try HTTPTransport(baseURL: server, trustedCertificatePEM: Array(pem))
         return Array(pem)
     }
@@ -170,7 +206,9 @@ struct ServerConnectionOptions: ParsableArguments {
 /// Removes a store this command just created (its secret first, so a half-removed store is not
 /// mistaken for an account).
 func removeNewStore(_ dir: String) {
-    for name in ["account.secret", "coffer.sqlite", "coffer.sqlite-wal", "coffer.sqlite-shm", "content.lock", "mount.lock"] {
+    for name in [
+        "account.secret", "coffer.sqlite", "coffer.sqlite-wal", "coffer.sqlite-shm", "content.lock", "mount.lock",
+    ] {
         unlink(dir + "/" + name)
     }
     rmdir(dir)
@@ -187,9 +225,13 @@ struct Sync: ParsableCommand {
             let engine = try SyncEngine.forStore(vault)
             let report = try runBlocking { try await engine.sync() }
             if let n = report.resentToServer {
-                print("note: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")")
+                print(
+                    "note: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")"
+                )
             }
-            print("synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed \(report.pushedRecords) records (\(report.pushedChunks) chunks)")
+            print(
+                "synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed \(report.pushedRecords) records (\(report.pushedChunks) chunks)"
+            )
             if stats {
                 let t = engine.traffic
                 print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")

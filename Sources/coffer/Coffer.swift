@@ -22,7 +22,9 @@ struct Coffer: ParsableCommand {
 
 /// Options every command that touches the store takes.
 struct StoreOptions: ParsableArguments {
-    @Option(name: .customLong("data-dir"), help: "Directory of the store (default: $COFFER_DATA_DIR, else $XDG_DATA_HOME/coffer).")
+    @Option(
+        name: .customLong("data-dir"),
+        help: "Directory of the store (default: $COFFER_DATA_DIR, else $XDG_DATA_HOME/coffer).")
     var dataDir: String?
 
     var resolvedDataDir: String {

@@ -9,9 +9,12 @@ import Foundation
 struct Mount: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount the tree with FUSE (runs in the background unless --foreground).",
-        discussion: "Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`. The daemon logs to coffer.log in the data directory.")
+        discussion:
+            "Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`. The daemon logs to coffer.log in the data directory."
+    )
     @OptionGroup var store: StoreOptions
-    @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground = false
+    @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground =
+        false
     @Option(name: .short, help: "FUSE mount options, e.g. -o allow_other (may repeat).") var o: [String] = []
     @Option(help: "Seconds between syncs when idle (with a server).") var syncInterval: Double = 30
     @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
@@ -26,7 +29,9 @@ struct Mount: ParsableCommand {
         try guarded {
             let dataDir = store.resolvedDataDir
             let point = (absolute(mountPoint) as NSString).standardizingPath
-            guard FileManager.default.fileExists(atPath: dataDir + "/account.secret") else { throw VaultError.noAccount(dataDir) }
+            guard FileManager.default.fileExists(atPath: dataDir + "/account.secret") else {
+                throw VaultError.noAccount(dataDir)
+            }
             let readyFD = ProcessInfo.processInfo.environment["COFFER_READY_FD"].flatMap { Int32($0) }
             if !foreground && readyFD == nil {
                 try daemonize(dataDir: dataDir, mountPoint: point)
@@ -46,19 +51,28 @@ struct Mount: ParsableCommand {
         let logger = FileLogger(path: dataDir + "/coffer.log")
         let lock = try MountLock(directory: dataDir)
         let previous = MountLock.recorded(in: dataDir)
-        try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) { logger.log($0) }
+        try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) {
+            logger.log($0)
+        }
         let vault = try Vault.open(dataDirectory: dataDir, passphrase: CLIPassphraseSource())
         // Reclaim what interrupted writes left, while no other process has the store open.
-        if let gc = try? vault.collectGarbage() { logger.log("garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs rewritten") }
+        if let gc = try? vault.collectGarbage() {
+            logger.log(
+                "garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs rewritten"
+            )
+        }
         lock.record(mountPoint: mountPoint, pid: getpid())
-        if readyFD == nil { print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.") }
+        if readyFD == nil {
+            print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.")
+        }
         var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil
         if vault.syncStatus.server != nil {
             let engine = try SyncEngine.forStore(vault)
             let (interval, quiet) = (syncInterval, syncQuiet)
             services = { changed in
-                let scheduler = SyncScheduler(engine: engine, quietPeriod: quiet, interval: interval, onChange: changed,
-                                              log: { logger.log($0) })
+                let scheduler = SyncScheduler(
+                    engine: engine, quietPeriod: quiet, interval: interval, onChange: changed,
+                    log: { logger.log($0) })
                 scheduler.start()
                 return { scheduler.stop() }
             }
@@ -78,7 +92,8 @@ struct Mount: ParsableCommand {
     /// mount is up (or fails), so `coffer mount` returns only when the mount is usable.
     func daemonize(dataDir: String, mountPoint: String) throws {
         // The daemon has no terminal: a passphrase is asked here, once, and handed over a pipe.
-        let passphraseFD = try Vault.accountKeyIsProtected(dataDirectory: dataDir)
+        let passphraseFD =
+            try Vault.accountKeyIsProtected(dataDirectory: dataDir)
             ? try passphrasePipe(CLIPassphraseSource().existingPassphrase()) : nil
         defer { if let passphraseFD { close(passphraseFD) } }
         var fds: [Int32] = [0, 0]
@@ -95,10 +110,11 @@ struct Mount: ParsableCommand {
         // to see closed, a file on another mount that could then not be unmounted).
         posix_spawn_file_actions_adddup2(&actions, fds[1], Self.readyDescriptor)
         if let passphraseFD { posix_spawn_file_actions_adddup2(&actions, passphraseFD, Self.passphraseDescriptor) }
-        closeDescriptors(from: (passphraseFD == nil ? Self.readyDescriptor : Self.passphraseDescriptor) + 1, in: &actions)
+        closeDescriptors(
+            from: (passphraseFD == nil ? Self.readyDescriptor : Self.passphraseDescriptor) + 1, in: &actions)
         var attr = posix_spawnattr_t()
         posix_spawnattr_init(&attr)
-        posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID (glibc), not imported into Swift
+        posix_spawnattr_setflags(&attr, 0x80)  // POSIX_SPAWN_SETSID (glibc), not imported into Swift
         var args = ["coffer", "mount", "--foreground", "--data-dir", dataDir]
         for opt in o { args += ["-o", opt] }
         args += ["--sync-interval", String(syncInterval), "--sync-quiet", String(syncQuiet)]
@@ -125,7 +141,8 @@ struct Mount: ParsableCommand {
         }
         var status: Int32 = 0
         waitpid(pid, &status, 0)
-        let lastLine = (try? String(contentsOfFile: logPath, encoding: .utf8))?.split(separator: "\n").last.map(String.init) ?? ""
+        let lastLine =
+            (try? String(contentsOfFile: logPath, encoding: .utf8))?.split(separator: "\n").last.map(String.init) ?? ""
         let reason = lastLine.components(separatedBy: "coffer: ").last ?? "see \(logPath)"
         throw CLIError(reason.isEmpty ? "the mount daemon failed; see \(logPath)" : reason)
     }
@@ -136,10 +153,15 @@ struct Mount: ParsableCommand {
     private func passphrasePipe(_ passphrase: Passphrase) throws -> Int32 {
         var fds: [Int32] = [0, 0]
         guard pipe(&fds) == 0 else { throw CLIError("cannot create a pipe") }
-        defer { close(fds[0]); close(fds[1]) }
+        defer {
+            close(fds[0])
+            close(fds[1])
+        }
         let written = passphrase.withUnsafeBytes { Glibc.write(fds[1], $0.baseAddress, $0.count) }
         let newline: [UInt8] = [0x0a]
-        guard written == passphrase.count, Glibc.write(fds[1], newline, 1) == 1 else { throw CLIError("cannot hand the passphrase to the mount daemon") }
+        guard written == passphrase.count, Glibc.write(fds[1], newline, 1) == 1 else {
+            throw CLIError("cannot hand the passphrase to the mount daemon")
+        }
         let high = fcntl(fds[0], F_DUPFD_CLOEXEC, 10)
         guard high >= 0 else { throw CLIError("cannot hand the passphrase to the mount daemon") }
         return high
@@ -147,7 +169,8 @@ struct Mount: ParsableCommand {
 }
 
 struct Unmount: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Unmount a mounted tree and wait until the daemon has flushed everything.")
+    static let configuration = CommandConfiguration(
+        abstract: "Unmount a mounted tree and wait until the daemon has flushed everything.")
     @OptionGroup var store: StoreOptions
     @Argument var mountPoint: String
 
@@ -156,7 +179,9 @@ struct Unmount: ParsableCommand {
             let point = (absolute(mountPoint) as NSString).standardizingPath
             guard MountService.isMounted(point) else { throw CLIError("\(point) is not mounted") }
             let status = MountService.runQuietly("/bin/fusermount3", ["-u", point])
-            guard status == 0 else { throw CLIError("cannot unmount \(point): it is busy (a program has files open there)") }
+            guard status == 0 else {
+                throw CLIError("cannot unmount \(point): it is busy (a program has files open there)")
+            }
             // Wait for the daemon serving this store to finish flushing and exit.
             let dir = store.resolvedDataDir
             if let rec = MountLock.recorded(in: dir), rec.mountPoint == point {

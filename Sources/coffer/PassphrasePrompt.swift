@@ -25,17 +25,22 @@ struct CLIPassphraseSource: PassphraseSource {
             return try readFirstLine(ofFile: path, variable: Self.fileVariable)
         }
         guard let tty = Terminal() else {
-            throw CLIError("this account key is protected by a passphrase; set \(Self.fileVariable) or run from a terminal")
+            throw CLIError(
+                "this account key is protected by a passphrase; set \(Self.fileVariable) or run from a terminal")
         }
         return try tty.ask("Passphrase for the account key: ")
     }
 
     func newPassphrase() throws -> Passphrase {
         for variable in [Self.newFileVariable, Self.fileVariable] {
-            if let path = environment[variable], !path.isEmpty { return try readFirstLine(ofFile: path, variable: variable) }
+            if let path = environment[variable], !path.isEmpty {
+                return try readFirstLine(ofFile: path, variable: variable)
+            }
         }
         guard let tty = Terminal() else {
-            throw CLIError("a new passphrase is read from a terminal, or from the first line of the file $\(Self.fileVariable) names")
+            throw CLIError(
+                "a new passphrase is read from a terminal, or from the first line of the file $\(Self.fileVariable) names"
+            )
         }
         let first = try tty.ask("New passphrase for the account key: ")
         let again = try tty.ask("The same passphrase again: ")
@@ -46,7 +51,8 @@ struct CLIPassphraseSource: PassphraseSource {
     /// True when a script set the passphrase file but not a new one: changing the passphrase
     /// would then seal the key under the same one again.
     var scriptGivesNoNewPassphrase: Bool {
-        environment[Self.fileVariable].map { !$0.isEmpty } == true && environment[Self.newFileVariable].map { !$0.isEmpty } != true
+        environment[Self.fileVariable].map { !$0.isEmpty } == true
+            && environment[Self.newFileVariable].map { !$0.isEmpty } != true
     }
 }
 
@@ -64,7 +70,8 @@ private func readFirstLine(fd: Int32, what: String) throws -> Passphrase {
     defer { buffer.withUnsafeMutableBytes { _ = $0.initializeMemory(as: UInt8.self, repeating: 0) } }
     var filled = 0
     while filled < buffer.count {
-        let n = buffer.withUnsafeMutableBytes { b in b.baseAddress.map { read(fd, $0 + filled, b.count - filled) } ?? 0 }
+        let n = buffer.withUnsafeMutableBytes { b in b.baseAddress.map { read(fd, $0 + filled, b.count - filled) } ?? 0
+        }
         if n < 0 && errno == EINTR { continue }
         guard n >= 0 else { throw CLIError("cannot read \(what): \(String(cString: strerror(errno)))") }
         if n == 0 { break }
@@ -74,7 +81,9 @@ private func readFirstLine(fd: Int32, what: String) throws -> Passphrase {
     var end = buffer[0..<filled].firstIndex(of: 0x0a) ?? filled
     if end > 0 && buffer[end - 1] == 0x0d { end -= 1 }
     guard end > 0 else { throw CLIError("no passphrase in \(what): its first line is empty") }
-    guard end <= Passphrase.maxBytes else { throw CLIError("the first line of \(what) is longer than a passphrase may be (\(Passphrase.maxBytes) bytes)") }
+    guard end <= Passphrase.maxBytes else {
+        throw CLIError("the first line of \(what) is longer than a passphrase may be (\(Passphrase.maxBytes) bytes)")
+    }
     return try buffer.withUnsafeBytes { try Passphrase(copying: UnsafeRawBufferPointer(rebasing: $0[0..<end])) }
 }
 

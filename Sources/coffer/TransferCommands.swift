@@ -36,7 +36,8 @@ final class Progress {
 }
 
 struct Import: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Copy a local file or folder into Coffer (recursive, keeps mode, atime and mtime).")
+    static let configuration = CommandConfiguration(
+        abstract: "Copy a local file or folder into Coffer (recursive, keeps mode, atime and mtime).")
     @OptionGroup var store: StoreOptions
     @Argument(help: "Local file or folder.") var local: String
     @Argument(help: "Destination in Coffer: an existing folder to copy into, or a new name.") var destination: String
@@ -46,12 +47,15 @@ struct Import: ParsableCommand {
             let vault = try store.openVault()
             let src = absolute(local)
             var st = stat()
-            guard lstat(src, &st) == 0 else { throw CLIError("cannot read \(local): \(String(cString: strerror(errno)))") }
+            guard lstat(src, &st) == 0 else {
+                throw CLIError("cannot read \(local): \(String(cString: strerror(errno)))")
+            }
             let base = URL(fileURLWithPath: src).lastPathComponent
             let parent: Node
             let name: String
             if let dst = try? vault.resolve(destination), dst.type == .folder {
-                parent = dst; name = base
+                parent = dst
+                name = base
             } else {
                 let parts = Vault.components(destination)
                 guard let last = parts.last else { throw CLIError("invalid destination \(destination)") }
@@ -82,7 +86,8 @@ struct Import: ParsableCommand {
         let atime = Timespec(seconds: Int64(st.st_atim.tv_sec), nanoseconds: Int64(st.st_atim.tv_nsec))
         switch st.st_mode & S_IFMT {
         case S_IFDIR:
-            let folder = try vault.create(in: parent, name: name, type: .folder, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
+            let folder = try vault.create(
+                in: parent, name: name, type: .folder, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
             progress.step()
             let entries = try FileManager.default.contentsOfDirectory(atPath: path).sorted()
             for e in entries { try importEntry(vault, path + "/" + e, into: folder.id, name: e, progress) }
@@ -92,7 +97,8 @@ struct Import: ParsableCommand {
             let fd = open(path, O_RDONLY | O_CLOEXEC)
             guard fd >= 0 else { throw CLIError("cannot open \(path): \(String(cString: strerror(errno)))") }
             defer { close(fd) }
-            let doc = try vault.create(in: parent, name: name, type: .document, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
+            let doc = try vault.create(
+                in: parent, name: name, type: .document, mode: mode, uid: st.st_uid, gid: st.st_gid, atime: atime)
             try vault.writeContents(doc.id, mtime: mtime, durable: false, from: reader(fd))
             progress.step(bytes: UInt64(st.st_size))
         case S_IFLNK:
@@ -100,7 +106,9 @@ struct Import: ParsableCommand {
             let n = readlink(path, &buf, 4096)
             guard n > 0 else { throw CLIError("cannot read link \(path)") }
             let target = String(decoding: buf[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-            try vault.create(in: parent, name: name, type: .symlink, mode: 0o777, uid: st.st_uid, gid: st.st_gid, symlinkTarget: target, mtime: mtime, atime: atime)
+            try vault.create(
+                in: parent, name: name, type: .symlink, mode: 0o777, uid: st.st_uid, gid: st.st_gid,
+                symlinkTarget: target, mtime: mtime, atime: atime)
             progress.step()
         default:
             printErr("coffer: skipping \(path): not a regular file, folder or symlink")
@@ -110,11 +118,12 @@ struct Import: ParsableCommand {
 }
 
 struct Export: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode, atime and mtime).",
-                                                    discussion: """
-                                                        Files belong to the user running the command (ownership is not restored), so, \
-                                                        as cp does, setuid and setgid bits are not kept.
-                                                        """)
+    static let configuration = CommandConfiguration(
+        abstract: "Copy a file or folder out of Coffer into a local folder (recursive, keeps mode, atime and mtime).",
+        discussion: """
+            Files belong to the user running the command (ownership is not restored), so, \
+            as cp does, setuid and setgid bits are not kept.
+            """)
     @OptionGroup var store: StoreOptions
     @Argument(help: "File or folder in Coffer.") var source: String
     @Argument(help: "Local folder to copy into (created, with its parents, if missing).") var localFolder: String
@@ -164,9 +173,13 @@ struct Export: ParsableCommand {
         let mode = node.attributes.mode.value & 0o7777 & ~UInt32(S_ISUID | S_ISGID)
         switch node.type {
         case .folder:
-            guard mkdir(path, 0o700) == 0 else { throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))") }
+            guard mkdir(path, 0o700) == 0 else {
+                throw CLIError("cannot create \(path): \(String(cString: strerror(errno)))")
+            }
             progress.step()
-            for child in try vault.children(of: node.id) { try exportNode(vault, child, to: path + "/" + child.name, progress) }
+            for child in try vault.children(of: node.id) {
+                try exportNode(vault, child, to: path + "/" + child.name, progress)
+            }
             chmod(path, mode_t(mode))
             setTimes(path, node.attributes)
         case .document:
@@ -179,7 +192,9 @@ struct Export: ParsableCommand {
             futimens(fd, &t)
             progress.step(bytes: node.size)
         case .symlink:
-            guard symlink(node.attributes.symlinkTarget ?? "", path) == 0 else { throw CLIError("cannot create link \(path): \(String(cString: strerror(errno)))") }
+            guard symlink(node.attributes.symlinkTarget ?? "", path) == 0 else {
+                throw CLIError("cannot create link \(path): \(String(cString: strerror(errno)))")
+            }
             setTimes(path, node.attributes)
             progress.step()
         case .link:
@@ -199,13 +214,17 @@ struct Status: ParsableCommand {
             print("account:  \(vault.username) (\(vault.accountID))")
             print("store:    \(vault.dataDirectory)")
             print("files:    \(vault.fileCount)")
-            print("pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not yet synced)")
+            print(
+                "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not yet synced)"
+            )
             let sync = vault.syncStatus
             if let server = sync.server {
                 let last = sync.lastSuccessMillis.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
                 print("sync:     \(server), last success \(last), server version \(sync.cursor)")
                 if let n = vault.serverCatchUpNotice { print("notice:   \(ServerText.sanitized(n))") }
-                if let e = sync.lastError { print("error:    last attempt failed: \(ServerText.sanitized(e, limit: 1000))") }
+                if let e = sync.lastError {
+                    print("error:    last attempt failed: \(ServerText.sanitized(e, limit: 1000))")
+                }
             } else {
                 print("sync:     no server configured (local only)")
             }
@@ -226,11 +245,17 @@ struct Fsck: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             let r = try vault.check()
-            print("\(r.files) files, \(r.documents) documents, \(r.chunksVerified) chunks (\(r.bytesVerified) bytes) verified")
+            print(
+                "\(r.files) files, \(r.documents) documents, \(r.chunksVerified) chunks (\(r.bytesVerified) bytes) verified"
+            )
             if r.unreferencedChunks + r.unreferencedManifests > 0 {
-                print("\(r.unreferencedChunks) unreferenced chunks and \(r.unreferencedManifests) manifests (from interrupted writes; `coffer gc` reclaims them)")
+                print(
+                    "\(r.unreferencedChunks) unreferenced chunks and \(r.unreferencedManifests) manifests (from interrupted writes; `coffer gc` reclaims them)"
+                )
             }
-            if r.isClean { print("clean") } else {
+            if r.isClean {
+                print("clean")
+            } else {
                 for p in r.problems { printErr("problem: \(p)") }
                 throw CLIError("\(r.problems.count) problems found")
             }
@@ -245,8 +270,12 @@ struct GarbageCollect: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            guard let r = try vault.collectGarbage() else { throw CLIError("the store is in use (mounted or another command is running); try again later") }
-            print("removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused pack\(r.compactedPacks == 1 ? "" : "s")")
+            guard let r = try vault.collectGarbage() else {
+                throw CLIError("the store is in use (mounted or another command is running); try again later")
+            }
+            print(
+                "removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused pack\(r.compactedPacks == 1 ? "" : "s")"
+            )
         }
     }
 }

@@ -5,13 +5,17 @@ import Testing
 /// The account key sealed under a passphrase: `init --passphrase`, `account import --passphrase`,
 /// `account passphrase`, and every later command (and a mount) asking for it once.
 @Suite struct PassphraseCLITests {
-    static let required = "this account key is protected by a passphrase; set COFFER_PASSPHRASE_FILE or run from a terminal"
+    static let required =
+        "this account key is protected by a passphrase; set COFFER_PASSPHRASE_FILE or run from a terminal"
 
     /// `coffer` in a session of its own, without a controlling terminal, so a prompt can never
     /// wait on the terminal the tests were started from. The passphrase variables are cleared
     /// unless given.
     func coffer(_ data: String, _ args: [String], env: [String: String] = [:], stdin: [UInt8]? = nil) -> ProcessResult {
-        var environment = ["COFFER_DATA_DIR": data, "COFFER_PASSPHRASE_FILE": "", "COFFER_NEW_PASSPHRASE_FILE": "", "COFFER_PASSPHRASE_FD": ""]
+        var environment = [
+            "COFFER_DATA_DIR": data, "COFFER_PASSPHRASE_FILE": "", "COFFER_NEW_PASSPHRASE_FILE": "",
+            "COFFER_PASSPHRASE_FD": "",
+        ]
         for (k, v) in env { environment[k] = v }
         return run("/usr/bin/setsid", ["-w", cofferBinary] + args, environment: environment, stdin: stdin)
     }
@@ -58,7 +62,8 @@ import Testing
         // A wrong one, an empty one, a missing file.
         let bad = coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": wrong])
         #expect(bad.status != 0 && bad.err.contains("wrong passphrase"), "\(bad.err)")
-        let empty = coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": try passphraseFile(tmp, "empty", "\nright\n")])
+        let empty = coffer(
+            data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": try passphraseFile(tmp, "empty", "\nright\n")])
         #expect(empty.status != 0 && empty.err.contains("empty"), "\(empty.err)")
         let missing = coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": tmp.path + "/nope"])
         #expect(missing.status != 0 && missing.err.contains("COFFER_PASSPHRASE_FILE"), "\(missing.err)")
@@ -71,7 +76,9 @@ import Testing
         let exported = coffer(data, ["account", "export"], env: env).out.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(exported.hasPrefix("coffer1:"))
         let body = Array(exported.dropFirst("coffer1:".count).utf8)
-        #expect(!contains(sealed, Array(exported.utf8)) && !contains(sealed, body) && !contains(sealed, Array("coffer1:".utf8)))
+        #expect(
+            !contains(sealed, Array(exported.utf8)) && !contains(sealed, body)
+                && !contains(sealed, Array("coffer1:".utf8)))
         #expect(try secretFile(data) == sealed, "reading must not rewrite the key")
     }
 
@@ -96,9 +103,13 @@ import Testing
         // Change: from a script the new one must come from its own file.
         let same = coffer(data, ["account", "passphrase"], env: ["COFFER_PASSPHRASE_FILE": first])
         #expect(same.status != 0 && same.err.contains("COFFER_NEW_PASSPHRASE_FILE"), "\(same.err)")
-        let wrongCurrent = coffer(data, ["account", "passphrase"], env: ["COFFER_PASSPHRASE_FILE": second, "COFFER_NEW_PASSPHRASE_FILE": first])
+        let wrongCurrent = coffer(
+            data, ["account", "passphrase"],
+            env: ["COFFER_PASSPHRASE_FILE": second, "COFFER_NEW_PASSPHRASE_FILE": first])
         #expect(wrongCurrent.status != 0 && wrongCurrent.err.contains("wrong passphrase"), "\(wrongCurrent.err)")
-        let changed = coffer(data, ["account", "passphrase"], env: ["COFFER_PASSPHRASE_FILE": first, "COFFER_NEW_PASSPHRASE_FILE": second])
+        let changed = coffer(
+            data, ["account", "passphrase"],
+            env: ["COFFER_PASSPHRASE_FILE": first, "COFFER_NEW_PASSPHRASE_FILE": second])
         #expect(changed.status == 0, "\(changed.err)")
         expectPrivateAndAlone(data)
         #expect(coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": first]).err.contains("wrong passphrase"))
@@ -119,7 +130,9 @@ import Testing
         let key = coffer(original, ["account", "export", "--phrase"]).stdout
         let pass = try passphraseFile(tmp, "pass", "imported passphrase\n")
         let copy = tmp.path + "/copy"
-        let imported = coffer(copy, ["account", "import", "--passphrase", "--username", "carol"], env: ["COFFER_PASSPHRASE_FILE": pass], stdin: key)
+        let imported = coffer(
+            copy, ["account", "import", "--passphrase", "--username", "carol"], env: ["COFFER_PASSPHRASE_FILE": pass],
+            stdin: key)
         #expect(imported.status == 0, "\(imported.err)")
         #expect(try secretFile(copy).starts(with: Array("CFPW".utf8)))
         #expect(coffer(copy, ["whoami"]).err == "coffer: \(Self.required)\n")
@@ -143,8 +156,10 @@ import Testing
         for k in 0..<8 { huge[13 + k] = UInt8(truncatingIfNeeded: memlimit >> (56 - 8 * UInt64(k))) }
         var flipped = sealed
         flipped[sealed.count - 1] ^= 1
-        for (bytes, expected) in [(huge, "damaged"), (flipped, "wrong passphrase"), (Array(sealed.prefix(20)), "damaged"),
-                                  (Array(repeating: 0xff, count: 8192), "larger than any account key")] {
+        for (bytes, expected) in [
+            (huge, "damaged"), (flipped, "wrong passphrase"), (Array(sealed.prefix(20)), "damaged"),
+            (Array(repeating: 0xff, count: 8192), "larger than any account key"),
+        ] {
             try Data(bytes).write(to: URL(fileURLWithPath: data + "/account.secret"))
             let r = coffer(data, ["whoami"], env: ["COFFER_PASSPHRASE_FILE": pass])
             #expect(r.status == 1, "\(r.err)")
@@ -169,7 +184,9 @@ import Testing
         guard fixture.isMounted else { return }
         try Data("through the mount\n".utf8).write(to: URL(fileURLWithPath: fixture.path("m.txt")))
         try fixture.unmount()
-        #expect(coffer(fixture.dataDir, ["cat", "m.txt"], env: ["COFFER_PASSPHRASE_FILE": pass]).out == "through the mount\n")
+        #expect(
+            coffer(fixture.dataDir, ["cat", "m.txt"], env: ["COFFER_PASSPHRASE_FILE": pass]).out
+                == "through the mount\n")
     }
 
     /// At a terminal: the prompt is on the terminal, echo is off (the passphrase never shows),
@@ -178,14 +195,16 @@ import Testing
         let tmp = TemporaryDirectory()
         let data = tmp.sub("data")
         let typed = "typed at a terminal"
-        let mismatch = try PseudoTerminal(cofferBinary, ["init", "erin", "--passphrase"], environment: ["COFFER_DATA_DIR": data])
+        let mismatch = try PseudoTerminal(
+            cofferBinary, ["init", "erin", "--passphrase"], environment: ["COFFER_DATA_DIR": data])
         try mismatch.answer(after: "New passphrase", with: typed)
         try mismatch.answer(after: "again", with: typed + "!")
         let refused = mismatch.finish()
         #expect(refused.status != 0 && refused.output.contains("differ"), "\(refused.output)")
         #expect(!FileManager.default.fileExists(atPath: data + "/account.secret"))
 
-        let created = try PseudoTerminal(cofferBinary, ["init", "erin", "--passphrase"], environment: ["COFFER_DATA_DIR": data])
+        let created = try PseudoTerminal(
+            cofferBinary, ["init", "erin", "--passphrase"], environment: ["COFFER_DATA_DIR": data])
         try created.answer(after: "New passphrase", with: typed)
         try created.answer(after: "again", with: typed)
         let done = created.finish()
@@ -225,10 +244,13 @@ final class PseudoTerminal {
         typealias NameOfInt = @convention(c) (Int32) -> UnsafeMutablePointer<CChar>?
         let libc = dlopen(nil, RTLD_NOW)
         guard let o = dlsym(libc, "posix_openpt"), let g = dlsym(libc, "grantpt"), let u = dlsym(libc, "unlockpt"),
-              let n = dlsym(libc, "ptsname") else { throw FixtureError("no pseudo terminal functions in libc") }
+            let n = dlsym(libc, "ptsname")
+        else { throw FixtureError("no pseudo terminal functions in libc") }
         master = unsafeBitCast(o, to: IntOfInt.self)(O_RDWR | O_NOCTTY)
-        guard master >= 0, unsafeBitCast(g, to: IntOfInt.self)(master) == 0, unsafeBitCast(u, to: IntOfInt.self)(master) == 0,
-              let name = unsafeBitCast(n, to: NameOfInt.self)(master) else {
+        guard master >= 0, unsafeBitCast(g, to: IntOfInt.self)(master) == 0,
+            unsafeBitCast(u, to: IntOfInt.self)(master) == 0,
+            let name = unsafeBitCast(n, to: NameOfInt.self)(master)
+        else {
             throw FixtureError("no pseudo terminal: \(String(cString: strerror(errno)))")
         }
         _ = fcntl(master, F_SETFD, FD_CLOEXEC)
@@ -243,7 +265,7 @@ final class PseudoTerminal {
         closeInheritedDescriptors(&actions)
         var attr = posix_spawnattr_t()
         posix_spawnattr_init(&attr)
-        posix_spawnattr_setflags(&attr, 0x80) // POSIX_SPAWN_SETSID
+        posix_spawnattr_setflags(&attr, 0x80)  // POSIX_SPAWN_SETSID
         var env = ProcessInfo.processInfo.environment
         for k in ["COFFER_PASSPHRASE_FILE", "COFFER_NEW_PASSPHRASE_FILE", "COFFER_PASSPHRASE_FD"] { env[k] = nil }
         for (k, v) in environment { env[k] = v }
@@ -255,7 +277,10 @@ final class PseudoTerminal {
         for p in envp { free(p) }
         posix_spawn_file_actions_destroy(&actions)
         posix_spawnattr_destroy(&attr)
-        guard rc == 0 else { close(master); throw FixtureError("cannot spawn \(executable): \(String(cString: strerror(rc)))") }
+        guard rc == 0 else {
+            close(master)
+            throw FixtureError("cannot spawn \(executable): \(String(cString: strerror(rc)))")
+        }
         pid = child
     }
 
@@ -303,7 +328,7 @@ final class PseudoTerminal {
         guard ready > 0 else { return false }
         var buffer = [UInt8](repeating: 0, count: 4096)
         let n = buffer.withUnsafeMutableBytes { read(master, $0.baseAddress, $0.count) }
-        guard n > 0 else { return false } // EIO: the child closed its side
+        guard n > 0 else { return false }  // EIO: the child closed its side
         output += String(decoding: buffer[0..<n], as: UTF8.self)
         return true
     }

@@ -1,6 +1,7 @@
-import Testing
 import CofferCrypto
 import CofferModel
+import Testing
+
 @testable import CofferContent
 
 let fileA = try! FileID(bytes: [UInt8](repeating: 0xA1, count: 16))
@@ -12,7 +13,9 @@ func noise(_ count: Int, seed: UInt64 = 1) -> [UInt8] {
     var s = seed &* 0x9E37_79B9_7F4A_7C15 | 1
     var out = [UInt8](repeating: 0, count: count)
     for i in 0..<count {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17
+        s ^= s << 13
+        s ^= s >> 7
+        s ^= s << 17
         out[i] = UInt8(truncatingIfNeeded: s >> 24)
     }
     return out
@@ -58,7 +61,9 @@ struct ChunkTests {
             var bad = sealed
             bad[bad.count / 2] ^= 0x20
             #expect(throws: (any Error).self, "length \(plain.count)") { try cipher.openChunkInPlace(bad, ref: ref) }
-            #expect(throws: (any Error).self) { try ContentCipher(fileID: fileB, key: .random()).openChunkInPlace(sealed, ref: ref) }
+            #expect(throws: (any Error).self) {
+                try ContentCipher(fileID: fileB, key: .random()).openChunkInPlace(sealed, ref: ref)
+            }
             #expect(throws: (any Error).self) { try cipher.openChunkInPlace(Array(sealed.prefix(39)), ref: ref) }
         }
     }
@@ -131,7 +136,7 @@ struct ChunkTests {
     @Test func chunkFromAnotherFileIsRefused() {
         let key = SymmetricKey.random()
         let a = ContentCipher(fileID: fileA, key: key)
-        let b = ContentCipher(fileID: fileB, key: key) // even with the same key
+        let b = ContentCipher(fileID: fileB, key: key)  // even with the same key
         let (ref, sealed) = a.sealChunk(Array("secret".utf8))
         #expect(throws: CryptoError.self) { try b.openChunk(sealed, ref: ref) }
         let c = ContentCipher(fileID: fileA, key: .random())
@@ -190,7 +195,8 @@ struct CompressionTests {
 
     @Test func largeChunksAreSampledFirst() throws {
         let chunk = 256 * 1024
-        let text = Array(String(repeating: "all work and no play makes jack a dull boy. ", count: 6000).utf8.prefix(chunk))
+        let text = Array(
+            String(repeating: "all work and no play makes jack a dull boy. ", count: 6000).utf8.prefix(chunk))
         let random = noise(chunk)
         #expect(text.withUnsafeBytes { Compression.worthCompressing($0) })
         #expect(!random.withUnsafeBytes { Compression.worthCompressing($0) })
@@ -232,7 +238,9 @@ struct CompressionTests {
         #expect(throws: ContentError.corrupt("empty chunk")) { try Compression.unpack([], expectedLength: 0) }
         #expect(throws: ContentError.self) { try Compression.unpack([Compression.raw, 1, 2], expectedLength: 3) }
         #expect(throws: ContentError.self) { try Compression.unpack([7, 1, 2], expectedLength: 2) }
-        #expect(throws: ContentError.self) { try Compression.unpack([Compression.zstd, 1, 2, 3, 4], expectedLength: 10) }
+        #expect(throws: ContentError.self) {
+            try Compression.unpack([Compression.zstd, 1, 2, 3, 4], expectedLength: 10)
+        }
         let text = Array(String(repeating: "abc", count: 1000).utf8)
         let packed = text.withUnsafeBytes { Compression.pack($0) }
         #expect(throws: ContentError.self) { try Compression.unpack(packed, expectedLength: text.count - 1) }
@@ -243,14 +251,19 @@ struct CompressionTests {
 @Suite("Manifests")
 struct ManifestTests {
     static func sample() -> Manifest {
-        Manifest(chunkSize: 4, chunks: [ChunkRef(id: Array(repeating: 1, count: 32), length: 4),
-                                        ChunkRef(id: Array(repeating: 2, count: 32), length: 4),
-                                        ChunkRef(id: Array(repeating: 3, count: 32), length: 1)])
+        Manifest(
+            chunkSize: 4,
+            chunks: [
+                ChunkRef(id: Array(repeating: 1, count: 32), length: 4),
+                ChunkRef(id: Array(repeating: 2, count: 32), length: 4),
+                ChunkRef(id: Array(repeating: 3, count: 32), length: 1),
+            ])
     }
 
     @Test func encodingIsFixed() throws {
         let m = Self.sample()
-        let expected = "43464d46" + "01" + "00000004" + "00000003"
+        let expected =
+            "43464d46" + "01" + "00000004" + "00000003"
             + String(repeating: "01", count: 32) + "00000004"
             + String(repeating: "02", count: 32) + "00000004"
             + String(repeating: "03", count: 32) + "00000001"
@@ -268,12 +281,14 @@ struct ManifestTests {
         let sealed = c.sealManifest(m)
         #expect(try c.openManifest(sealed) == m)
         #expect(ContentCipher.digest(ofSealedManifest: sealed) == blake2b(sealed))
-        #expect(ContentCipher.digest(ofSealedManifest: sealed) != ContentCipher.digest(ofSealedManifest: c.sealManifest(m)))
+        #expect(
+            ContentCipher.digest(ofSealedManifest: sealed) != ContentCipher.digest(ofSealedManifest: c.sealManifest(m)))
         // Other file, other key, tampering: refused.
         #expect(throws: CryptoError.self) { try ContentCipher(fileID: fileB, key: c.key).openManifest(sealed) }
         #expect(throws: CryptoError.self) { try ContentCipher(fileID: fileA, key: .random()).openManifest(sealed) }
         for i in sealed.indices {
-            var t = sealed; t[i] ^= 0x80
+            var t = sealed
+            t[i] ^= 0x80
             #expect(throws: CryptoError.self) { try c.openManifest(t) }
         }
         // A chunk is not a manifest.
@@ -287,26 +302,34 @@ struct ManifestTests {
             #expect(throws: (any Error).self, "prefix \(n)") { try Manifest(decoding: Array(good.prefix(n))) }
         }
         #expect(throws: (any Error).self) { try Manifest(decoding: good + [0]) }
-        var b = good; b[0] = 0
+        var b = good
+        b[0] = 0
         #expect(throws: ContentError.corrupt("not a manifest")) { try Manifest(decoding: b) }
-        b = good; b[4] = 2
+        b = good
+        b[4] = 2
         #expect(throws: ContentError.corrupt("unsupported manifest version")) { try Manifest(decoding: b) }
         // chunk size 0 and > 64 MiB
-        b = good; b[5...8] = [0, 0, 0, 0]
+        b = good
+        b[5...8] = [0, 0, 0, 0]
         #expect(throws: ContentError.corrupt("bad chunk size")) { try Manifest(decoding: b) }
-        b = good; b[5...8] = [0x04, 0, 0, 1]
+        b = good
+        b[5...8] = [0x04, 0, 0, 1]
         #expect(throws: ContentError.corrupt("bad chunk size")) { try Manifest(decoding: b) }
         // A short chunk before the end.
-        var m = Self.sample(); m.chunks[0].length = 3
+        var m = Self.sample()
+        m.chunks[0].length = 3
         #expect(throws: ContentError.corrupt("short chunk before the end")) { try Manifest(decoding: m.encoded()) }
         // A last chunk longer than the chunk size.
-        m = Self.sample(); m.chunks[2].length = 5
+        m = Self.sample()
+        m.chunks[2].length = 5
         #expect(throws: ContentError.corrupt("chunk longer than chunk size")) { try Manifest(decoding: m.encoded()) }
         // An absurd chunk count.
-        b = good; b[9...12] = [0xFF, 0xFF, 0xFF, 0xFF]
+        b = good
+        b[9...12] = [0xFF, 0xFF, 0xFF, 0xFF]
         #expect(throws: ContentError.corrupt("too many chunks")) { try Manifest(decoding: b) }
         // A count larger than the bytes present.
-        b = good; b[9...12] = [0, 0, 0, 4]
+        b = good
+        b[9...12] = [0, 0, 0, 4]
         #expect(throws: (any Error).self) { try Manifest(decoding: b) }
         // 2^24 chunks claimed in 13 bytes: refused before room for them is reserved (it used
         // to reserve 256 MiB and then fail on the missing bytes).

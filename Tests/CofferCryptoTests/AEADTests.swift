@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferCrypto
 
 @Suite("AEAD")
@@ -32,7 +33,7 @@ struct AEADTests {
         let key = SymmetricKey.random()
         let plain: [UInt8] = Array("hello".utf8)
         let sealed = AEAD.seal(plain, key: key, purpose: .name, fileID: fileA)
-        #expect(sealed.count == 32 + 40) // padded to the name bucket
+        #expect(sealed.count == 32 + 40)  // padded to the name bucket
         var checked = 0
         for v in flippedVariants(sealed) {
             #expect(throws: CryptoError.self, "flip \(v.mask) at byte \(v.position)") {
@@ -49,9 +50,13 @@ struct AEADTests {
         let key = SymmetricKey.random()
         let sealed = AEAD.seal(Array("hello".utf8), key: key, purpose: .name, fileID: fileA)
         for n in 0..<sealed.count {
-            #expect(throws: CryptoError.self) { try AEAD.open(Array(sealed.prefix(n)), key: key, purpose: .name, fileID: fileA, what: "x") }
+            #expect(throws: CryptoError.self) {
+                try AEAD.open(Array(sealed.prefix(n)), key: key, purpose: .name, fileID: fileA, what: "x")
+            }
         }
-        #expect(throws: CryptoError.self) { try AEAD.open(sealed + [0], key: key, purpose: .name, fileID: fileA, what: "x") }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(sealed + [0], key: key, purpose: .name, fileID: fileA, what: "x")
+        }
     }
 
     @Test func wrongKeyIsDetected() {
@@ -71,29 +76,40 @@ struct AEADTests {
     @Test func wrongFileIDIsDetected() {
         let key = SymmetricKey.random()
         let sealed = AEAD.seal([1, 2, 3], key: key, purpose: .attributes, fileID: fileA)
-        #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .attributes, fileID: fileB, what: "x") }
-        #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .attributes, fileID: Array(fileA.prefix(15)), what: "x") }
-        #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .attributes, fileID: [], what: "x") }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(sealed, key: key, purpose: .attributes, fileID: fileB, what: "x")
+        }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(sealed, key: key, purpose: .attributes, fileID: Array(fileA.prefix(15)), what: "x")
+        }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(sealed, key: key, purpose: .attributes, fileID: [], what: "x")
+        }
     }
 
     @Test func wrongExtraIsDetected() {
         let key = SymmetricKey.random()
         let sealed = AEAD.seal([1, 2, 3], key: key, purpose: .chunk, fileID: fileA, extra: [1, 2])
-        #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [1, 3], what: "x") }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [1, 3], what: "x")
+        }
         #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, what: "x") }
     }
 
     /// The associated data layout is part of the on-disk and on-wire format: it changes only with
     /// a format version (2 for the padded purposes, names and attributes).
     @Test func associatedDataBytesAreFixed() {
-        #expect(AEAD.associatedData(purpose: .name, fileID: [0xAA, 0xBB], extra: [0x01])
+        #expect(
+            AEAD.associatedData(purpose: .name, fileID: [0xAA, 0xBB], extra: [0x01])
                 == [0x43, 0x46, 0x02, 0x01, 0x02, 0xAA, 0xBB, 0x01])
         #expect(AEAD.associatedData(purpose: .attributes, fileID: [0xAA]) == [0x43, 0x46, 0x02, 0x03, 0x01, 0xAA])
-        #expect(AEAD.associatedData(purpose: .chunk, fileID: fileA)
+        #expect(
+            AEAD.associatedData(purpose: .chunk, fileID: fileA)
                 == [0x43, 0x46, 0x01, 0x04, 0x10] + fileA)
         #expect(AEAD.associatedData(purpose: .accountKey, fileID: []) == [0x43, 0x46, 0x01, 0x06, 0x00])
         // The length prefix keeps (fileID, extra) splits apart.
-        #expect(AEAD.associatedData(purpose: .chunk, fileID: [1, 2], extra: [3])
+        #expect(
+            AEAD.associatedData(purpose: .chunk, fileID: [1, 2], extra: [3])
                 != AEAD.associatedData(purpose: .chunk, fileID: [1], extra: [2, 3]))
     }
 
@@ -118,18 +134,24 @@ struct AEADTests {
     /// crypto_kdf (BLAKE2b with salt = subkey id, personal = context): fixed vectors, cross-checked
     /// against Python's hashlib.blake2b(key=, salt=le64(id)||0^8, person=ctx padded with '_'||0^8).
     @Test func derivedSubkeysAreFixed() {
-        #expect(hex(key32to63.derive(subkeyID: 7, context: "test").bytes)
+        #expect(
+            hex(key32to63.derive(subkeyID: 7, context: "test").bytes)
                 == "38827b7b264b93a5661c7d412eb96438a70014cc070f7499d0a5ec17039ab1a4")
-        #expect(hex(key32to63.derive(subkeyID: 1, context: "cfname").bytes)
+        #expect(
+            hex(key32to63.derive(subkeyID: 1, context: "cfname").bytes)
                 == "f2b926cb68efed82da101503d5b3c00c51ecb58ce72c044cf7fff2a61e8d2834")
-        #expect(hex(key32to63.derive(subkeyID: 2, context: "cfchunk").bytes)
+        #expect(
+            hex(key32to63.derive(subkeyID: 2, context: "cfchunk").bytes)
                 == "47688b68977b74532ec0333ea506214ab4942dae7bea3a1e31afbbde7820b4cd")
-        #expect(hex(key32to63.derive(subkeyID: 3, context: "cfchunk").bytes)
+        #expect(
+            hex(key32to63.derive(subkeyID: 3, context: "cfchunk").bytes)
                 == "4c996bd72299d886acfe4ae6c5d573808d59546256f87ef59c5dad81db684e6a")
         let seedKey = try! SymmetricKey(bytes: seed0to31)
-        #expect(hex(seedKey.derive(subkeyID: 1, context: "cfsign").bytes)
+        #expect(
+            hex(seedKey.derive(subkeyID: 1, context: "cfsign").bytes)
                 == "243f38cfe8adf10415fbbbafe167da265e0e39a49f788b392684f6bb66ed8232")
-        #expect(hex(seedKey.derive(subkeyID: 2, context: "cfbox").bytes)
+        #expect(
+            hex(seedKey.derive(subkeyID: 2, context: "cfbox").bytes)
                 == "b954ab8b69346e6cf1719a09feffd8a436d201ab4dccd4ab7518ac7b5bd7aaef")
     }
 
@@ -162,16 +184,24 @@ func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
     let id = randomBytes(16)
 
     @Test func namesOfSimilarLengthSealToOneSize() throws {
-        let sizes = Set((1...31).map { AEAD.seal(Array(repeating: 0x61, count: $0), key: key, purpose: .name, fileID: id).count })
+        let sizes = Set(
+            (1...31).map { AEAD.seal(Array(repeating: 0x61, count: $0), key: key, purpose: .name, fileID: id).count })
         #expect(sizes == [32 + AEAD.overhead])
-        #expect(AEAD.seal(Array(repeating: 0x61, count: 32), key: key, purpose: .name, fileID: id).count == 64 + AEAD.overhead)
-        #expect(AEAD.seal(Array(repeating: 0x61, count: 255), key: key, purpose: .name, fileID: id).count == 256 + AEAD.overhead)
+        #expect(
+            AEAD.seal(Array(repeating: 0x61, count: 32), key: key, purpose: .name, fileID: id).count == 64
+                + AEAD.overhead)
+        #expect(
+            AEAD.seal(Array(repeating: 0x61, count: 255), key: key, purpose: .name, fileID: id).count == 256
+                + AEAD.overhead)
         // Content is not padded (its sizes are the file's, and chunks are already fixed-size).
         #expect(AEAD.seal([1, 2, 3], key: key, purpose: .chunk, fileID: id).count == 3 + AEAD.overhead)
     }
 
     @Test func paddedValuesRoundTripWhateverTheyEndWith() throws {
-        for value: [UInt8] in [[], [0], [0x80], [0x80, 0], [1, 0, 0, 0x80], Array(repeating: 0, count: 31), Array(repeating: 0x80, count: 64)] {
+        for value: [UInt8] in [
+            [], [0], [0x80], [0x80, 0], [1, 0, 0, 0x80], Array(repeating: 0, count: 31),
+            Array(repeating: 0x80, count: 64),
+        ] {
             for purpose: SealPurpose in [.name, .attributes] {
                 let sealed = AEAD.seal(value, key: key, purpose: purpose, fileID: id)
                 #expect(try AEAD.open(sealed, key: key, purpose: purpose, fileID: id, what: "v") == value)
@@ -196,7 +226,11 @@ func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
     @Test func malformedPaddingIsRefused() {
         let ad = AEAD.associatedData(purpose: .name, fileID: id)
         #expect(ad[2] == 2)
-        let unpadded = [UInt8]("abc".utf8).withUnsafeBytes { AEAD.sealExactly($0, key: key, purpose: .name, fileID: id, extra: []) }
-        #expect(throws: CryptoError.self) { try AEAD.open(unpadded, key: key, purpose: .name, fileID: id, what: "name") }
+        let unpadded = [UInt8]("abc".utf8).withUnsafeBytes {
+            AEAD.sealExactly($0, key: key, purpose: .name, fileID: id, extra: [])
+        }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(unpadded, key: key, purpose: .name, fileID: id, what: "name")
+        }
     }
 }

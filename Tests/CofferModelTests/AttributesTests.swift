@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 func ts(_ wall: UInt64, _ counter: UInt32 = 0, _ device: UInt32 = 1) -> HybridTimestamp {
@@ -88,9 +89,10 @@ struct HybridTimestampTests {
 @Suite("POSIX attributes")
 struct PosixAttributesTests {
     static func sample() -> PosixAttributes {
-        var a = PosixAttributes(mode: 0o100644, uid: 1000, gid: 100,
-                                mtime: Timespec(seconds: 1_700_000_000, nanoseconds: 5),
-                                stamp: ts(0x0102, 3, 4), size: 10, symlinkTarget: "t")
+        var a = PosixAttributes(
+            mode: 0o100644, uid: 1000, gid: 100,
+            mtime: Timespec(seconds: 1_700_000_000, nanoseconds: 5),
+            stamp: ts(0x0102, 3, 4), size: 10, symlinkTarget: "t")
         a.xattrs["user.a"] = Stamped([0x42], at: ts(9, 0, 1))
         return a
     }
@@ -105,7 +107,9 @@ struct PosixAttributesTests {
     @Test func initMasksTypeBitsAndStampsEverything() {
         let a = Self.sample()
         #expect(a.mode.value == 0o644)
-        #expect(a.mode.stamp == ts(0x0102, 3, 4) && a.uid.stamp == a.mode.stamp && a.gid.stamp == a.mode.stamp && a.mtime.stamp == a.mode.stamp)
+        #expect(
+            a.mode.stamp == ts(0x0102, 3, 4) && a.uid.stamp == a.mode.stamp && a.gid.stamp == a.mode.stamp
+                && a.mtime.stamp == a.mode.stamp)
         #expect(a.ctime == a.mtime.value)
         #expect(a.atime == a.mtime, "a new file's atime is its creation time, with the same stamp")
         #expect(PosixAttributes(mode: 0o177777, uid: 0, gid: 0, mtime: .zero, stamp: .zero).mode.value == 0o7777)
@@ -114,23 +118,26 @@ struct PosixAttributesTests {
     static let stampHex = "0000000000000102" + "00000003" + "00000004"
 
     /// Everything after mtime, in both versions.
-    static let tailHex = "000000006553f100" + "0000000000000005"       // ctime
-        + "000000000000000a"                                         // size 10
-        + "01" + "00000001" + "74"                                   // symlink target "t"
-        + "00000001"                                                 // one xattr
-        + "00000006" + "757365722e61" + "01" + "00000001" + "42"     // "user.a" = [0x42]
-        + "0000000000000009" + "00000000" + "00000001"               // its stamp
+    static let tailHex =
+        "000000006553f100" + "0000000000000005"  // ctime
+        + "000000000000000a"  // size 10
+        + "01" + "00000001" + "74"  // symlink target "t"
+        + "00000001"  // one xattr
+        + "00000006" + "757365722e61" + "01" + "00000001" + "42"  // "user.a" = [0x42]
+        + "0000000000000009" + "00000000" + "00000001"  // its stamp
 
-    static let headHex = "000001a4" + stampHex                      // mode 0644
-        + "000003e8" + stampHex                                      // uid 1000
-        + "00000064" + stampHex                                      // gid 100
-        + "000000006553f100" + "0000000000000005" + stampHex         // mtime
+    static let headHex =
+        "000001a4" + stampHex  // mode 0644
+        + "000003e8" + stampHex  // uid 1000
+        + "00000064" + stampHex  // gid 100
+        + "000000006553f100" + "0000000000000005" + stampHex  // mtime
 
     /// The sealed attribute format, field by field.
     @Test func fixedByteVector() throws {
-        let expected = "43465041" + "02" + Self.headHex              // "CFPA", version 2
-            + "0000000080000000" + "0000000005f5e100"                // atime 2^31 s, 100000000 ns
-            + "0000000000000103" + "00000000" + "00000004"           // its stamp
+        let expected =
+            "43465041" + "02" + Self.headHex  // "CFPA", version 2
+            + "0000000080000000" + "0000000005f5e100"  // atime 2^31 s, 100000000 ns
+            + "0000000000000103" + "00000000" + "00000004"  // its stamp
             + Self.tailHex
         let a = Self.touchedSample()
         #expect(hex(a.encoded()) == expected)
@@ -149,8 +156,13 @@ struct PosixAttributesTests {
         #expect(rewritten[4] == 2)
         #expect(try PosixAttributes(decoding: rewritten) == old)
         // A version byte that does not match the body is refused, not misread.
-        #expect(throws: DecodingError.self) { try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 1] + Array(Self.touchedSample().encoded().dropFirst(5))) }
-        #expect(throws: DecodingError.self) { try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 2] + Array(unhex(version1).dropFirst(5))) }
+        #expect(throws: DecodingError.self) {
+            try PosixAttributes(
+                decoding: [0x43, 0x46, 0x50, 0x41, 1] + Array(Self.touchedSample().encoded().dropFirst(5)))
+        }
+        #expect(throws: DecodingError.self) {
+            try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 2] + Array(unhex(version1).dropFirst(5)))
+        }
         // An atime set later on an upgraded device wins over the one version 1 implied.
         let touched = Self.touchedSample()
         #expect(PosixAttributes.merge(old, touched).atime == touched.atime)
@@ -158,7 +170,8 @@ struct PosixAttributesTests {
     }
 
     @Test func roundTripWithRemovedXattrsAndNoTarget() throws {
-        var a = PosixAttributes(mode: 0o755, uid: 0, gid: 0, mtime: Timespec(seconds: -5, nanoseconds: 999_999_999), stamp: ts(1))
+        var a = PosixAttributes(
+            mode: 0o755, uid: 0, gid: 0, mtime: Timespec(seconds: -5, nanoseconds: 999_999_999), stamp: ts(1))
         a.xattrs["user.z"] = Stamped(nil, at: ts(3))
         a.xattrs["user.b"] = Stamped([], at: ts(2))
         a.xattrs["user.é"] = Stamped(Array(repeating: 7, count: 1000), at: ts(4))
@@ -170,7 +183,8 @@ struct PosixAttributesTests {
     }
 
     @Test func xattrOrderDoesNotAffectEncoding() {
-        var a = Self.sample(), b = Self.sample()
+        var a = Self.sample()
+        var b = Self.sample()
         for k in ["user.q", "user.c", "user.x", "user.b"] { a.xattrs[k] = Stamped([1], at: ts(1)) }
         for k in ["user.b", "user.x", "user.c", "user.q"] { b.xattrs[k] = Stamped([1], at: ts(1)) }
         #expect(a.encoded() == b.encoded())
@@ -182,11 +196,15 @@ struct PosixAttributesTests {
             #expect(throws: DecodingError.self) { try PosixAttributes(decoding: Array(good.prefix(n))) }
         }
         #expect(throws: DecodingError.self) { try PosixAttributes(decoding: good + [0]) }
-        var b = good; b[0] = 0
+        var b = good
+        b[0] = 0
         #expect(throws: DecodingError("not an attribute record")) { try PosixAttributes(decoding: b) }
         for version: UInt8 in [0, 3, 255] {
-            b = good; b[4] = version
-            #expect(throws: DecodingError("unsupported attribute version \(version)")) { try PosixAttributes(decoding: b) }
+            b = good
+            b[4] = version
+            #expect(throws: DecodingError("unsupported attribute version \(version)")) {
+                try PosixAttributes(decoding: b)
+            }
         }
     }
 
@@ -198,15 +216,23 @@ struct PosixAttributesTests {
             var a = Self.sample()
             a.xattrs = [:]
             var bytes = a.encoded().dropLast(4) + [0, 0, 0, UInt8(names.count)]
-            for name in names { bytes += [0, 0, 0, UInt8(name.utf8.count)] + Array(name.utf8) + [0] + [UInt8](repeating: 0, count: 16) }
+            for name in names {
+                bytes += [0, 0, 0, UInt8(name.utf8.count)] + Array(name.utf8) + [0] + [UInt8](repeating: 0, count: 16)
+            }
             return Array(bytes)
         }
         let ordered = try PosixAttributes(decoding: record(["use", "user.a"]))
         #expect(ordered.encoded() == record(["use", "user.a"]))
-        #expect(throws: DecodingError("xattr names out of order")) { try PosixAttributes(decoding: record(["user.a", "use"])) }
-        #expect(throws: DecodingError("xattr names out of order")) { try PosixAttributes(decoding: record(["user.a", "user.a"])) }
+        #expect(throws: DecodingError("xattr names out of order")) {
+            try PosixAttributes(decoding: record(["user.a", "use"]))
+        }
+        #expect(throws: DecodingError("xattr names out of order")) {
+            try PosixAttributes(decoding: record(["user.a", "user.a"]))
+        }
         // "é" precomposed and decomposed: different bytes (in order), one String key.
-        #expect(throws: DecodingError("xattr name repeated")) { try PosixAttributes(decoding: record(["user.e\u{301}", "user.\u{e9}"])) }
+        #expect(throws: DecodingError("xattr name repeated")) {
+            try PosixAttributes(decoding: record(["user.e\u{301}", "user.\u{e9}"]))
+        }
     }
 
     // MARK: Merge
@@ -220,11 +246,14 @@ struct PosixAttributesTests {
         b.uid = Stamped(99, at: ts(5, 0, 2))
         // Device 1 also sets atime (touch -a) at t=25: it survives device 2's later touch -m.
         a.atime = Stamped(Timespec(seconds: 1_900_000_000, nanoseconds: 100_000_000), at: ts(25, 0, 1))
-        a.ctime = Timespec(seconds: 20); b.ctime = Timespec(seconds: 30)
+        a.ctime = Timespec(seconds: 20)
+        b.ctime = Timespec(seconds: 30)
         let m = PosixAttributes.merge(a, b)
         #expect(m.mode.value == 0o644, "the chmod survives the other device's touch")
         #expect(m.mtime.value == Timespec(seconds: 30), "the touch survives the chmod")
-        #expect(m.atime.value == Timespec(seconds: 1_900_000_000, nanoseconds: 100_000_000), "touch -a and touch -m merge apart")
+        #expect(
+            m.atime.value == Timespec(seconds: 1_900_000_000, nanoseconds: 100_000_000),
+            "touch -a and touch -m merge apart")
         #expect(m.uid.value == 1, "an older write loses")
         #expect(m.ctime == Timespec(seconds: 30))
         #expect(PosixAttributes.merge(b, a) == m)
@@ -236,9 +265,9 @@ struct PosixAttributesTests {
         a.xattrs["user.only-a"] = Stamped([1], at: ts(2))
         b.xattrs["user.only-b"] = Stamped([2], at: ts(2))
         a.xattrs["user.both"] = Stamped([3], at: ts(3))
-        b.xattrs["user.both"] = Stamped(nil, at: ts(4)) // removed later: the removal wins
+        b.xattrs["user.both"] = Stamped(nil, at: ts(4))  // removed later: the removal wins
         a.xattrs["user.keep"] = Stamped([5], at: ts(9))
-        b.xattrs["user.keep"] = Stamped(nil, at: ts(8)) // removed earlier: the value wins
+        b.xattrs["user.keep"] = Stamped(nil, at: ts(8))  // removed earlier: the value wins
         let m = PosixAttributes.merge(a, b)
         #expect(m.liveXattrs == ["user.only-a": [1], "user.only-b": [2], "user.keep": [5]])
         #expect(PosixAttributes.merge(b, a) == m)
@@ -246,7 +275,8 @@ struct PosixAttributesTests {
 
     @Test func mergeOfAtimeIsLastWriterWinsWhateverTheValues() {
         let a = PosixAttributes(mode: 0o600, uid: 1, gid: 1, mtime: Timespec(seconds: 10), stamp: ts(10, 0, 1))
-        var b = a, c = a
+        var b = a
+        var c = a
         // An atime set back in time still wins when set later: the stamp decides, not the value.
         b.atime = Stamped(Timespec(seconds: 1), at: ts(40, 0, 2))
         c.atime = Stamped(Timespec(seconds: 9_999_999_999), at: ts(30, 0, 3))
@@ -259,7 +289,8 @@ struct PosixAttributesTests {
         #expect(PosixAttributes.merge(b, d).atime == b.atime && PosixAttributes.merge(d, b).atime == b.atime)
         // The size follows mtime, not atime.
         var e = a
-        e.size = 7; e.mtime = Stamped(Timespec(seconds: 20), at: ts(20, 0, 3))
+        e.size = 7
+        e.mtime = Stamped(Timespec(seconds: 20), at: ts(20, 0, 3))
         #expect(PosixAttributes.merge(b, e).size == 7 && PosixAttributes.merge(b, e).atime == b.atime)
     }
 
@@ -267,8 +298,10 @@ struct PosixAttributesTests {
         // Two devices wrote the document; the later write (by mtime) carries the later size.
         var a = PosixAttributes(mode: 0o600, uid: 1, gid: 1, mtime: .zero, stamp: ts(1))
         var b = a
-        a.size = 100; a.mtime = Stamped(Timespec(seconds: 5), at: ts(5, 0, 1))
-        b.size = 200; b.mtime = Stamped(Timespec(seconds: 6), at: ts(6, 0, 2))
+        a.size = 100
+        a.mtime = Stamped(Timespec(seconds: 5), at: ts(5, 0, 1))
+        b.size = 200
+        b.mtime = Stamped(Timespec(seconds: 6), at: ts(6, 0, 2))
         #expect(PosixAttributes.merge(a, b).size == 200)
         #expect(PosixAttributes.merge(b, a).size == 200)
     }
@@ -277,17 +310,25 @@ struct PosixAttributesTests {
     /// one write, so values are a function of the stamp (equal stamps, equal values).
     static func randomAttributes(_ rng: inout SplitMix64) -> PosixAttributes {
         func stamp() -> HybridTimestamp {
-            ts(UInt64.random(in: 0...3, using: &rng), UInt32.random(in: 0...2, using: &rng), UInt32.random(in: 1...3, using: &rng))
+            ts(
+                UInt64.random(in: 0...3, using: &rng), UInt32.random(in: 0...2, using: &rng),
+                UInt32.random(in: 1...3, using: &rng))
         }
-        func v(_ s: HybridTimestamp, _ salt: UInt32) -> UInt32 { UInt32(s.wallMillis) * 100 + s.counter * 10 + s.device + salt * 1000 }
+        func v(_ s: HybridTimestamp, _ salt: UInt32) -> UInt32 {
+            UInt32(s.wallMillis) * 100 + s.counter * 10 + s.device + salt * 1000
+        }
         var a = PosixAttributes(mode: 0, uid: 0, gid: 0, mtime: .zero, stamp: .zero, symlinkTarget: nil)
-        let sm = stamp(), su = stamp(), sg = stamp(), st = stamp(), sa = stamp()
+        let sm = stamp()
+        let su = stamp()
+        let sg = stamp()
+        let st = stamp()
+        let sa = stamp()
         a.mode = Stamped(v(sm, 0) & 0o7777, at: sm)
         a.uid = Stamped(v(su, 1), at: su)
         a.gid = Stamped(v(sg, 2), at: sg)
         a.mtime = Stamped(Timespec(seconds: Int64(v(st, 3))), at: st)
         a.atime = Stamped(Timespec(seconds: Int64(v(sa, 6)), nanoseconds: Int64(v(sa, 7))), at: sa)
-        a.size = UInt64(v(st, 4)) // content size is written together with mtime
+        a.size = UInt64(v(st, 4))  // content size is written together with mtime
         a.ctime = Timespec(seconds: Int64.random(in: 0...50, using: &rng))
         for k in ["user.a", "user.b", "user.c"] where Bool.random(using: &rng) {
             let s = stamp()
@@ -299,7 +340,9 @@ struct PosixAttributesTests {
     @Test func mergeIsCommutativeAssociativeAndIdempotent() {
         var rng = SplitMix64(seed: 2024)
         for _ in 0..<2_000 {
-            let a = Self.randomAttributes(&rng), b = Self.randomAttributes(&rng), c = Self.randomAttributes(&rng)
+            let a = Self.randomAttributes(&rng)
+            let b = Self.randomAttributes(&rng)
+            let c = Self.randomAttributes(&rng)
             let merge = PosixAttributes.merge
             #expect(merge(a, b) == merge(b, a), "commutative")
             #expect(merge(merge(a, b), c) == merge(a, merge(b, c)), "associative")
@@ -319,4 +362,3 @@ struct PosixAttributesTests {
         #expect(Timespec(seconds: -1) < .zero)
     }
 }
-

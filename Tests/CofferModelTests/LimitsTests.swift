@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 /// A view that counts every lookup the validator makes: the cost of a validation, measured in
@@ -8,11 +9,23 @@ final class LookupCounter: @unchecked Sendable { var count = 0 }
 struct CountingView<Base: TreeView>: TreeView {
     let base: Base
     let counter: LookupCounter
-    func file(_ id: FileID) -> FileMetadata? { counter.count += 1; return base.file(id) }
-    func childIDs(of id: FileID) -> [FileID] { counter.count += 1; return base.childIDs(of: id) }
-    func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] { counter.count += 1; return base.childIDs(of: id, nameMAC: nameMAC) }
+    func file(_ id: FileID) -> FileMetadata? {
+        counter.count += 1
+        return base.file(id)
+    }
+    func childIDs(of id: FileID) -> [FileID] {
+        counter.count += 1
+        return base.childIDs(of: id)
+    }
+    func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
+        counter.count += 1
+        return base.childIDs(of: id, nameMAC: nameMAC)
+    }
     var rootID: FileID? { base.rootID }
-    func link(_ id: FileID) -> FileLink? { counter.count += 1; return base.link(id) }
+    func link(_ id: FileID) -> FileLink? {
+        counter.count += 1
+        return base.link(id)
+    }
 }
 
 @Suite("Tree limits and validation cost")
@@ -74,7 +87,8 @@ struct LimitsTests {
         var deep = Batch(base: base)
         deep.upsertUnchecked(folder(2, parent: 1599, "a"))
         guard case .invalidName(let why)? = countedValidation(deep).error, why.contains("levels") else {
-            Issue.record("a move past the depth limit was accepted: \(String(describing: countedValidation(deep).error))")
+            Issue.record(
+                "a move past the depth limit was accepted: \(String(describing: countedValidation(deep).error))")
             return
         }
         // Under depth 301 of b's chain it fits (a at 302, its deepest record 600 further).
@@ -88,8 +102,10 @@ struct LimitsTests {
     /// the server's write lock). A folder coming back to life is still checked in full.
     @Test func movingABigFolderNoDeeperDoesNotWalkItsSubtree() {
         // root → b(3) → a(2) → 5,000 folders; root → c(4); root → c(4) → d(5)
-        var base = FileTree([root, folder(3, parent: 1, "b"), folder(4, parent: 1, "c"), folder(5, parent: 4, "d"),
-                             folder(2, parent: 3, "a")])
+        var base = FileTree([
+            root, folder(3, parent: 1, "b"), folder(4, parent: 1, "c"), folder(5, parent: 4, "d"),
+            folder(2, parent: 3, "a"),
+        ])
         for i in 0..<5000 { base.insert(folder(100 + i, parent: 2, "x\(i)")) }
         func moved(to parent: Int, in tree: FileTree = base) -> (lookups: Int, error: TreeError?) {
             var batch = Batch(base: tree)
@@ -97,7 +113,8 @@ struct LimitsTests {
             return countedValidation(batch)
         }
         // Across at the same depth (b → c), or up to the root: no walk of the 5,000.
-        let across = moved(to: 4), up = moved(to: 1)
+        let across = moved(to: 4)
+        let up = moved(to: 1)
         #expect(across.error == nil && up.error == nil)
         #expect(across.lookups < 100, "a move of a 5,000-folder subtree across made \(across.lookups) lookups")
         #expect(up.lookups < 100, "a move of a 5,000-folder subtree up made \(up.lookups) lookups")

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 @Suite("File metadata encoding")
@@ -9,7 +10,11 @@ struct MetadataTests {
             name: SealedName(ciphertext: [0xCA, 0xFE], mac: [0xBE, 0xEF, 0x01]),
             owner: try AccountID(bytes: [UInt8](repeating: 0xAA, count: 32)), isDeleted: false,
             wrappedKey: [1, 2, 3, 4],
-            access: [AccessEntry(account: try AccountID(bytes: [UInt8](repeating: 0xBB, count: 32)), mode: .write, sealedKey: [9], isDeleted: true)],
+            access: [
+                AccessEntry(
+                    account: try AccountID(bytes: [UInt8](repeating: 0xBB, count: 32)), mode: .write, sealedKey: [9],
+                    isDeleted: true)
+            ],
             sealedAttributes: [], contentDigest: [0xDD, 0xEE],
             lastModifiedBy: try AccountID(bytes: [UInt8](repeating: 0xCC, count: 32)))
     }
@@ -17,20 +22,20 @@ struct MetadataTests {
     /// The signed byte format of a metadata record. Written out field by field from the format
     /// description; if this changes, every stored signature breaks.
     static let fixedHex =
-        "43464d44" + "01"                                   // "CFMD", version 1
-        + "000102030405060708090a0b0c0d0e0f"                // id
-        + "02"                                              // type: document
-        + "101112131415161718191a1b1c1d1e1f"                // parent
-        + "00000002" + "cafe"                               // name ciphertext
-        + "00000003" + "beef01"                             // name MAC
-        + String(repeating: "aa", count: 32)                // owner
-        + "00"                                              // not deleted
-        + "00000004" + "01020304"                           // wrapped key
-        + "00000001"                                        // one access entry
+        "43464d44" + "01"  // "CFMD", version 1
+        + "000102030405060708090a0b0c0d0e0f"  // id
+        + "02"  // type: document
+        + "101112131415161718191a1b1c1d1e1f"  // parent
+        + "00000002" + "cafe"  // name ciphertext
+        + "00000003" + "beef01"  // name MAC
+        + String(repeating: "aa", count: 32)  // owner
+        + "00"  // not deleted
+        + "00000004" + "01020304"  // wrapped key
+        + "00000001"  // one access entry
         + String(repeating: "bb", count: 32) + "02" + "00000001" + "09" + "01"
-        + "00000000"                                        // sealed attributes (empty)
-        + "01" + "00000002" + "ddee"                        // content digest
-        + String(repeating: "cc", count: 32)                // last modified by
+        + "00000000"  // sealed attributes (empty)
+        + "01" + "00000002" + "ddee"  // content digest
+        + String(repeating: "cc", count: 32)  // last modified by
 
     @Test func fixedByteVector() throws {
         let m = try Self.fixedRecord()
@@ -41,12 +46,19 @@ struct MetadataTests {
     @Test func roundTripVariants() throws {
         var records = sampleTree().files.values.map { $0 }
         var m = try Self.fixedRecord()
-        m.contentDigest = nil; m.isDeleted = true; m.access = []; m.type = .folder
+        m.contentDigest = nil
+        m.isDeleted = true
+        m.access = []
+        m.type = .folder
         records.append(m)
-        m.type = .symlink; m.sealedAttributes = Array(repeating: 0x5A, count: 5000)
+        m.type = .symlink
+        m.sealedAttributes = Array(repeating: 0x5A, count: 5000)
         records.append(m)
-        m.type = .link; m.access = [AccessEntry(account: owner, mode: .owner, sealedKey: Array(repeating: 1, count: 97)),
-                                     AccessEntry(account: owner, mode: .read, sealedKey: [])]
+        m.type = .link
+        m.access = [
+            AccessEntry(account: owner, mode: .owner, sealedKey: Array(repeating: 1, count: 97)),
+            AccessEntry(account: owner, mode: .read, sealedKey: []),
+        ]
         records.append(m)
         for r in records {
             let bytes = r.encoded()
@@ -58,21 +70,51 @@ struct MetadataTests {
     @Test func encodingDistinguishesEveryField() throws {
         let m = try Self.fixedRecord()
         var variants: [FileMetadata] = []
-        var v = m; v.id = fid(99); variants.append(v)
-        v = m; v.type = .folder; variants.append(v)
-        v = m; v.parent = fid(98); variants.append(v)
-        v = m; v.name.ciphertext = [0xCA]; variants.append(v)
-        v = m; v.name.mac = [0xBE]; variants.append(v)
-        v = m; v.owner = owner; variants.append(v)
-        v = m; v.isDeleted = true; variants.append(v)
-        v = m; v.wrappedKey = [1, 2, 3]; variants.append(v)
-        v = m; v.access = []; variants.append(v)
-        v = m; v.access[0].mode = .read; variants.append(v)
-        v = m; v.access[0].isDeleted = false; variants.append(v)
-        v = m; v.sealedAttributes = [0]; variants.append(v)
-        v = m; v.contentDigest = nil; variants.append(v)
-        v = m; v.contentDigest = []; variants.append(v)
-        v = m; v.lastModifiedBy = owner; variants.append(v)
+        var v = m
+        v.id = fid(99)
+        variants.append(v)
+        v = m
+        v.type = .folder
+        variants.append(v)
+        v = m
+        v.parent = fid(98)
+        variants.append(v)
+        v = m
+        v.name.ciphertext = [0xCA]
+        variants.append(v)
+        v = m
+        v.name.mac = [0xBE]
+        variants.append(v)
+        v = m
+        v.owner = owner
+        variants.append(v)
+        v = m
+        v.isDeleted = true
+        variants.append(v)
+        v = m
+        v.wrappedKey = [1, 2, 3]
+        variants.append(v)
+        v = m
+        v.access = []
+        variants.append(v)
+        v = m
+        v.access[0].mode = .read
+        variants.append(v)
+        v = m
+        v.access[0].isDeleted = false
+        variants.append(v)
+        v = m
+        v.sealedAttributes = [0]
+        variants.append(v)
+        v = m
+        v.contentDigest = nil
+        variants.append(v)
+        v = m
+        v.contentDigest = []
+        variants.append(v)
+        v = m
+        v.lastModifiedBy = owner
+        variants.append(v)
         let encodings = Set(([m] + variants).map { $0.encoded() })
         #expect(encodings.count == variants.count + 1)
     }
@@ -87,23 +129,29 @@ struct MetadataTests {
 
     @Test func malformedRecordsAreRefused() throws {
         let good = unhex(Self.fixedHex)
-        var b = good; b[0] = 0x58
+        var b = good
+        b[0] = 0x58
         #expect(throws: DecodingError("not a metadata record")) { try FileMetadata(decoding: b) }
-        b = good; b[4] = 2
+        b = good
+        b[4] = 2
         #expect(throws: DecodingError("unsupported metadata version 2")) { try FileMetadata(decoding: b) }
-        b = good; b[21] = 9 // type byte
+        b = good
+        b[21] = 9  // type byte
         #expect(throws: DecodingError("unknown file type")) { try FileMetadata(decoding: b) }
-        b = good; b[21] = 0
+        b = good
+        b[21] = 0
         #expect(throws: DecodingError.self) { try FileMetadata(decoding: b) }
         // Deleted flag must be 0 or 1.
         let deletedOffset = 5 + 16 + 1 + 16 + 6 + 7 + 32
         #expect(good[deletedOffset] == 0)
-        b = good; b[deletedOffset] = 2
+        b = good
+        b[deletedOffset] = 2
         #expect(throws: DecodingError("invalid boolean 2")) { try FileMetadata(decoding: b) }
         // Unknown access mode.
         let modeOffset = deletedOffset + 1 + 8 + 4 + 32
         #expect(good[modeOffset] == 2)
-        b = good; b[modeOffset] = 7
+        b = good
+        b[modeOffset] = 7
         #expect(throws: DecodingError("unknown access mode")) { try FileMetadata(decoding: b) }
     }
 
@@ -121,16 +169,19 @@ struct MetadataTests {
 
     @Test func signedMetadataRoundTrip() throws {
         let m = try Self.fixedRecord()
-        let s = SignedMetadata(metadata: m, revision: 0x0102_0304_0506_0708, signature: Array(repeating: 0x51, count: 64))
+        let s = SignedMetadata(
+            metadata: m, revision: 0x0102_0304_0506_0708, signature: Array(repeating: 0x51, count: 64))
         let bytes = s.encoded()
-        #expect(hex(bytes) == String(format8(Self.fixedHex.count / 2)) + Self.fixedHex + "0102030405060708" + "00000040"
-            + String(repeating: "51", count: 64))
+        #expect(
+            hex(bytes) == String(format8(Self.fixedHex.count / 2)) + Self.fixedHex + "0102030405060708" + "00000040"
+                + String(repeating: "51", count: 64))
         let back = try SignedMetadata(decoding: bytes)
         #expect(back == s)
         #expect(back.id == m.id)
         #expect(throws: DecodingError.self) { try SignedMetadata(decoding: bytes + [1]) }
         #expect(throws: DecodingError.self) { try SignedMetadata(decoding: Array(bytes.dropLast())) }
-        var longSig = s; longSig.signature = Array(repeating: 1, count: 129)
+        var longSig = s
+        longSig.signature = Array(repeating: 1, count: 129)
         #expect(throws: DecodingError.self) { try SignedMetadata(decoding: longSig.encoded()) }
     }
 

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 @Suite("File tree and deletion states")
@@ -96,12 +97,19 @@ struct FileTreeTests {
             for id in ids { #expect(t.deletionState(of: id) == Self.walked(t, id), "\(step): \(id)") }
         }
         agree("sample")
-        t.insert(folder(2, parent: 1, "a", deleted: true)); agree("folder deleted")
-        t.insert(folder(5, parent: 3, "c")); agree("moved out of the deleted folder")
-        t.insert(folder(2, parent: 1, "a")); agree("revived")
-        t.remove(fid(3)); agree("parent pruned")
-        t.insert(folder(20, parent: 21, "x")); t.insert(folder(21, parent: 20, "y")); agree("cycle")
-        t.insert(meta(30, parent: 5, "doc", deleted: true)); agree("deleted document")
+        t.insert(folder(2, parent: 1, "a", deleted: true))
+        agree("folder deleted")
+        t.insert(folder(5, parent: 3, "c"))
+        agree("moved out of the deleted folder")
+        t.insert(folder(2, parent: 1, "a"))
+        agree("revived")
+        t.remove(fid(3))
+        agree("parent pruned")
+        t.insert(folder(20, parent: 21, "x"))
+        t.insert(folder(21, parent: 20, "y"))
+        agree("cycle")
+        t.insert(meta(30, parent: 5, "doc", deleted: true))
+        agree("deleted document")
     }
 
     /// What `subfolderCount` must equal: a scan of the children.
@@ -166,7 +174,10 @@ struct FileTreeTests {
             // Parents may be anything, even missing or a document: the index must not care.
             let parent = Bool.random(using: &rng) ? 1 : ids[Int.random(in: 0..<ids.count, using: &rng)]
             let type: FileType = Int.random(in: 0..<3, using: &rng) == 0 ? .document : .folder
-            t.insert(meta(id, parent: parent == id ? 1 : parent, "n\(id)", type, deleted: Int.random(in: 0..<4, using: &rng) == 0))
+            t.insert(
+                meta(
+                    id, parent: parent == id ? 1 : parent, "n\(id)", type,
+                    deleted: Int.random(in: 0..<4, using: &rng) == 0))
             for p in [1] + ids {
                 #expect(t.subfolderCount(of: fid(p)) == Self.scannedSubfolders(t, fid(p)))
             }
@@ -191,32 +202,46 @@ struct ValidatorTests {
 
     @Test func rootCannotBeModified() {
         let t = sampleTree()
-        var r = root; r.parent = fid(2)
+        var r = root
+        r.parent = fid(2)
         #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
-        r = root; r.name = sname("renamed")
+        r = root
+        r.name = sname("renamed")
         #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
-        r = root; r.isDeleted = true
+        r = root
+        r.isDeleted = true
         #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
-        r = root; r.wrappedKey = [1]
+        r = root
+        r.wrappedKey = [1]
         #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
-        r = root; r.access = [AccessEntry(account: owner, mode: .owner, sealedKey: [1])]
+        r = root
+        r.access = [AccessEntry(account: owner, mode: .owner, sealedKey: [1])]
         #expect(throws: TreeError.rootModified) { try validate(t) { $0.upsertUnchecked(r) } }
     }
 
     @Test func rootAttributesMayChange() throws {
-        var r = root; r.sealedAttributes = [4, 5, 6]
+        var r = root
+        r.sealedAttributes = [4, 5, 6]
         let changed = try validate(sampleTree()) { $0.upsertUnchecked(r) }
         #expect(changed == [r])
     }
 
     @Test func secondRootIsRefused() {
-        let other = FileMetadata(id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
-                                 wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner)
+        let other = FileMetadata(
+            id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
+            wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner)
         #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { $0.upsertUnchecked(other) } }
-        #expect(throws: TreeError.multipleRoots) { try validate(FileTree()) { $0.upsertUnchecked(root); $0.upsertUnchecked(other) } }
+        #expect(throws: TreeError.multipleRoots) {
+            try validate(FileTree()) {
+                $0.upsertUnchecked(root)
+                $0.upsertUnchecked(other)
+            }
+        }
         #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { try $0.create(other) } }
         // A folder made its own parent becomes a second root.
-        #expect(throws: TreeError.multipleRoots) { try validate(sampleTree()) { $0.upsertUnchecked(folder(2, parent: 2, "a")) } }
+        #expect(throws: TreeError.multipleRoots) {
+            try validate(sampleTree()) { $0.upsertUnchecked(folder(2, parent: 2, "a")) }
+        }
     }
 
     // MARK: Path conflicts
@@ -226,7 +251,9 @@ struct ValidatorTests {
             try validate(sampleTree()) { $0.upsertUnchecked(meta(10, parent: 2, "d")) }
         }
         // Different type, same name: still a conflict.
-        #expect(throws: TreeError.self) { try validate(sampleTree()) { $0.upsertUnchecked(folder(10, parent: 2, "c")) } }
+        #expect(throws: TreeError.self) {
+            try validate(sampleTree()) { $0.upsertUnchecked(folder(10, parent: 2, "c")) }
+        }
     }
 
     @Test func sameNameIsAllowedInOtherFoldersOrWhenDeleted() throws {
@@ -242,14 +269,14 @@ struct ValidatorTests {
         t.insert(folder(2, parent: 1, "a", deleted: true))
         // d(4) is implicitly deleted; a new live-flagged sibling with its name is not a conflict.
         _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 2, "d")) }
-        _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 5, "e")) } // deeper: c(5) is implicitly deleted
+        _ = try validate(t) { $0.upsertUnchecked(meta(10, parent: 5, "e")) }  // deeper: c(5) is implicitly deleted
     }
 
     @Test func revivingAFolderRechecksItsSubtree() {
         var t = sampleTree()
         t.insert(folder(2, parent: 1, "a", deleted: true))
         t.insert(meta(10, parent: 5, "dup"))
-        t.insert(meta(11, parent: 5, "dup")) // allowed while a/ is deleted
+        t.insert(meta(11, parent: 5, "dup"))  // allowed while a/ is deleted
         #expect(throws: TreeError.self) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 1, "a")) } }
         // Moving c/ out of the deleted folder revives its children too.
         #expect(throws: TreeError.self) { try validate(t) { $0.upsertUnchecked(folder(5, parent: 3, "c")) } }
@@ -262,8 +289,12 @@ struct ValidatorTests {
 
     @Test func moveIntoSelfOrDescendantIsRefused() {
         let t = sampleTree()
-        #expect(throws: TreeError.cycle(fid(2).description)) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 5, "a")) } }
-        #expect(throws: TreeError.cycle(fid(2).description)) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 6, "a")) } }
+        #expect(throws: TreeError.cycle(fid(2).description)) {
+            try validate(t) { $0.upsertUnchecked(folder(2, parent: 5, "a")) }
+        }
+        #expect(throws: TreeError.cycle(fid(2).description)) {
+            try validate(t) { $0.upsertUnchecked(folder(2, parent: 6, "a")) }
+        }
     }
 
     /// Walks up are memoised and remember where they have been: a chain a few dozen levels deep
@@ -294,7 +325,10 @@ struct ValidatorTests {
         let t = sampleTree()
         // a ↔ b
         #expect(throws: TreeError.self) {
-            try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 2, "b")) }
+            try validate(t) {
+                $0.upsertUnchecked(folder(2, parent: 3, "a"))
+                $0.upsertUnchecked(folder(3, parent: 2, "b"))
+            }
         }
         // new folders x → y → z → x, detached from the root
         #expect(throws: TreeError.self) {
@@ -306,7 +340,10 @@ struct ValidatorTests {
         }
         // a → b → e, with e under a: a three-folder cycle among existing folders.
         #expect(throws: TreeError.self) {
-            try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 6, "b")) }
+            try validate(t) {
+                $0.upsertUnchecked(folder(2, parent: 3, "a"))
+                $0.upsertUnchecked(folder(3, parent: 6, "b"))
+            }
         }
         // Each half alone is a valid move.
         #expect(throws: Never.self) { try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")) } }
@@ -316,10 +353,16 @@ struct ValidatorTests {
     @Test func cycleErrorIsCycleForTwoFolderCase() {
         let t = sampleTree()
         do {
-            _ = try validate(t) { $0.upsertUnchecked(folder(2, parent: 3, "a")); $0.upsertUnchecked(folder(3, parent: 2, "b")) }
+            _ = try validate(t) {
+                $0.upsertUnchecked(folder(2, parent: 3, "a"))
+                $0.upsertUnchecked(folder(3, parent: 2, "b"))
+            }
             Issue.record("cycle accepted")
         } catch let error as TreeError {
-            guard case .cycle = error else { Issue.record("expected a cycle error, got \(error)"); return }
+            guard case .cycle = error else {
+                Issue.record("expected a cycle error, got \(error)")
+                return
+            }
         } catch { Issue.record("\(error)") }
     }
 
@@ -368,29 +411,40 @@ struct ValidatorTests {
 
     @Test func validateAllFindsEveryKindOfDamage() {
         var t = sampleTree()
-        t.insert(meta(10, parent: 3, "x")); t.insert(meta(11, parent: 3, "x"))
+        t.insert(meta(10, parent: 3, "x"))
+        t.insert(meta(11, parent: 3, "x"))
         #expect(throws: TreeError.self) { try Validator.validateAll(t) }
 
-        t = sampleTree(); t.insert(meta(10, parent: 99, "x"))
+        t = sampleTree()
+        t.insert(meta(10, parent: 99, "x"))
         #expect(throws: TreeError.orphan(fid(10).description)) { try Validator.validateAll(t) }
 
-        t = sampleTree(); t.insert(meta(10, parent: 4, "x"))
+        t = sampleTree()
+        t.insert(meta(10, parent: 4, "x"))
         #expect(throws: TreeError.parentNotFolder(fid(4).description)) { try Validator.validateAll(t) }
 
-        t = sampleTree(); t.insert(folder(20, parent: 21, "x")); t.insert(folder(21, parent: 20, "y"))
+        t = sampleTree()
+        t.insert(folder(20, parent: 21, "x"))
+        t.insert(folder(21, parent: 20, "y"))
         #expect(throws: TreeError.self) { try Validator.validateAll(t) }
-        do { try Validator.validateAll(t); Issue.record("cycle accepted") } catch {
+        do {
+            try Validator.validateAll(t)
+            Issue.record("cycle accepted")
+        } catch {
             if case .cycle = error {} else { Issue.record("expected cycle, got \(error)") }
         }
 
-        t = sampleTree(); t.remove(rootID)
-        #expect(throws: TreeError.self) { try Validator.validateAll(t) } // no root (and orphans)
+        t = sampleTree()
+        t.remove(rootID)
+        #expect(throws: TreeError.self) { try Validator.validateAll(t) }  // no root (and orphans)
         t = FileTree([folder(2, parent: 3, "a"), folder(3, parent: 2, "b")])
         #expect(throws: TreeError.noRoot) { try Validator.validateAll(t) }
 
         t = sampleTree()
-        t.insert(FileMetadata(id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
-                              wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner))
+        t.insert(
+            FileMetadata(
+                id: fid(50), type: .folder, parent: fid(50), name: sname("r2"), owner: owner,
+                wrappedKey: [], sealedAttributes: [], lastModifiedBy: owner))
         #expect(throws: TreeError.multipleRoots) { try Validator.validateAll(t) }
     }
 }

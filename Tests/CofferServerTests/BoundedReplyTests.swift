@@ -12,8 +12,10 @@ import Testing
 
 /// Reads every page after `since` as a client does, checking each page's bounds and that the
 /// cursor always moves on. Returns the pages.
-func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
-                  sourceLocation: SourceLocation = #_sourceLocation) throws -> [UpdatesResponse] {
+func readAllPages(
+    _ server: CofferServer, _ u: TestUser, since: Int64 = 0,
+    sourceLocation: SourceLocation = #_sourceLocation
+) throws -> [UpdatesResponse] {
     var pages: [UpdatesResponse] = []
     var cursor: (Int64, Data?) = (since, nil)
     while true {
@@ -34,7 +36,6 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
     }
 }
 
-
 @Suite struct BoundedReplyTests {
     /// Deleting a folder marks all its descendants with one version; that version is split across
     /// pages, and reading the pages gives every record exactly once.
@@ -47,7 +48,9 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
         let count = 12_000
         var children: [FileMetadata] = []
         for start in stride(from: 0, to: count, by: 4000) {
-            let batch = (start..<min(count, start + 4000)).map { record(a.user, .document, in: folder.id, named: "f\($0)") }
+            let batch = (start..<min(count, start + 4000)).map {
+                record(a.user, .document, in: folder.id, named: "f\($0)")
+            }
             try a.push(batch)
             children += batch
         }
@@ -85,7 +88,9 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
         #expect(pages.flatMap(\.files).count == 25)
         #expect(pages.dropLast().allSatisfy { $0.nextAfterID != nil && $0.latest == v })
         // A cursor that is not a file id is refused.
-        expectRefusal(400, ErrorResponse.badRequest) { _ = try server.updates(caller: a.user.key, since: 0, afterID: Data([1, 2])) }
+        expectRefusal(400, ErrorResponse.badRequest) {
+            _ = try server.updates(caller: a.user.key, since: 0, afterID: Data([1, 2]))
+        }
     }
 
     @Test func duplicateChunkIDsAreAnsweredOnce() throws {
@@ -95,7 +100,8 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
         let id = Data(blake2b(chunk))
         try server.putChunk(caller: a.user.key, id: id, bytes: chunk)
         // Seven times the same id: one answer, within a limit that seven copies would exceed.
-        let bundle = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: Array(repeating: id, count: 7))))
+        let bundle = try #require(
+            ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: Array(repeating: id, count: 7))))
         #expect(bundle.count == 1 && bundle.first?.sealed == chunk)
     }
 
@@ -108,7 +114,9 @@ func readAllPages(_ server: CofferServer, _ u: TestUser, since: Int64 = 0,
             return Data(blake2b(c))
         }
         expectRefusal(413, ErrorResponse.tooLarge) { _ = try server.getChunks(caller: a.user.key, ids: ids) }
-        expectRefusal(404, ErrorResponse.notFound) { _ = try server.getChunks(caller: a.user.key, ids: [ids[0], Data(randomBytes(32))]) }
+        expectRefusal(404, ErrorResponse.notFound) {
+            _ = try server.getChunks(caller: a.user.key, ids: [ids[0], Data(randomBytes(32))])
+        }
         #expect(content.opens.load(ordering: .relaxed) == 0 && content.gets.load(ordering: .relaxed) == 0)
         #expect(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [ids[1]]))?.count == 1)
     }

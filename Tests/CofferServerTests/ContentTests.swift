@@ -9,34 +9,44 @@ import Testing
     @Test func chunksAndManifests() throws {
         let (server, _) = try makeServer()
         let a = try Device(server, TestUser())
-        let c1 = randomBytes(1000), c2 = randomBytes(2000)
-        let id1 = Data(blake2b(c1)), id2 = Data(blake2b(c2))
+        let c1 = randomBytes(1000)
+        let c2 = randomBytes(2000)
+        let id1 = Data(blake2b(c1))
+        let id2 = Data(blake2b(c2))
         #expect(try server.missingChunks(caller: a.user.key, ids: [id1, id2, id1]).missing == [id1, id2])
         try server.putChunk(caller: a.user.key, id: id1, bytes: c1)
-        try server.putChunk(caller: a.user.key, id: id1, bytes: c1) // idempotent
+        try server.putChunk(caller: a.user.key, id: id1, bytes: c1)  // idempotent
         #expect(try server.missingChunks(caller: a.user.key, ids: [id1, id2]).missing == [id2])
         // Counted by QuotaRule: a chunk at least minimumChunkBytes, a manifest at least minimumRowBytes.
         #expect(try server.usage(caller: a.user.key).bytes == 4096)
         let file = newFileID()
         let sealed = randomBytes(80)
         let digest = Data(blake2b(sealed))
-        let put = PutManifestRequest(fileID: Data(file.bytes), digest: digest, sealed: Data(sealed), chunkIDs: [id1, id2])
+        let put = PutManifestRequest(
+            fileID: Data(file.bytes), digest: digest, sealed: Data(sealed), chunkIDs: [id1, id2])
         // Every listed chunk must be there first.
         expectRefusal(409, ErrorResponse.conflict) { try server.putManifest(caller: a.user.key, put) }
         try server.putChunk(caller: a.user.key, id: id2, bytes: c2)
         try server.putManifest(caller: a.user.key, put)
-        try server.putManifest(caller: a.user.key, put) // idempotent
-        #expect(try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(file.bytes), digest: digest)) == Data(sealed))
+        try server.putManifest(caller: a.user.key, put)  // idempotent
+        #expect(
+            try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(file.bytes), digest: digest))
+                == Data(sealed))
         #expect(try server.usage(caller: a.user.key).bytes == 4096 + 4096 + 256)
         let bundle = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id2, id1])))
         #expect(bundle.map(\.id) == [Array(id2), Array(id1)])
         #expect(bundle.map(\.sealed) == [c2, c1])
-        expectRefusal(404, ErrorResponse.notFound) { _ = try server.getChunks(caller: a.user.key, ids: [id1, Data(randomBytes(32))]) }
         expectRefusal(404, ErrorResponse.notFound) {
-            _ = try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(file.bytes), digest: Data(randomBytes(32))))
+            _ = try server.getChunks(caller: a.user.key, ids: [id1, Data(randomBytes(32))])
+        }
+        expectRefusal(404, ErrorResponse.notFound) {
+            _ = try server.getManifest(
+                caller: a.user.key, GetManifestRequest(fileID: Data(file.bytes), digest: Data(randomBytes(32))))
         }
         // Malformed input.
-        expectRefusal(400, ErrorResponse.badRequest) { try server.putChunk(caller: a.user.key, id: Data([1, 2]), bytes: [1]) }
+        expectRefusal(400, ErrorResponse.badRequest) {
+            try server.putChunk(caller: a.user.key, id: Data([1, 2]), bytes: [1])
+        }
         expectRefusal(400, ErrorResponse.badRequest) { _ = try server.missingChunks(caller: a.user.key, ids: [Data()]) }
         var wrongDigest = put
         wrongDigest.digest = Data(randomBytes(32))
@@ -58,7 +68,10 @@ import Testing
         // New content reuses one chunk; the other old chunk and the old manifest go.
         doc.contentDigest = try a.putContent(doc.id, chunks: [shared, randomBytes(200)])
         try a.push([doc])
-        expectRefusal(404) { _ = try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(firstDigest))) }
+        expectRefusal(404) {
+            _ = try server.getManifest(
+                caller: a.user.key, GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(firstDigest)))
+        }
         #expect(try server.missingChunks(caller: a.user.key, ids: [Data(blake2b(shared))]).missing.isEmpty)
         #expect(try server.usage(caller: a.user.key).bytes == 4096 + 4096 + 256 + countedRows(a.user, [root, doc]))
         #expect(try server.audit(account: a.user.key).isEmpty)
@@ -77,7 +90,10 @@ import Testing
         // Manifests count too.
         let sealed = randomBytes(200)
         expectRefusal(413, ErrorResponse.quotaExceeded) {
-            try server.putManifest(caller: a.user.key, PutManifestRequest(fileID: Data(newFileID().bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
+            try server.putManifest(
+                caller: a.user.key,
+                PutManifestRequest(
+                    fileID: Data(newFileID().bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
         }
         // Another account has its own quota.
         let b = try Device(server, TestUser())
@@ -109,7 +125,11 @@ import Testing
         let bundle = try server.getChunks(caller: a.user.key, ids: [])
         #expect(ChunkBundle.decode(bundle)?.isEmpty == true)
         #expect(try server.audit(account: a.user.key).isEmpty)
-        #expect(try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(doc.contentDigest ?? []))).count == 64)
+        #expect(
+            try server.getManifest(
+                caller: a.user.key,
+                GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(doc.contentDigest ?? []))
+            ).count == 64)
     }
 }
 
@@ -127,21 +147,38 @@ import Testing
             var bad = good
             bad[index] ^= 0x01
             do {
-                _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: Data(bad), expectedParent: nil, expectedNameMAC: nil)]))
+                _ = try server.upsert(
+                    caller: a.user.key,
+                    UpsertRequest(updates: [FileUpdate(record: Data(bad), expectedParent: nil, expectedNameMAC: nil)]))
                 Issue.record("tampered record at byte \(index) accepted")
             } catch {
                 #expect([400, 403].contains(error.status), "\(error)")
             }
         }
         // Garbage and truncation.
-        expectRefusal(400) { _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: Data([1, 2, 3]), expectedParent: nil, expectedNameMAC: nil)])) }
-        expectRefusal(400) { _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: Data(good.dropLast()), expectedParent: nil, expectedNameMAC: nil)])) }
+        expectRefusal(400) {
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [FileUpdate(record: Data([1, 2, 3]), expectedParent: nil, expectedNameMAC: nil)])
+            )
+        }
+        expectRefusal(400) {
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [
+                    FileUpdate(record: Data(good.dropLast()), expectedParent: nil, expectedNameMAC: nil)
+                ]))
+        }
         // One bad record sinks the whole batch.
         var bad = good
         bad[bad.count - 1] ^= 0x80
         let fine = record(a.user, .folder, in: root.id, named: "fine")
         expectRefusal(403) {
-            _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [a.update(for: fine), FileUpdate(record: Data(bad), expectedParent: nil, expectedNameMAC: nil)]))
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [
+                    a.update(for: fine), FileUpdate(record: Data(bad), expectedParent: nil, expectedNameMAC: nil),
+                ]))
         }
         // Signed by someone else, or claiming another owner.
         let mallory = try Device(server, TestUser())
@@ -151,7 +188,11 @@ import Testing
         var forged = doc
         forged.lastModifiedBy = mallory.user.id
         expectRefusal(403, ErrorResponse.forbidden) {
-            _ = try server.upsert(caller: mallory.user.key, UpsertRequest(updates: [FileUpdate(record: mallory.user.sign(forged), expectedParent: nil, expectedNameMAC: nil)]))
+            _ = try server.upsert(
+                caller: mallory.user.key,
+                UpsertRequest(updates: [
+                    FileUpdate(record: mallory.user.sign(forged), expectedParent: nil, expectedNameMAC: nil)
+                ]))
         }
         #expect(try a.all() == before)
         #expect(try mallory.all().isEmpty)
@@ -181,26 +222,43 @@ import Testing
         expectRefusal(403, ErrorResponse.forbidden) { try a.push([steal]) }
         // With a precondition, the answer is the one for an id the server does not know.
         expectRefusal(409, ErrorResponse.getUpdatesRequired) {
-            _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: a.user.sign(steal), expectedParent: Data(bRoot.id.bytes), expectedNameMAC: Data(bDoc.name.mac))]))
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [
+                    FileUpdate(
+                        record: a.user.sign(steal), expectedParent: Data(bRoot.id.bytes),
+                        expectedNameMAC: Data(bDoc.name.mac))
+                ]))
         }
         // A file of A's under B's folder is an orphan in A's tree.
-        expectRefusal(409, ErrorResponse.invalidTree) { try a.push([record(a.user, .document, in: bRoot.id, named: "x")]) }
+        expectRefusal(409, ErrorResponse.invalidTree) {
+            try a.push([record(a.user, .document, in: bRoot.id, named: "x")])
+        }
         // B's content: manifests and chunks are in B's namespace only.
         let digest = Data(bDoc.contentDigest ?? [])
-        expectRefusal(404) { _ = try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(bDoc.id.bytes), digest: digest)) }
+        expectRefusal(404) {
+            _ = try server.getManifest(
+                caller: a.user.key, GetManifestRequest(fileID: Data(bDoc.id.bytes), digest: digest))
+        }
         expectRefusal(404) { _ = try server.getChunks(caller: a.user.key, ids: [Data(blake2b(chunk))]) }
         #expect(try server.missingChunks(caller: a.user.key, ids: [Data(blake2b(chunk))]).missing.count == 1)
         let sealed = randomBytes(30)
         expectRefusal(403, ErrorResponse.forbidden) {
-            try server.putManifest(caller: a.user.key, PutManifestRequest(fileID: Data(bDoc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
+            try server.putManifest(
+                caller: a.user.key,
+                PutManifestRequest(
+                    fileID: Data(bDoc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
         }
         // A putting a chunk with B's chunk id lands in A's namespace; B's is untouched.
         try server.putChunk(caller: a.user.key, id: Data(blake2b(chunk)), bytes: [9, 9, 9])
-        let bBundle = try #require(ChunkBundle.decode(try server.getChunks(caller: b.user.key, ids: [Data(blake2b(chunk))])))
+        let bBundle = try #require(
+            ChunkBundle.decode(try server.getChunks(caller: b.user.key, ids: [Data(blake2b(chunk))])))
         #expect(bBundle.first?.sealed == chunk)
         _ = try server.cleanup(graceMillis: 0)
         #expect(try b.all() == bBefore)
-        #expect(try server.getManifest(caller: b.user.key, GetManifestRequest(fileID: Data(bDoc.id.bytes), digest: digest)).count == 64)
+        #expect(
+            try server.getManifest(caller: b.user.key, GetManifestRequest(fileID: Data(bDoc.id.bytes), digest: digest))
+                .count == 64)
         #expect(try server.audit(account: b.user.key).isEmpty)
     }
 }
@@ -213,7 +271,8 @@ import Testing
         try a.push([root])
         var versions: [Int64] = []
         for batch in 0..<3 {
-            versions.append(try a.push((0..<2000).map { record(a.user, .document, in: root.id, named: "f\(batch)-\($0)") }))
+            versions.append(
+                try a.push((0..<2000).map { record(a.user, .document, in: root.id, named: "f\(batch)-\($0)") }))
         }
         // 6001 records: a full first page ends inside the third batch and says where.
         let p1 = try server.updates(caller: a.user.key, since: 0)

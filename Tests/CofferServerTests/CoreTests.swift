@@ -15,15 +15,21 @@ import Testing
         #expect(found.signingKey == alice.key && found.boxKey == alice.boxKey)
         expectRefusal(404, ErrorResponse.notFound) { _ = try server.lookup(username: "bob") }
         // Username and key are unique.
-        expectRefusal(409, ErrorResponse.conflict) { _ = try server.createAccount(caller: alice.key, alice.createRequest) }
+        expectRefusal(409, ErrorResponse.conflict) {
+            _ = try server.createAccount(caller: alice.key, alice.createRequest)
+        }
         let other = TestUser("alice")
-        expectRefusal(409, ErrorResponse.conflict) { _ = try server.createAccount(caller: other.key, other.createRequest) }
+        expectRefusal(409, ErrorResponse.conflict) {
+            _ = try server.createAccount(caller: other.key, other.createRequest)
+        }
         var sameKey = alice.createRequest
         sameKey.username = "alice2"
         expectRefusal(409, ErrorResponse.conflict) { _ = try server.createAccount(caller: alice.key, sameKey) }
         // Signed by someone else, malformed keys, bad usernames.
         let bob = TestUser("bob")
-        expectRefusal(403, ErrorResponse.forbidden) { _ = try server.createAccount(caller: alice.key, bob.createRequest) }
+        expectRefusal(403, ErrorResponse.forbidden) {
+            _ = try server.createAccount(caller: alice.key, bob.createRequest)
+        }
         var short = bob.createRequest
         short.boxKey = Data([1, 2, 3])
         expectRefusal(400, ErrorResponse.badRequest) { _ = try server.createAccount(caller: bob.key, short) }
@@ -98,13 +104,25 @@ import Testing
         #expect(try a.all() == before)
         // A new file must come with no precondition; an existing one must come with one.
         expectRefusal(409, ErrorResponse.getUpdatesRequired) {
-            _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: a.user.sign(y), expectedParent: nil, expectedNameMAC: nil)]))
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [FileUpdate(record: a.user.sign(y), expectedParent: nil, expectedNameMAC: nil)]))
         }
         expectRefusal(409, ErrorResponse.getUpdatesRequired) {
-            _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: a.user.sign(newFile), expectedParent: Data(root.id.bytes), expectedNameMAC: Data(newFile.name.mac))]))
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [
+                    FileUpdate(
+                        record: a.user.sign(newFile), expectedParent: Data(root.id.bytes),
+                        expectedNameMAC: Data(newFile.name.mac))
+                ]))
         }
         expectRefusal(400, ErrorResponse.badRequest) {
-            _ = try server.upsert(caller: a.user.key, UpsertRequest(updates: [FileUpdate(record: a.user.sign(y), expectedParent: Data(root.id.bytes), expectedNameMAC: nil)]))
+            _ = try server.upsert(
+                caller: a.user.key,
+                UpsertRequest(updates: [
+                    FileUpdate(record: a.user.sign(y), expectedParent: Data(root.id.bytes), expectedNameMAC: nil)
+                ]))
         }
         #expect(try a.all() == before)
         #expect(try server.updates(caller: a.user.key, since: v).files.count == 1)
@@ -123,14 +141,18 @@ import Testing
         // Path conflict: equal name MACs among live siblings.
         expectRefusal(409, ErrorResponse.invalidTree) { try a.push([record(a.user, .folder, in: root.id, named: "p")]) }
         expectRefusal(409, ErrorResponse.invalidTree) {
-            try a.push([record(a.user, .document, in: root.id, named: "twin"), record(a.user, .document, in: root.id, named: "twin")])
+            try a.push([
+                record(a.user, .document, in: root.id, named: "twin"),
+                record(a.user, .document, in: root.id, named: "twin"),
+            ])
         }
         // Cycle: p into its own child.
         var cyc = p
         cyc.parent = q.id
         expectRefusal(409, ErrorResponse.invalidTree) { try a.push([cyc]) }
         // Two-folder cycle within one batch.
-        var p2 = p, q2 = q
+        var p2 = p
+        var q2 = q
         p2.parent = q.id
         q2.parent = root.id
         q2.name = sealedName("q-top")
@@ -138,9 +160,13 @@ import Testing
         q3.parent = p.id
         expectRefusal(409, ErrorResponse.invalidTree) { try a.push([p2, q3]) }
         // Orphan: parent unknown.
-        expectRefusal(409, ErrorResponse.invalidTree) { try a.push([record(a.user, .document, in: newFileID(), named: "o")]) }
+        expectRefusal(409, ErrorResponse.invalidTree) {
+            try a.push([record(a.user, .document, in: newFileID(), named: "o")])
+        }
         // Parent is a document.
-        expectRefusal(409, ErrorResponse.invalidTree) { try a.push([record(a.user, .document, in: doc.id, named: "o")]) }
+        expectRefusal(409, ErrorResponse.invalidTree) {
+            try a.push([record(a.user, .document, in: doc.id, named: "o")])
+        }
         // Root modification and a second root.
         var r2 = root
         r2.name = sealedName("renamed-root")
@@ -191,12 +217,18 @@ import Testing
         #expect(byID[mid.id]?.record == a.sent[mid.id]?.bytes)
         // The deleted document's content is released.
         expectRefusal(404, ErrorResponse.notFound) {
-            _ = try server.getManifest(caller: a.user.key, GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(doc.contentDigest ?? [])))
+            _ = try server.getManifest(
+                caller: a.user.key,
+                GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(doc.contentDigest ?? [])))
         }
         // What stays counted is the records (the server keeps them, deleted or not).
         #expect(try server.usage(caller: a.user.key).bytes == countedRows(a.user, [root, gone, mid, keep, doc]))
-        let chunkDir = dir.appendingPathComponent("chunks").appendingPathComponent(RequestSigning.hex(Array(a.user.key)))
-        let left = FileManager.default.enumerator(atPath: chunkDir.path)?.allObjects.compactMap { $0 as? String }.filter { $0.count == 64 + 3 } ?? []
+        let chunkDir = dir.appendingPathComponent("chunks").appendingPathComponent(
+            RequestSigning.hex(Array(a.user.key)))
+        let left =
+            FileManager.default.enumerator(atPath: chunkDir.path)?.allObjects.compactMap { $0 as? String }.filter {
+                $0.count == 64 + 3
+            } ?? []
         #expect(left.isEmpty)
         // A serverDeleted file cannot come back by moving it out.
         var escape = mid
@@ -214,13 +246,22 @@ import Testing
         var moved = mover
         moved.parent = gone.id
         expectRefusal(409, ErrorResponse.getUpdatesRequired) { try a.push([moved]) }
-        expectRefusal(409, ErrorResponse.getUpdatesRequired) { try a.push([record(a.user, .document, in: mid.id, named: "new")]) }
+        expectRefusal(409, ErrorResponse.getUpdatesRequired) {
+            try a.push([record(a.user, .document, in: mid.id, named: "new")])
+        }
         // Within one batch (delete a folder, move another into it) the moved subtree is marked.
         let bin = record(a.user, .folder, in: root.id, named: "bin")
         try a.push([bin])
         var binGone = bin
         binGone.isDeleted = true
-        let v2 = try a.push([binGone, { var m = mover; m.parent = bin.id; return m }()])
+        let v2 = try a.push([
+            binGone,
+            {
+                var m = mover
+                m.parent = bin.id
+                return m
+            }(),
+        ])
         let marked = try server.updates(caller: a.user.key, since: v2 - 1).files
         #expect(marked.count == 3 && marked.allSatisfy { $0.version == v2 })
         #expect(marked.filter(\.serverDeleted).count == 2)

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+
 @testable import CofferServerCore
 
 @Suite struct DurabilityTests {

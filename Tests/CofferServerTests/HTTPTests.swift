@@ -21,20 +21,27 @@ extension TestClientProtocol {
     }
 
     /// A request signed by `u` as a client would sign it (for the server's own id unless `server` says otherwise).
-    func signed(_ u: TestUser, _ method: HTTPRequest.Method, _ path: String, body: [UInt8] = [],
-                timestamp: Int64 = nowMillis(), nonce: [UInt8] = randomBytes(16), server: [UInt8]? = nil,
-                edit: (inout HTTPFields) -> Void = { _ in }) async throws -> TestResponse {
+    func signed(
+        _ u: TestUser, _ method: HTTPRequest.Method, _ path: String, body: [UInt8] = [],
+        timestamp: Int64 = nowMillis(), nonce: [UInt8] = randomBytes(16), server: [UInt8]? = nil,
+        edit: (inout HTTPFields) -> Void = { _ in }
+    ) async throws -> TestResponse {
         var fields = HTTPFields()
         var id = server ?? []
         if server == nil { id = try await serverID() }
-        for (name, value) in RequestSigning.headers(keys: u.keys, server: id, method: method.rawValue, path: path, body: body, timestamp: timestamp, nonce: nonce) {
+        for (name, value) in RequestSigning.headers(
+            keys: u.keys, server: id, method: method.rawValue, path: path, body: body, timestamp: timestamp,
+            nonce: nonce)
+        {
             fields[HTTPField.Name(name)!] = value
         }
         edit(&fields)
         return try await execute(uri: path, method: method, headers: fields, body: ByteBuffer(bytes: body))
     }
 
-    func signedJSON<T: Encodable>(_ u: TestUser, _ method: HTTPRequest.Method, _ path: String, _ value: T) async throws -> TestResponse {
+    func signedJSON<T: Encodable>(
+        _ u: TestUser, _ method: HTTPRequest.Method, _ path: String, _ value: T
+    ) async throws -> TestResponse {
         try await signed(u, method, path, body: Array(try JSONEncoder().encode(value)))
     }
 }
@@ -45,8 +52,10 @@ extension TestResponse {
     var bytes: [UInt8] { Array(body.readableBytesView) }
 }
 
-func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: Int = 0,
-             server given: CofferServer? = nil) throws -> (some ApplicationProtocol, CofferServer) {
+func makeApp(
+    quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: Int = 0,
+    server given: CofferServer? = nil
+) throws -> (some ApplicationProtocol, CofferServer) {
     let server = try given ?? makeServer(quota: quota).0
     var logger = Logger(label: "coffer-server-test")
     logger.logLevel = .warning
@@ -116,7 +125,8 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(bare.status == .unauthorized && bare.errorCode == ErrorResponse.unauthorized)
             // Signed for another server: a request captured there cannot be replayed here.
             #expect(try await client.serverID() == server.identity)
-            let elsewhere = try await client.signed(alice, .get, "/v1/usage", server: randomBytes(RequestSigning.serverIDBytes))
+            let elsewhere = try await client.signed(
+                alice, .get, "/v1/usage", server: randomBytes(RequestSigning.serverIDBytes))
             #expect(elsewhere.status == .unauthorized)
             #expect(try await client.signed(alice, .get, "/v1/usage").status == .ok)
             // A bad signature, a signature by another key, a tampered path or body.
@@ -132,31 +142,43 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(otherKey.status == .unauthorized)
             let body = Array(try JSONEncoder().encode(UpdatesRequest(since: 0)))
             var fields = HTTPFields()
-            for (n, v) in RequestSigning.headers(keys: alice.keys, server: try await client.serverID(), method: "POST", path: "/v1/updates", body: body,
-                                                 timestamp: nowMillis()) {
+            for (n, v) in RequestSigning.headers(
+                keys: alice.keys, server: try await client.serverID(), method: "POST", path: "/v1/updates", body: body,
+                timestamp: nowMillis())
+            {
                 fields[HTTPField.Name(n)!] = v
             }
-            let tamperedBody = try await client.execute(uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: Array(try JSONEncoder().encode(UpdatesRequest(since: 5)))))
+            let tamperedBody = try await client.execute(
+                uri: "/v1/updates", method: .post, headers: fields,
+                body: ByteBuffer(bytes: Array(try JSONEncoder().encode(UpdatesRequest(since: 5)))))
             #expect(tamperedBody.status == .unauthorized)
-            let tamperedPath = try await client.execute(uri: "/v1/updates?x=1", method: .post, headers: fields, body: ByteBuffer(bytes: body))
+            let tamperedPath = try await client.execute(
+                uri: "/v1/updates?x=1", method: .post, headers: fields, body: ByteBuffer(bytes: body))
             #expect(tamperedPath.status == .unauthorized)
-            let wrongMethod = try await client.execute(uri: "/v1/updates", method: .put, headers: fields, body: ByteBuffer(bytes: body))
+            let wrongMethod = try await client.execute(
+                uri: "/v1/updates", method: .put, headers: fields, body: ByteBuffer(bytes: body))
             #expect(wrongMethod.status == .unauthorized)
             // The original goes through once; its replay is refused.
-            let first = try await client.execute(uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: body))
+            let first = try await client.execute(
+                uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: body))
             #expect(first.status == .ok)
-            let replay = try await client.execute(uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: body))
+            let replay = try await client.execute(
+                uri: "/v1/updates", method: .post, headers: fields, body: ByteBuffer(bytes: body))
             #expect(replay.status == .unauthorized && replay.errorCode == ErrorResponse.unauthorized)
             // Stale and future timestamps.
-            let stale = try await client.signed(alice, .get, "/v1/usage", timestamp: nowMillis() - API.maxClockSkewMillis - 60_000)
+            let stale = try await client.signed(
+                alice, .get, "/v1/usage", timestamp: nowMillis() - API.maxClockSkewMillis - 60_000)
             #expect(stale.status == .unauthorized)
-            let future = try await client.signed(alice, .get, "/v1/usage", timestamp: nowMillis() + API.maxClockSkewMillis + 60_000)
+            let future = try await client.signed(
+                alice, .get, "/v1/usage", timestamp: nowMillis() + API.maxClockSkewMillis + 60_000)
             #expect(future.status == .unauthorized)
             let nearby = try await client.signed(alice, .get, "/v1/usage", timestamp: nowMillis() - 60_000)
             #expect(nearby.status == .ok)
             // Malformed header values.
-            for (header, value) in [(RequestSigning.timestampHeader, "soon"), (RequestSigning.nonceHeader, "xyz"),
-                                    (RequestSigning.accountHeader, "abcd"), (RequestSigning.signatureHeader, "00")] {
+            for (header, value) in [
+                (RequestSigning.timestampHeader, "soon"), (RequestSigning.nonceHeader, "xyz"),
+                (RequestSigning.accountHeader, "abcd"), (RequestSigning.signatureHeader, "00"),
+            ] {
                 let r = try await client.signed(alice, .get, "/v1/usage") { $0[HTTPField.Name(header)!] = value }
                 #expect(r.status == .unauthorized, "\(header)")
             }
@@ -184,7 +206,9 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             // Any fresh key may ask to create an account, so that body is kept small: strangers
             // cannot hold the shared body budget with 32 MiB announcements.
             let stranger = TestUser()
-            let padded = Array(try JSONEncoder().encode(stranger.createRequest)) + [UInt8](repeating: 0x20, count: CofferHTTP.maxAccountRequestBytes)
+            let padded =
+                Array(try JSONEncoder().encode(stranger.createRequest))
+                + [UInt8](repeating: 0x20, count: CofferHTTP.maxAccountRequestBytes)
             let refused = try await client.signed(stranger, .post, "/v1/accounts", body: padded)
             #expect(refused.status == .contentTooLarge)
             let created = try await client.signedJSON(stranger, .post, "/v1/accounts", stranger.createRequest)
@@ -202,17 +226,24 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             // Content first: chunks the server lacks, then the manifest.
             let chunk = randomBytes(3000)
             let chunkID = Data(blake2b(chunk))
-            let missing = try await client.signedJSON(alice, .post, "/v1/chunks/missing", ChunkIDsRequest(ids: [chunkID]))
+            let missing = try await client.signedJSON(
+                alice, .post, "/v1/chunks/missing", ChunkIDsRequest(ids: [chunkID]))
             #expect(try missing.json(MissingChunksResponse.self).missing == [chunkID])
-            #expect(try await client.signed(alice, .put, "/v1/chunks/\(RequestSigning.hex(Array(chunkID)))", body: chunk).status == .noContent)
+            #expect(
+                try await client.signed(alice, .put, "/v1/chunks/\(RequestSigning.hex(Array(chunkID)))", body: chunk)
+                    .status == .noContent)
             let root = rootRecord(alice)
             var doc = record(alice, .document, in: root.id, named: "notes.txt")
             let sealed = randomBytes(100)
             doc.contentDigest = blake2b(sealed)
-            let manifest = PutManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: [chunkID])
+            let manifest = PutManifestRequest(
+                fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: [chunkID])
             #expect(try await client.signedJSON(alice, .post, "/v1/manifests", manifest).status == .noContent)
             // Then metadata.
-            let upsert = UpsertRequest(updates: [root, doc].map { FileUpdate(record: alice.sign($0), expectedParent: nil, expectedNameMAC: nil) })
+            let upsert = UpsertRequest(
+                updates: [root, doc].map {
+                    FileUpdate(record: alice.sign($0), expectedParent: nil, expectedNameMAC: nil)
+                })
             let up = try await client.signedJSON(alice, .post, "/v1/files/upsert", upsert)
             #expect(up.status == .ok)
             let version = try up.json(UpsertResponse.self).version
@@ -224,7 +255,9 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             let stale = try await client.signedJSON(alice, .post, "/v1/files/upsert", upsert)
             #expect(stale.status == .conflict && stale.errorCode == ErrorResponse.getUpdatesRequired)
             // Fetch content back.
-            let m = try await client.signedJSON(alice, .post, "/v1/manifests/get", GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed))))
+            let m = try await client.signedJSON(
+                alice, .post, "/v1/manifests/get",
+                GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed))))
             #expect(m.status == .ok && m.bytes == sealed)
             let chunks = try await client.signedJSON(alice, .post, "/v1/chunks/get", ChunkIDsRequest(ids: [chunkID]))
             #expect(chunks.status == .ok && ChunkBundle.decode(chunks.bytes)?.first?.sealed == chunk)
@@ -233,22 +266,30 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             #expect(u.files == 2 && u.bytes == 4096 + 256 + countedRows(alice, [root, doc]) && u.quotaBytes == 100_000)
             // Over quota.
             let huge = randomBytes(100_000)
-            let over = try await client.signed(alice, .put, "/v1/chunks/\(RequestSigning.hex(blake2b(huge)))", body: huge)
+            let over = try await client.signed(
+                alice, .put, "/v1/chunks/\(RequestSigning.hex(blake2b(huge)))", body: huge)
             #expect(over.status == .contentTooLarge && over.errorCode == ErrorResponse.quotaExceeded)
             // Invariant violation over HTTP.
             let twin = record(alice, .folder, in: root.id, named: "notes.txt")
-            let conflict = try await client.signedJSON(alice, .post, "/v1/files/upsert",
-                                                       UpsertRequest(updates: [FileUpdate(record: alice.sign(twin), expectedParent: nil, expectedNameMAC: nil)]))
+            let conflict = try await client.signedJSON(
+                alice, .post, "/v1/files/upsert",
+                UpsertRequest(updates: [FileUpdate(record: alice.sign(twin), expectedParent: nil, expectedNameMAC: nil)]
+                ))
             #expect(conflict.status == .conflict && conflict.errorCode == ErrorResponse.invalidTree)
 
             // Bob sees none of it and can touch none of it.
             let bobUpdates = try await client.signedJSON(bob, .post, "/v1/updates", UpdatesRequest(since: 0))
             #expect(try bobUpdates.json(UpdatesResponse.self).files.isEmpty)
-            let bobManifest = try await client.signedJSON(bob, .post, "/v1/manifests/get", GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed))))
+            let bobManifest = try await client.signedJSON(
+                bob, .post, "/v1/manifests/get",
+                GetManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed))))
             #expect(bobManifest.status == .notFound)
             let bobChunks = try await client.signedJSON(bob, .post, "/v1/chunks/get", ChunkIDsRequest(ids: [chunkID]))
             #expect(bobChunks.status == .notFound)
-            let bobPut = try await client.signedJSON(bob, .post, "/v1/manifests", PutManifestRequest(fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
+            let bobPut = try await client.signedJSON(
+                bob, .post, "/v1/manifests",
+                PutManifestRequest(
+                    fileID: Data(doc.id.bytes), digest: Data(blake2b(sealed)), sealed: Data(sealed), chunkIDs: []))
             #expect(bobPut.status == .forbidden)
             var stolen = doc
             stolen.owner = bob.id
@@ -256,8 +297,12 @@ func makeApp(quota: Int64 = CofferServer.defaultQuotaBytes, accountsPerMinute: I
             stolen.contentDigest = nil
             let bobRoot = rootRecord(bob)
             stolen.parent = bobRoot.id
-            let bobUpsert = try await client.signedJSON(bob, .post, "/v1/files/upsert",
-                                                        UpsertRequest(updates: [bobRoot, stolen].map { FileUpdate(record: bob.sign($0), expectedParent: nil, expectedNameMAC: nil) }))
+            let bobUpsert = try await client.signedJSON(
+                bob, .post, "/v1/files/upsert",
+                UpsertRequest(
+                    updates: [bobRoot, stolen].map {
+                        FileUpdate(record: bob.sign($0), expectedParent: nil, expectedNameMAC: nil)
+                    }))
             #expect(bobUpsert.status == .forbidden)
             // Alice's records signed by Alice but sent by Bob.
             let replayed = try await client.signedJSON(bob, .post, "/v1/files/upsert", upsert)

@@ -62,7 +62,9 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
                 let r = try await client.signed(alice, .get, "/v1/usage", timestamp: ts)
                 #expect(r.status == .unauthorized && r.errorCode == ErrorResponse.unauthorized, "timestamp \(ts)")
             }
-            for text in ["-9223372036854775808", "9223372036854775808", "99999999999999999999999", "+1", " 1", "1e3", ""] {
+            for text in [
+                "-9223372036854775808", "9223372036854775808", "99999999999999999999999", "+1", " 1", "1e3", "",
+            ] {
                 let r = try await client.signed(alice, .get, "/v1/usage", timestamp: now) {
                     $0[HTTPField.Name(RequestSigning.timestampHeader)!] = text
                 }
@@ -73,11 +75,14 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
         }
         // And through the core entry point.
         expectRefusal(401, ErrorResponse.unauthorized) {
-            let headers = Dictionary(uniqueKeysWithValues: RequestSigning.headers(keys: alice.keys, server: server.identity, method: "GET", path: "/v1/usage", body: [],
-                                                                                  timestamp: Int64.min + now))
-            _ = try server.authenticate(method: "GET", path: "/v1/usage", body: [], account: headers[RequestSigning.accountHeader],
-                                        timestamp: headers[RequestSigning.timestampHeader], nonce: headers[RequestSigning.nonceHeader],
-                                        signature: headers[RequestSigning.signatureHeader])
+            let headers = Dictionary(
+                uniqueKeysWithValues: RequestSigning.headers(
+                    keys: alice.keys, server: server.identity, method: "GET", path: "/v1/usage", body: [],
+                    timestamp: Int64.min + now))
+            _ = try server.authenticate(
+                method: "GET", path: "/v1/usage", body: [], account: headers[RequestSigning.accountHeader],
+                timestamp: headers[RequestSigning.timestampHeader], nonce: headers[RequestSigning.nonceHeader],
+                signature: headers[RequestSigning.signatureHeader])
         }
     }
 
@@ -90,8 +95,10 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
         let root = rootRecord(alice)
         try device.push([root])
         // Too many records: refused before any is decoded.
-        let tooMany = UpsertRequest(updates: Array(repeating: FileUpdate(record: Data([1]), expectedParent: nil, expectedNameMAC: nil),
-                                                   count: TreeLimits.maxRecordsPerBatch + 1))
+        let tooMany = UpsertRequest(
+            updates: Array(
+                repeating: FileUpdate(record: Data([1]), expectedParent: nil, expectedNameMAC: nil),
+                count: TreeLimits.maxRecordsPerBatch + 1))
         expectRefusal(413, ErrorResponse.tooLarge) { _ = try server.upsert(caller: alice.key, tooMany) }
         // Too deep: a chain one level past the limit.
         var chain: [FileMetadata] = []
@@ -112,11 +119,13 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
     /// authentication queued behind A's transaction.
     @Test func anotherAccountsWriteDoesNotBlockAuthentication() async throws {
         let (server, _) = try makeServer()
-        let alice = TestUser(), bob = TestUser()
+        let alice = TestUser()
+        let bob = TestUser()
         _ = try server.createAccount(caller: alice.key, alice.createRequest)
         _ = try server.createAccount(caller: bob.key, bob.createRequest)
         let (app, _) = try makeApp(server: server)
-        let entered = DispatchSemaphore(value: 0), release = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
         let writer = Thread {
             _ = try? server.metadata.write { tx -> Bool in
                 _ = try tx.lockAccount(key: alice.key)
@@ -146,11 +155,14 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
     @Test func keysWithoutAnAccountRecordNoNonces() async throws {
         let dir = tempDirectory()
         let nonces = RecordingNonceStore()
-        let server = CofferServer(metadata: try SQLiteMetadataStorage(path: dir.appendingPathComponent("m.sqlite").path),
-                                  content: try DirectoryContentStorage(root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp")),
-                                  nonces: nonces)
+        let server = CofferServer(
+            metadata: try SQLiteMetadataStorage(path: dir.appendingPathComponent("m.sqlite").path),
+            content: try DirectoryContentStorage(
+                root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp")),
+            nonces: nonces)
         let (app, _) = try makeApp(server: server)
-        let stranger = TestUser(), alice = TestUser()
+        let stranger = TestUser()
+        let alice = TestUser()
         try await app.test(.router) { client in
             for path in ["/v1/usage", "/v1/accounts/alice"] {
                 let r2 = try await client.signed(stranger, .get, path)
@@ -200,7 +212,9 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
         #expect(Username.key("straße") == Username.key("STRASSE"))
         #expect(Username.normalized("Ａｌｉｃｅ") == "Alice")
         #expect(Username.normalized("e\u{301}lodie") == "\u{e9}lodie")
-        for bad in ["", "a b", "tab\t", "new\nline", "\u{301}accent-first", "slash/", String(repeating: "é", count: 33)] {
+        for bad in [
+            "", "a b", "tab\t", "new\nline", "\u{301}accent-first", "slash/", String(repeating: "é", count: 33),
+        ] {
             #expect(Username.normalized(bad) == nil, "\(bad.debugDescription)")
         }
         let (server, _) = try makeServer()
@@ -238,25 +252,34 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
 
     @Test func errorsDoNotTellWhetherAnotherAccountHasAFileID() throws {
         let (server, _) = try makeServer()
-        let alice = try Device(server, TestUser()), bob = try Device(server, TestUser())
-        let aliceRoot = rootRecord(alice.user), bobRoot = rootRecord(bob.user)
+        let alice = try Device(server, TestUser())
+        let bob = try Device(server, TestUser())
+        let aliceRoot = rootRecord(alice.user)
+        let bobRoot = rootRecord(bob.user)
         try alice.push([aliceRoot])
         try bob.push([bobRoot])
         let secret = record(alice.user, .folder, in: aliceRoot.id, named: "private")
         try alice.push([secret])
         // With a precondition, alice's id and an id nobody has get the same answer.
         func refusal(_ body: () throws -> Void) -> ServerError? {
-            do { try body(); return nil } catch let e as ServerError { return e } catch { return nil }
+            do {
+                try body()
+                return nil
+            } catch let e as ServerError { return e } catch { return nil }
         }
         let missingID = newFileID()
         func attempt(_ id: FileID) -> ServerError? {
             let m = record(bob.user, .folder, in: bobRoot.id, named: "x", id: id)
-            let u = FileUpdate(record: bob.user.sign(m), expectedParent: Data(bobRoot.id.bytes), expectedNameMAC: Data(sealedName("x").mac))
+            let u = FileUpdate(
+                record: bob.user.sign(m), expectedParent: Data(bobRoot.id.bytes),
+                expectedNameMAC: Data(sealedName("x").mac))
             return refusal { _ = try server.upsert(caller: bob.user.key, UpsertRequest(updates: [u])) }
         }
-        let foreign = attempt(secret.id), missing = attempt(missingID)
+        let foreign = attempt(secret.id)
+        let missing = attempt(missingID)
         #expect(foreign?.status == missing?.status && foreign?.code == missing?.code)
-        #expect(foreign?.message.replacingOccurrences(of: secret.id.description, with: "ID")
+        #expect(
+            foreign?.message.replacingOccurrences(of: secret.id.description, with: "ID")
                 == missing?.message.replacingOccurrences(of: missingID.description, with: "ID"))
         // Without one, the id cannot be used, and the text says no more than that.
         let taken = refusal { try bob.push([record(bob.user, .folder, in: bobRoot.id, named: "y", id: secret.id)]) }
@@ -265,20 +288,26 @@ func eventually(seconds: Int = 60, _ condition: () -> Bool) async -> Bool {
         }
         for e in [taken, manifest] {
             #expect(e?.status == 403)
-            #expect(e.map { !$0.message.contains("another account") && !$0.message.contains("belongs") } ?? false, "\(String(describing: e))")
+            #expect(
+                e.map { !$0.message.contains("another account") && !$0.message.contains("belongs") } ?? false,
+                "\(String(describing: e))")
         }
         #expect(taken?.message == manifest?.message)
     }
 
     @Test func internalErrorsKeepStorageTextOnTheServer() async throws {
         let dir = tempDirectory()
-        let server = CofferServer(metadata: FailingStorage(),
-                                  content: try DirectoryContentStorage(root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp")))
+        let server = CofferServer(
+            metadata: FailingStorage(),
+            content: try DirectoryContentStorage(
+                root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp")))
         let (app, _) = try makeApp(server: server)
         let alice = TestUser()
         try await app.test(.router) { client in
-            for r in [try await client.signed(alice, .get, "/v1/usage"),
-                      try await client.signedJSON(alice, .post, "/v1/accounts", alice.createRequest)] {
+            for r in [
+                try await client.signed(alice, .get, "/v1/usage"),
+                try await client.signedJSON(alice, .post, "/v1/accounts", alice.createRequest),
+            ] {
                 #expect(r.status == .internalServerError)
                 let text = String(buffer: r.body)
                 #expect(!text.contains("secret-path") && !text.contains("disk full"), "\(text)")

@@ -7,8 +7,9 @@ import Hummingbird
 import Logging
 import Synchronization
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A raw TCP connection to 127.0.0.1, for what an HTTP client will not do: stay idle, send half
@@ -28,9 +29,14 @@ final class RawConnection: @unchecked Sendable {
         addr.sin_port = in_port_t(UInt16(port).bigEndian)
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
         let ok = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(s, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(s, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
-        guard ok == 0 else { Glibc.close(s); return nil }
+        guard ok == 0 else {
+            Glibc.close(s)
+            return nil
+        }
         fd = s
     }
 
@@ -43,7 +49,9 @@ final class RawConnection: @unchecked Sendable {
     func send(bytes: [UInt8]) -> Bool {
         var sent = 0
         while sent < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
+            let n = bytes.withUnsafeBytes {
+                Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL))
+            }
             guard n > 0 else { return false }
             sent += n
         }
@@ -71,10 +79,14 @@ final class RawConnection: @unchecked Sendable {
             if n > 0 {
                 got += buffer[0..<n]
                 let text = String(decoding: got, as: UTF8.self)
-                if let end = text.range(of: "\r\n\r\n"), text[end.upperBound...].utf8.count >= minBody { return .data(text) }
+                if let end = text.range(of: "\r\n\r\n"), text[end.upperBound...].utf8.count >= minBody {
+                    return .data(text)
+                }
                 continue
             }
-            if n == 0 || errno == ECONNRESET { return got.isEmpty ? .closed : .data(String(decoding: got, as: UTF8.self)) }
+            if n == 0 || errno == ECONNRESET {
+                return got.isEmpty ? .closed : .data(String(decoding: got, as: UTF8.self))
+            }
             if errno == EINTR { continue }
             return got.isEmpty ? .timedOut : .data(String(decoding: got, as: UTF8.self))
         }
@@ -90,13 +102,16 @@ final class RawConnection: @unchecked Sendable {
 
 /// Runs the real application (`CofferHTTP.application`, as `coffer-server` does) on a loopback
 /// port for the duration of `body`.
-func withLiveServer(_ server: CofferServer, options: CofferHTTP.Options,
-                    _ body: @Sendable (Int) async throws -> Void) async throws {
+func withLiveServer(
+    _ server: CofferServer, options: CofferHTTP.Options,
+    _ body: @Sendable (Int) async throws -> Void
+) async throws {
     var logger = Logger(label: "coffer-server-live-test")
     logger.logLevel = .critical
     let port = Mutex<Int?>(nil)
-    let app = try CofferHTTP.application(server: server, host: "127.0.0.1", port: 0, options: options, logger: logger,
-                                     onRunning: { p in port.withLock { $0 = p } })
+    let app = try CofferHTTP.application(
+        server: server, host: "127.0.0.1", port: 0, options: options, logger: logger,
+        onRunning: { p in port.withLock { $0 = p } })
     let running = Task { try await app.runService(gracefulShutdownSignals: []) }
     defer { running.cancel() }
     guard await eventually(seconds: 30, { port.withLock { $0 } != nil }), let p = port.withLock({ $0 }) else {
@@ -129,19 +144,27 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
             // Three connections, each shown to be open and counted by a request on it.
             var open: [RawConnection] = []
             for _ in 0..<3 {
-                guard let c = RawConnection(port: port) else { Issue.record("cannot connect"); return }
+                guard let c = RawConnection(port: port) else {
+                    Issue.record("cannot connect")
+                    return
+                }
                 let healthy = await offPool { c.health() }
                 #expect(healthy)
                 open.append(c)
             }
             // The fourth is accepted by the kernel and closed by the server at once.
-            guard let fourth = RawConnection(port: port) else { Issue.record("cannot connect"); return }
+            guard let fourth = RawConnection(port: port) else {
+                Issue.record("cannot connect")
+                return
+            }
             fourth.send("GET /health HTTP/1.1\r\nHost: coffer\r\n\r\n")
             let fourthRead = await offPool { fourth.read() }
             #expect(fourthRead == .closed)
             // Once one closes, a new connection is served again (the count follows closes).
             open.removeFirst()
-            let served = await eventuallyOffPool(seconds: 120) { RawConnection(port: port, receiveTimeout: 20)?.health() ?? false }
+            let served = await eventuallyOffPool(seconds: 120) {
+                RawConnection(port: port, receiveTimeout: 20)?.health() ?? false
+            }
             #expect(served)
             let stillOpen = await offPool { [open] in open.allSatisfy { $0.health() } }
             #expect(stillOpen, "connections within the cap keep working")
@@ -157,7 +180,10 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
             }
             // Half a request head, never finished (a slow-loris client).
             half.send("GET /health HTTP/1.1\r\nHost: coffer\r\n")
-            guard let other = RawConnection(port: port) else { Issue.record("cannot connect"); return }
+            guard let other = RawConnection(port: port) else {
+                Issue.record("cannot connect")
+                return
+            }
             let otherHealthy = await offPool { other.health() }
             #expect(otherHealthy)
             let idleRead = await offPool { idle.read() }
@@ -181,7 +207,10 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
             let bytes = body ?? []
             let path = "/v1/chunks/\(RequestSigning.hex(randomBytes(32)))"
             var lines = ["PUT \(path) HTTP/1.1", "Host: coffer", "Content-Length: \(size)"]
-            for (n, v) in RequestSigning.headers(keys: alice.keys, server: server.identity, method: "PUT", path: path, body: bytes, timestamp: nowMillis()) {
+            for (n, v) in RequestSigning.headers(
+                keys: alice.keys, server: server.identity, method: "PUT", path: path, body: bytes,
+                timestamp: nowMillis())
+            {
                 lines.append("\(n): \(v)")
             }
             return lines.joined(separator: "\r\n") + "\r\n\r\n"
@@ -194,10 +223,14 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
             return nil
         }
         // The holder must outlive the waits below even on a loaded machine: no idle timeout here.
-        try await withLiveServer(server, options: .init(idleTimeoutSeconds: nil, maxBufferedBodyBytes: 1_000_000)) { port in
+        try await withLiveServer(server, options: .init(idleTimeoutSeconds: nil, maxBufferedBodyBytes: 1_000_000)) {
+            port in
             let first = await offPool { upload(port) }
             #expect(first == "HTTP/1.1 204", "an upload within the budget")
-            guard let holder = RawConnection(port: port, receiveTimeout: 5) else { Issue.record("cannot connect"); return }
+            guard let holder = RawConnection(port: port, receiveTimeout: 5) else {
+                Issue.record("cannot connect")
+                return
+            }
             holder.send(put(nil))
             // The holder's reservation is made on the server's side; wait until it shows.
             let refused = await eventuallyOffPool(seconds: 120) { upload(port) == "HTTP/1.1 503" }
@@ -208,7 +241,8 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
                 // be rewritten to start a new holder when the first one lost.
                 let holderSaw = await offPool { holder.read() }
                 withKnownIssue("body budget not observed as held under full parallel load", isIntermittent: true) {
-                    Issue.record("a second large body was accepted while the first held the budget; the holder saw \(holderSaw)")
+                    Issue.record(
+                        "a second large body was accepted while the first held the budget; the holder saw \(holderSaw)")
                 }
             }
             holder.shutdown()
@@ -221,12 +255,19 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
     /// sends none, so an answer proves the server did not wait to collect it.
     @Test func refusedRequestsAreAnsweredWithoutReadingTheirBody() async throws {
         let (server, _) = try makeServer()
-        let alice = TestUser(), stranger = TestUser()
+        let alice = TestUser()
+        let stranger = TestUser()
         _ = try server.createAccount(caller: alice.key, alice.createRequest)
         func head(_ user: TestUser?, timestamp: Int64) -> String {
-            var lines = ["POST /v1/files/upsert HTTP/1.1", "Host: coffer", "Content-Type: application/json", "Content-Length: 20000000"]
+            var lines = [
+                "POST /v1/files/upsert HTTP/1.1", "Host: coffer", "Content-Type: application/json",
+                "Content-Length: 20000000",
+            ]
             if let user {
-                for (n, v) in RequestSigning.headers(keys: user.keys, server: server.identity, method: "POST", path: "/v1/files/upsert", body: [], timestamp: timestamp) {
+                for (n, v) in RequestSigning.headers(
+                    keys: user.keys, server: server.identity, method: "POST", path: "/v1/files/upsert", body: [],
+                    timestamp: timestamp)
+                {
                     lines.append("\(n): \(v)")
                 }
             }
@@ -241,7 +282,10 @@ func eventuallyOffPool(seconds: Int, _ condition: @escaping @Sendable () -> Bool
         ]
         try await withLiveServer(server, options: .init()) { port in
             for (name, request) in cases {
-                guard let c = RawConnection(port: port) else { Issue.record("cannot connect"); return }
+                guard let c = RawConnection(port: port) else {
+                    Issue.record("cannot connect")
+                    return
+                }
                 c.send(request)
                 let outcome = await offPool { c.read() }
                 guard case .data(let text) = outcome else {

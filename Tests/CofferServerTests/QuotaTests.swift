@@ -23,7 +23,8 @@ final class WatchedContentStorage: ContentStorage {
     let metadata: Mutex<(any MetadataStorage)?> = Mutex(nil)
 
     init(_ dir: URL) throws {
-        inner = try DirectoryContentStorage(root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp"))
+        inner = try DirectoryContentStorage(
+            root: dir.appendingPathComponent("chunks"), tmp: dir.appendingPathComponent("tmp"))
     }
 
     func stage(_ key: ChunkKey, bytes: [UInt8]) throws -> StagedChunk { try inner.stage(key, bytes: bytes) }
@@ -68,13 +69,19 @@ final class WatchedContentStorage: ContentStorage {
 }
 
 /// A server over a `WatchedContentStorage`.
-func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkResponse: Int = CofferServer.defaultMaxChunkResponseBytes)
-    throws -> (CofferServer, WatchedContentStorage, URL) {
+func makeWatchedServer(
+    quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkResponse: Int = CofferServer.defaultMaxChunkResponseBytes
+)
+    throws -> (CofferServer, WatchedContentStorage, URL)
+{
     let dir = tempDirectory()
     let content = try WatchedContentStorage(dir)
     let meta = try SQLiteMetadataStorage(path: dir.appendingPathComponent("metadata.sqlite").path)
     content.metadata.withLock { $0 = meta }
-    return (CofferServer(metadata: meta, content: content, quotaBytes: quota, maxChunkResponseBytes: maxChunkResponse), content, dir)
+    return (
+        CofferServer(metadata: meta, content: content, quotaBytes: quota, maxChunkResponseBytes: maxChunkResponse),
+        content, dir
+    )
 }
 
 @Suite struct QuotaTests {
@@ -89,12 +96,18 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
         let (small, _) = try makeServer(quota: 3 * QuotaRule.minimumChunkBytes)
         let b = try Device(small, TestUser())
         for _ in 0..<3 { try small.putChunk(caller: b.user.key, id: Data(randomBytes(32)), bytes: []) }
-        expectRefusal(413, ErrorResponse.quotaExceeded) { try small.putChunk(caller: b.user.key, id: Data(randomBytes(32)), bytes: []) }
+        expectRefusal(413, ErrorResponse.quotaExceeded) {
+            try small.putChunk(caller: b.user.key, id: Data(randomBytes(32)), bytes: [])
+        }
         // A tiny manifest counts a row's minimum.
         let sealed = randomBytes(1)
-        try server.putManifest(caller: a.user.key, PutManifestRequest(fileID: Data(newFileID().bytes), digest: Data(blake2b(sealed)),
-                                                                      sealed: Data(sealed), chunkIDs: []))
-        #expect(try server.usage(caller: a.user.key).bytes == 2 * QuotaRule.minimumChunkBytes + QuotaRule.minimumRowBytes)
+        try server.putManifest(
+            caller: a.user.key,
+            PutManifestRequest(
+                fileID: Data(newFileID().bytes), digest: Data(blake2b(sealed)),
+                sealed: Data(sealed), chunkIDs: []))
+        #expect(
+            try server.usage(caller: a.user.key).bytes == 2 * QuotaRule.minimumChunkBytes + QuotaRule.minimumRowBytes)
     }
 
     @Test func recordsCountAtTheirCurrentSize() throws {
@@ -183,14 +196,18 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
             let uploads = (0..<8).map { randomBytes(20_000 + 1000 * $0) }
             let failures = Atomic<Int>(0)
             DispatchQueue.concurrentPerform(iterations: uploads.count) { i in
-                do { try server.putChunk(caller: a.user.key, id: id, bytes: uploads[i]) } catch { failures.add(1, ordering: .relaxed) }
+                do { try server.putChunk(caller: a.user.key, id: id, bytes: uploads[i]) } catch {
+                    failures.add(1, ordering: .relaxed)
+                }
             }
             #expect(failures.load(ordering: .relaxed) == 0)
-            let stored = try #require(ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id]))?.first?.sealed)
-            let isOneOfTheUploads = uploads.contains(stored) // not printed on failure: megabytes of numbers
+            let stored = try #require(
+                ChunkBundle.decode(try server.getChunks(caller: a.user.key, ids: [id]))?.first?.sealed)
+            let isOneOfTheUploads = uploads.contains(stored)  // not printed on failure: megabytes of numbers
             #expect(isOneOfTheUploads, "the stored chunk (\(stored.count) bytes) is none of the uploads")
             let idHex = RequestSigning.hex(Array(id))
-            let file = dir.appendingPathComponent("chunks/\(RequestSigning.hex(Array(a.user.key)))/\(idHex.prefix(2))/\(idHex)")
+            let file = dir.appendingPathComponent(
+                "chunks/\(RequestSigning.hex(Array(a.user.key)))/\(idHex.prefix(2))/\(idHex)")
             // The file in place is the upload that was counted.
             #expect(try Data(contentsOf: file) == Data(stored))
             #expect(try server.usage(caller: a.user.key).bytes - before == Int64(stored.count))
@@ -241,7 +258,9 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
         let s = try CofferServer.open(directory: dir, registration: .invite)
         let codes = try s.makeInvites(count: 3)
         #expect(Set(codes).count == 3 && codes.allSatisfy { $0.count == 32 && RequestSigning.unhex($0) != nil })
-        let u1 = TestUser("one"), u2 = TestUser("two"), u3 = TestUser("one")
+        let u1 = TestUser("one")
+        let u2 = TestUser("two")
+        let u3 = TestUser("one")
         // No code, a malformed one, an unknown one.
         expectRefusal(403, ErrorResponse.forbidden) { _ = try s.createAccount(caller: u1.key, u1.createRequest) }
         for bad in ["", "nonsense", String(repeating: "0", count: 32)] {
@@ -250,7 +269,7 @@ func makeWatchedServer(quota: Int64 = CofferServer.defaultQuotaBytes, maxChunkRe
             expectRefusal(403, ErrorResponse.forbidden) { _ = try s.createAccount(caller: u1.key, req) }
         }
         var req1 = u1.createRequest
-        req1.invite = codes[0].uppercased() // copied by hand: case does not matter
+        req1.invite = codes[0].uppercased()  // copied by hand: case does not matter
         _ = try s.createAccount(caller: u1.key, req1)
         // Used once: gone.
         var req2 = u2.createRequest

@@ -10,8 +10,9 @@ import Testing
 @Suite struct RevisionTests {
     func upsert(_ a: Device, _ m: FileMetadata, revision: UInt64, expected: UInt64? = nil) throws -> Int64 {
         let prev = a.seen[m.id]
-        let update = FileUpdate(record: a.user.sign(m, revision: revision), expectedParent: prev.map { Data($0.parent.bytes) },
-                                expectedNameMAC: prev.map { Data($0.name.mac) }, expectedRevision: expected)
+        let update = FileUpdate(
+            record: a.user.sign(m, revision: revision), expectedParent: prev.map { Data($0.parent.bytes) },
+            expectedNameMAC: prev.map { Data($0.name.mac) }, expectedRevision: expected)
         let v = try a.server.upsert(caller: a.user.key, UpsertRequest(updates: [update])).version
         a.seen[m.id] = m
         return v

@@ -23,13 +23,23 @@ struct TestUser: Sendable {
         self.username = username
     }
 
-    var createRequest: CreateAccountRequest { CreateAccountRequest(username: username, signingKey: key, boxKey: boxKey) }
+    var createRequest: CreateAccountRequest {
+        CreateAccountRequest(username: username, signingKey: key, boxKey: boxKey)
+    }
 
     /// Signs `m` with a revision above every earlier one of this process, as a device's pushes
     /// are above the records they were based on.
     func sign(_ m: FileMetadata, revision: UInt64? = nil) -> Data {
-        let r = revision ?? nextRevision.withLock { $0 += 1; return $0 }
-        return Data(SignedMetadata(metadata: m, revision: r, signature: keys.sign(SignedMetadata.message(metadata: m, revision: r))).encoded())
+        let r =
+            revision
+            ?? nextRevision.withLock {
+                $0 += 1
+                return $0
+            }
+        return Data(
+            SignedMetadata(
+                metadata: m, revision: r, signature: keys.sign(SignedMetadata.message(metadata: m, revision: r))
+            ).encoded())
     }
 }
 
@@ -43,26 +53,33 @@ func sealedName(_ plain: String) -> SealedName {
 }
 
 func rootRecord(_ u: TestUser, id: FileID = newFileID()) -> FileMetadata {
-    FileMetadata(id: id, type: .folder, parent: id, name: sealedName(""), owner: u.id, wrappedKey: [],
-                 access: [AccessEntry(account: u.id, mode: .owner, sealedKey: randomBytes(80))],
-                 sealedAttributes: randomBytes(20), lastModifiedBy: u.id)
+    FileMetadata(
+        id: id, type: .folder, parent: id, name: sealedName(""), owner: u.id, wrappedKey: [],
+        access: [AccessEntry(account: u.id, mode: .owner, sealedKey: randomBytes(80))],
+        sealedAttributes: randomBytes(20), lastModifiedBy: u.id)
 }
 
-func record(_ u: TestUser, _ type: FileType, in parent: FileID, named name: String, id: FileID = newFileID(),
-            digest: [UInt8]? = nil) -> FileMetadata {
-    FileMetadata(id: id, type: type, parent: parent, name: sealedName(name), owner: u.id, wrappedKey: randomBytes(72),
-                 sealedAttributes: randomBytes(20), contentDigest: digest, lastModifiedBy: u.id)
+func record(
+    _ u: TestUser, _ type: FileType, in parent: FileID, named name: String, id: FileID = newFileID(),
+    digest: [UInt8]? = nil
+) -> FileMetadata {
+    FileMetadata(
+        id: id, type: type, parent: parent, name: sealedName(name), owner: u.id, wrappedKey: randomBytes(72),
+        sealedAttributes: randomBytes(20), contentDigest: digest, lastModifiedBy: u.id)
 }
 
 func tempDirectory() -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent("coffer-server-tests-\(UUID().uuidString)", isDirectory: true)
+    let url = FileManager.default.temporaryDirectory.appendingPathComponent(
+        "coffer-server-tests-\(UUID().uuidString)", isDirectory: true)
     try? FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     return url
 }
 
 /// A server on the embedded defaults in a fresh directory, plus the directory.
-func makeServer(quota: Int64 = CofferServer.defaultQuotaBytes,
-                clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }) throws -> (CofferServer, URL) {
+func makeServer(
+    quota: Int64 = CofferServer.defaultQuotaBytes,
+    clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
+) throws -> (CofferServer, URL) {
     let dir = tempDirectory()
     return (try CofferServer.open(directory: dir, quotaBytes: quota, clock: clock), dir)
 }
@@ -90,15 +107,19 @@ final class Device: @unchecked Sendable {
 
     func update(for m: FileMetadata) -> FileUpdate {
         let prev = seen[m.id]
-        return FileUpdate(record: signed(m).bytes, expectedParent: prev.map { Data($0.parent.bytes) },
-                          expectedNameMAC: prev.map { Data($0.name.mac) }, expectedRevision: sent[m.id]?.revision)
+        return FileUpdate(
+            record: signed(m).bytes, expectedParent: prev.map { Data($0.parent.bytes) },
+            expectedNameMAC: prev.map { Data($0.name.mac) }, expectedRevision: sent[m.id]?.revision)
     }
 
     @discardableResult
     func push(_ records: [FileMetadata]) throws -> Int64 {
         let signed = records.map(signed)
         let v = try server.upsert(caller: user.key, UpsertRequest(updates: records.map(update(for:)))).version
-        for (m, s) in zip(records, signed) { seen[m.id] = m; sent[m.id] = s }
+        for (m, s) in zip(records, signed) {
+            seen[m.id] = m
+            sent[m.id] = s
+        }
         return v
     }
 
@@ -112,7 +133,9 @@ final class Device: @unchecked Sendable {
         }
         let sealed = randomBytes(64)
         let digest = blake2b(sealed)
-        try server.putManifest(caller: user.key, PutManifestRequest(fileID: Data(file.bytes), digest: Data(digest), sealed: Data(sealed), chunkIDs: ids))
+        try server.putManifest(
+            caller: user.key,
+            PutManifestRequest(fileID: Data(file.bytes), digest: Data(digest), sealed: Data(sealed), chunkIDs: ids))
         return digest
     }
 
@@ -120,7 +143,9 @@ final class Device: @unchecked Sendable {
 }
 
 /// Expects `body` to fail with this status (and code, when given).
-func expectRefusal(_ status: Int, _ code: String? = nil, sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void) {
+func expectRefusal(
+    _ status: Int, _ code: String? = nil, sourceLocation: SourceLocation = #_sourceLocation, _ body: () throws -> Void
+) {
     do {
         try body()
         Issue.record("expected \(status) \(code ?? ""), but it succeeded", sourceLocation: sourceLocation)

@@ -29,8 +29,13 @@ import Testing
     }
 
     func recordHex(_ world: SyncWorld, _ id: FileID) -> String {
-        run("/usr/bin/sqlite3", [world.server.dataDirectory + "/metadata.sqlite",
-                                 "SELECT hex(record) FROM file WHERE id = X'\(hexString(id.bytes))'"]).out
+        run(
+            "/usr/bin/sqlite3",
+            [
+                world.server.dataDirectory + "/metadata.sqlite",
+                "SELECT hex(record) FROM file WHERE id = X'\(hexString(id.bytes))'",
+            ]
+        ).out
             .trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
@@ -41,8 +46,9 @@ import Testing
         } catch {
             #expect("\(error)".contains(text), "\(error)", sourceLocation: sourceLocation)
         }
-        #expect(d.vault.syncStatus.lastError?.contains(text) == true, "status: \(d.vault.syncStatus.lastError ?? "-")",
-                sourceLocation: sourceLocation)
+        #expect(
+            d.vault.syncStatus.lastError?.contains(text) == true, "status: \(d.vault.syncStatus.lastError ?? "-")",
+            sourceLocation: sourceLocation)
     }
 
     @Test func anOlderRecordServedAgainIsRefused() async throws {
@@ -51,14 +57,20 @@ import Testing
         try await world.sync(world.a, world.b)
         let id = try world.a.vault.resolve("/notes.txt").id
         let old = recordHex(world, id)
-        let oldDigest = run("/usr/bin/sqlite3", [world.server.dataDirectory + "/metadata.sqlite",
-                                                 "SELECT hex(digest) FROM file WHERE id = X'\(hexString(id.bytes))'"]).out
+        let oldDigest = run(
+            "/usr/bin/sqlite3",
+            [
+                world.server.dataDirectory + "/metadata.sqlite",
+                "SELECT hex(digest) FROM file WHERE id = X'\(hexString(id.bytes))'",
+            ]
+        ).out
             .trimmingCharacters(in: .whitespacesAndNewlines)
         try world.a.write("/notes.txt", "second")
         try await world.sync(world.a, world.b)
         #expect(try world.b.read("/notes.txt") == "second")
 
-        try editServer(world, bump(id, set: "record = X'\(old)', digest = X'\(oldDigest)', content_version = version + 1"))
+        try editServer(
+            world, bump(id, set: "record = X'\(old)', digest = X'\(oldDigest)', content_version = version + 1"))
         await expectRefused(world.b, containing: "older record")
         #expect(try world.b.read("/notes.txt") == "second")
         await expectRefused(world.a, containing: "older record")

@@ -6,8 +6,9 @@ import CofferVault
 import Foundation
 import Synchronization
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A fake server on a loopback port, speaking just enough HTTP/1.1 to answer each request with
@@ -40,9 +41,16 @@ final class FakeServer: @unchecked Sendable {
         addr.sin_addr.s_addr = inet_addr("127.0.0.1")
         addr.sin_port = 0
         var len = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) } }
-        guard bound == 0, listen(fd, 64) == 0 else { close(fd); throw TestFailure("bind/listen: \(errno)") }
-        _ = withUnsafeMutablePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) } }
+        let bound = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) }
+        }
+        guard bound == 0, listen(fd, 64) == 0 else {
+            close(fd)
+            throw TestFailure("bind/listen: \(errno)")
+        }
+        _ = withUnsafeMutablePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &len) }
+        }
         listener = fd
         port = Int(UInt16(bigEndian: addr.sin_port))
         Thread.detachNewThread { [self] in acceptLoop() }
@@ -74,11 +82,12 @@ final class FakeServer: @unchecked Sendable {
         let lines = head.components(separatedBy: "\r\n")
         let parts = (lines.first ?? "").split(separator: " ")
         guard parts.count >= 2 else { return }
-        let length = lines.compactMap { line -> Int? in
-            let kv = line.split(separator: ":", maxSplits: 1)
-            guard kv.count == 2, kv[0].lowercased() == "content-length" else { return nil }
-            return Int(kv[1].trimmingCharacters(in: .whitespaces))
-        }.first ?? 0
+        let length =
+            lines.compactMap { line -> Int? in
+                let kv = line.split(separator: ":", maxSplits: 1)
+                guard kv.count == 2, kv[0].lowercased() == "content-length" else { return nil }
+                return Int(kv[1].trimmingCharacters(in: .whitespaces))
+            }.first ?? 0
         while buffer.count - (end + 4) < length {
             let n = chunk.withUnsafeMutableBytes { recv(fd, $0.baseAddress, 65536, 0) }
             if n <= 0 { return }
@@ -87,7 +96,8 @@ final class FakeServer: @unchecked Sendable {
         let (method, path) = (String(parts[0]), String(parts[1]))
         requests.withLock { $0.append("\(method) \(path)") }
         // Its id, as every server tells it before a client signs anything.
-        let reply: Reply = method == "GET" && path == "/v1/server"
+        let reply: Reply =
+            method == "GET" && path == "/v1/server"
             ? .full(status: 200, body: Array(#"{"id":"ZmFrZS1zZXJ2ZXItaWQxNg=="}"#.utf8)) : handler(method, path)
         switch reply {
         case .full(let status, let body, let contentLength):
@@ -95,12 +105,13 @@ final class FakeServer: @unchecked Sendable {
             if contentLength { out += "Content-Length: \(body.count)\r\n" }
             _ = sendAll(fd, Array((out + "\r\n").utf8) + body)
         case .trickle(let declared, let interval):
-            let out = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: \(declared)\r\n\r\n"
+            let out =
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: \(declared)\r\n\r\n"
             guard sendAll(fd, Array(out.utf8)) else { return }
             for _ in 0..<declared {
                 if stopped.load(ordering: .relaxed) { return }
                 usleep(UInt32(interval * 1_000_000))
-                guard sendAll(fd, [0x20]) else { return } // the client gave up and closed
+                guard sendAll(fd, [0x20]) else { return }  // the client gave up and closed
             }
         }
     }
@@ -133,10 +144,15 @@ final class FakeServer: @unchecked Sendable {
 /// Runs `body`, failing (instead of hanging the test run) if it has not finished after `seconds`.
 /// Not a timing assertion: the bound is many times what the client's own deadline allows, and
 /// is reached only when the client hangs.
-func failingIfHung<T: Sendable>(after seconds: UInt64, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+func failingIfHung<T: Sendable>(
+    after seconds: UInt64, _ body: @escaping @Sendable () async throws -> T
+) async throws -> T {
     try await withThrowingTaskGroup(of: T?.self) { group in
         group.addTask { try await body() }
-        group.addTask { try await Task.sleep(nanoseconds: seconds * 1_000_000_000); return nil }
+        group.addTask {
+            try await Task.sleep(nanoseconds: seconds * 1_000_000_000)
+            return nil
+        }
         defer { group.cancelAll() }
         guard let first = try await group.next(), let result = first else {
             throw TestFailure("still running after \(seconds) s: the client hangs")
@@ -146,7 +162,9 @@ func failingIfHung<T: Sendable>(after seconds: UInt64, _ body: @escaping @Sendab
 }
 
 /// A device of a new account whose server is `url`, with a transport whose deadline is short.
-func hostileDevice(_ tmp: TemporaryDirectory, _ url: String, maxResponseBytes: Int = 256 * 1024 * 1024) throws -> (Vault, SyncEngine) {
+func hostileDevice(
+    _ tmp: TemporaryDirectory, _ url: String, maxResponseBytes: Int = 256 * 1024 * 1024
+) throws -> (Vault, SyncEngine) {
     let vault = try Vault.create(dataDirectory: tmp.sub("device"), username: "victim", secret: AccountSecret.generate())
     try vault.setServer(url)
     let transport = HTTPTransport(baseURL: url, timeout: .seconds(2), maxResponseBytes: maxResponseBytes)
@@ -163,14 +181,19 @@ func hasControlCharacters(_ s: String) -> Bool {
     @Test func updatesThatAlwaysSayMoreWithTheSameCursorEndInAnError() async throws {
         let tmp = TemporaryDirectory("coffer-hostile")
         let server = try FakeServer { _, path in
-            path.hasSuffix("/updates") ? .full(status: 200, body: Array(#"{"files":[],"latest":5,"more":true}"#.utf8)) : .full(status: 404, body: [])
+            path.hasSuffix("/updates")
+                ? .full(status: 200, body: Array(#"{"files":[],"latest":5,"more":true}"#.utf8))
+                : .full(status: 404, body: [])
         }
         defer { server.stop() }
         let (vault, engine) = try hostileDevice(tmp, server.url)
         let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
             do { return .success(try await engine.sync()) } catch { return .failure(error) }
         }
-        guard case .failure(let error) = outcome else { Issue.record("the sync succeeded against a looping server"); return }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync succeeded against a looping server")
+            return
+        }
         #expect("\(error)".contains("keeps saying there are more updates without sending any new record"), "\(error)")
         // It stopped after a handful of requests, not thousands.
         #expect(server.requests.withLock { $0.count } < 10)
@@ -186,13 +209,16 @@ func hasControlCharacters(_ s: String) -> Bool {
             guard path.hasSuffix("/updates") else { return .full(status: 404, body: []) }
             let n = pages.add(1, ordering: .relaxed).newValue
             let id = (try? FileID(random: (0..<16).map { _ in UInt8.random(in: 0...255) })) ?? FileID.none
-            let forged = SignedMetadata(metadata: FileMetadata(id: id, type: .folder, parent: id, name: SealedName(ciphertext: [1], mac: [2]),
-                                                               owner: stranger,
-                                                               wrappedKey: [], sealedAttributes: [3],
-                                                               lastModifiedBy: stranger),
-                                        signature: [UInt8](repeating: 9, count: 64))
+            let forged = SignedMetadata(
+                metadata: FileMetadata(
+                    id: id, type: .folder, parent: id, name: SealedName(ciphertext: [1], mac: [2]),
+                    owner: stranger,
+                    wrappedKey: [], sealedAttributes: [3],
+                    lastModifiedBy: stranger),
+                signature: [UInt8](repeating: 9, count: 64))
             let record = Data(forged.encoded()).base64EncodedString()
-            let json = #"{"files":[{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}],"latest":\#(n),"more":true}"#
+            let json =
+                #"{"files":[{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}],"latest":\#(n),"more":true}"#
             return .full(status: 200, body: Array(json.utf8))
         }
         defer { server.stop() }
@@ -200,7 +226,10 @@ func hasControlCharacters(_ s: String) -> Bool {
         let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
             do { return .success(try await engine.sync()) } catch { return .failure(error) }
         }
-        guard case .failure(let error) = outcome else { Issue.record("the sync succeeded against a looping server"); return }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync succeeded against a looping server")
+            return
+        }
         // Every page is verified as it arrives: the first forged record ends the pull.
         #expect("\(error)".contains("written by another account"), "\(error)")
         #expect(pages.load(ordering: .relaxed) == 1)
@@ -214,7 +243,10 @@ func hasControlCharacters(_ s: String) -> Bool {
         let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
             do { return .success(try await engine.sync()) } catch { return .failure(error) }
         }
-        guard case .failure(let error) = outcome else { Issue.record("the sync succeeded against a trickling server"); return }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync succeeded against a trickling server")
+            return
+        }
         #expect("\(error)".contains("no complete reply"), "\(error)")
     }
 
@@ -228,11 +260,15 @@ func hasControlCharacters(_ s: String) -> Bool {
         let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
             do { return .success(try await engine.sync()) } catch { return .failure(error) }
         }
-        guard case .failure(let error) = outcome else { Issue.record("the sync accepted an oversized reply"); return }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync accepted an oversized reply")
+            return
+        }
         #expect("\(error)".contains("larger than 65536 bytes"), "\(error)")
     }
 
-    static let escapes = "\u{1b}[2J\u{1b}]0;pwned\u{07}server says hi\u{9b}31m!\u{1b}P1;2|secret\u{1b}\\\r\nsecond line\u{7f}\u{202e}"
+    static let escapes =
+        "\u{1b}[2J\u{1b}]0;pwned\u{07}server says hi\u{9b}31m!\u{1b}P1;2|secret\u{1b}\\\r\nsecond line\u{7f}\u{202e}"
 
     @Test(arguments: [true, false])
     func escapeSequencesInServerErrorsNeverReachTheTerminalOrStatus(asJSON: Bool) async throws {
@@ -240,7 +276,9 @@ func hasControlCharacters(_ s: String) -> Bool {
         let body: [UInt8]
         if asJSON {
             // JSON escapes decode to the raw control characters.
-            let encoded = try JSONEncoder().encode(["code": "bad\u{1b}[31mcode", "message": Self.escapes + String(repeating: "A", count: 5000)])
+            let encoded = try JSONEncoder().encode([
+                "code": "bad\u{1b}[31mcode", "message": Self.escapes + String(repeating: "A", count: 5000),
+            ])
             body = [UInt8](encoded)
         } else {
             body = Array(Self.escapes.utf8)
@@ -251,7 +289,10 @@ func hasControlCharacters(_ s: String) -> Bool {
         let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 60) {
             do { return .success(try await engine.sync()) } catch { return .failure(error) }
         }
-        guard case .failure(let error) = outcome else { Issue.record("the sync succeeded against a refusing server"); return }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync succeeded against a refusing server")
+            return
+        }
         let message = "\(error)"
         #expect(!hasControlCharacters(message), "\(message.debugDescription)")
         #expect(message.contains("server says hi!"), "\(message.debugDescription)")

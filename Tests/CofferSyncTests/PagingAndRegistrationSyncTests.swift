@@ -15,9 +15,14 @@ final class PageRecordingTransport: ServerTransport {
 
     init(inner: HTTPTransport) { self.inner = inner }
 
-    func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8]) {
-        let reply = try await inner.send(method: method, path: path, headers: headers, body: body, contentType: contentType)
-        if path.hasSuffix("/updates"), let page = try? JSONDecoder().decode(UpdatesResponse.self, from: Data(reply.body)) {
+    func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8]) {
+        let reply = try await inner.send(
+            method: method, path: path, headers: headers, body: body, contentType: contentType)
+        if path.hasSuffix("/updates"),
+            let page = try? JSONDecoder().decode(UpdatesResponse.self, from: Data(reply.body))
+        {
             pages.withLock { $0.append(page.files.count) }
         }
         return reply
@@ -30,8 +35,12 @@ final class PageRecordingTransport: ServerTransport {
 final class StuckCursorTransport: ServerTransport {
     let requests = Atomic<Int>(0)
 
-    func send(method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String) async throws -> (status: Int, body: [UInt8]) {
-        if path == API.prefix + "/server" { return (200, Array(try JSONEncoder().encode(ServerInfoResponse(id: Data(repeating: 7, count: 16))))) }
+    func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8]) {
+        if path == API.prefix + "/server" {
+            return (200, Array(try JSONEncoder().encode(ServerInfoResponse(id: Data(repeating: 7, count: 16)))))
+        }
         // Bounded, so a client that loops fails this test instead of hanging it.
         guard requests.add(1, ordering: .relaxed).newValue <= 50 else { return (503, []) }
         guard path.hasSuffix("/updates") else { return (404, []) }
@@ -68,7 +77,8 @@ final class StuckCursorTransport: ServerTransport {
     /// `more` with a cursor that does not move ends the sync with an error, not a loop.
     @Test func aServerWhoseCursorDoesNotAdvanceIsRefused() async throws {
         let tmp = TemporaryDirectory("coffer-sync-stuck")
-        let vault = try Vault.create(dataDirectory: tmp.sub("device"), username: "stuck", secret: AccountSecret.generate(), createRoot: false)
+        let vault = try Vault.create(
+            dataDirectory: tmp.sub("device"), username: "stuck", secret: AccountSecret.generate(), createRoot: false)
         let transport = StuckCursorTransport()
         let engine = SyncEngine(vault: vault, transport: transport)
         do {
@@ -95,7 +105,10 @@ final class StuckCursorTransport: ServerTransport {
             return SyncEngine(vault: vault, transport: HTTPTransport(baseURL: server.url))
         }
         func refusal(_ body: () async throws -> Void) async -> Int? {
-            do { try await body(); return nil } catch let SyncError.server(status, _, _) { return status } catch { return -1 }
+            do {
+                try await body()
+                return nil
+            } catch let SyncError.server(status, _, _) { return status } catch { return -1 }
         }
         let first = try engine("first")
         #expect(await refusal { try await first.register() } == 403)
@@ -113,11 +126,15 @@ final class StuckCursorTransport: ServerTransport {
 
         // The same data, served closed: nobody new, existing accounts still sync.
         server.stop()
-        let closed = try ServerProcess(dataDirectory: server.dataDirectory, extraArguments: ["--registration", "closed"])
+        let closed = try ServerProcess(
+            dataDirectory: server.dataDirectory, extraArguments: ["--registration", "closed"])
         let more = run(closed.binary, ["invite", "--data", closed.dataDirectory])
         let third = try engine("third")
         let thirdEngine = SyncEngine(vault: third.vault, transport: HTTPTransport(baseURL: closed.url))
-        #expect(await refusal { try await thirdEngine.register(invite: more.out.trimmingCharacters(in: .whitespacesAndNewlines)) } == 403)
+        #expect(
+            await refusal {
+                try await thirdEngine.register(invite: more.out.trimmingCharacters(in: .whitespacesAndNewlines))
+            } == 403)
         try await SyncEngine(vault: first.vault, transport: HTTPTransport(baseURL: closed.url)).sync()
         // A bad policy is refused at start.
         let bad = run(server.binary, ["--data", tmp.sub("other"), "--registration", "sometimes"])

@@ -83,8 +83,9 @@ import Testing
         try await w.b.sync()
         #expect(!w.b.exists("/gone.txt") && w.b.exists("/keep.txt"))
         // A device that joins now never sees the file either.
-        let c = try Vault.create(dataDirectory: w.tmp.sub("late"), username: w.a.vault.username, secret: w.a.vault.exportedSecret,
-                                 createRoot: false)
+        let c = try Vault.create(
+            dataDirectory: w.tmp.sub("late"), username: w.a.vault.username, secret: w.a.vault.exportedSecret,
+            createRoot: false)
         try c.setServer(w.server.url)
         try await SyncEngine(vault: c, transport: HTTPTransport(baseURL: w.server.url)).sync()
         #expect((try? c.resolve("/gone.txt")) == nil)

@@ -10,10 +10,15 @@ import Testing
 @Suite(.serialized) struct TLSTests {
     /// A self-signed certificate for 127.0.0.1 and its key, made by openssl.
     func certificate(in tmp: TemporaryDirectory) throws -> (cert: String, key: String) {
-        let cert = tmp.path + "/cert.pem", key = tmp.path + "/key.pem"
-        let r = run("/usr/bin/openssl", ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                                         "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=127.0.0.1",
-                                         "-addext", "subjectAltName=IP:127.0.0.1"])
+        let cert = tmp.path + "/cert.pem"
+        let key = tmp.path + "/key.pem"
+        let r = run(
+            "/usr/bin/openssl",
+            [
+                "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=127.0.0.1",
+                "-addext", "subjectAltName=IP:127.0.0.1",
+            ])
         guard r.status == 0 else { throw TestFailure("openssl: \(r.err)") }
         return (cert, key)
     }
@@ -21,7 +26,8 @@ import Testing
     @Test func devicesSyncOverHTTPSTrustingTheServersCertificate() async throws {
         let tmp = TemporaryDirectory("coffer-tls")
         let (cert, key) = try certificate(in: tmp)
-        let server = try ServerProcess(dataDirectory: tmp.sub("server"), extraArguments: ["--tls-cert", cert, "--tls-key", key])
+        let server = try ServerProcess(
+            dataDirectory: tmp.sub("server"), extraArguments: ["--tls-cert", cert, "--tls-key", key])
         #expect(server.url.hasPrefix("https://"))
         let pem = try #require(FileManager.default.contents(atPath: cert)).map { $0 }
         let secret = AccountSecret.generate()
@@ -69,12 +75,20 @@ import Testing
     }
 
     @Test func plainHTTPOnlyToThisMachineUnlessAllowed() throws {
-        for ok in ["https://example.org", "https://10.0.0.1:8443", "http://127.0.0.1:8080", "http://127.3.4.5", "http://localhost:1",
-                   "http://[::1]:8080"] {
+        for ok in [
+            "https://example.org", "https://10.0.0.1:8443", "http://127.0.0.1:8080", "http://127.3.4.5",
+            "http://localhost:1",
+            "http://[::1]:8080",
+        ] {
             #expect(try HTTPTransport.checkedURL(ok, allowInsecureHTTP: false) == ok)
         }
-        for refused in ["http://10.0.0.1:8080", "http://example.org", "http://128.0.0.1", "ftp://127.0.0.1", "127.0.0.1:8080", "https://"] {
-            #expect(throws: SyncError.self, "\(refused)") { try HTTPTransport.checkedURL(refused, allowInsecureHTTP: false) }
+        for refused in [
+            "http://10.0.0.1:8080", "http://example.org", "http://128.0.0.1", "ftp://127.0.0.1", "127.0.0.1:8080",
+            "https://",
+        ] {
+            #expect(throws: SyncError.self, "\(refused)") {
+                try HTTPTransport.checkedURL(refused, allowInsecureHTTP: false)
+            }
         }
         #expect(try HTTPTransport.checkedURL("http://10.0.0.1:8080", allowInsecureHTTP: true) == "http://10.0.0.1:8080")
 

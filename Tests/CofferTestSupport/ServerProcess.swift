@@ -1,6 +1,7 @@
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A real `coffer-server` on loopback, on a free port, with its own data directory. Stopped
@@ -31,18 +32,24 @@ public final class ServerProcess: @unchecked Sendable {
         let extraArguments = extraArguments ?? arguments
         signal(SIGPIPE, SIG_IGN)
         var outPipe: [Int32] = [0, 0]
-        spawnLock.lock() // until the child exists: see spawn(), no leaks into other tests' children
+        spawnLock.lock()  // until the child exists: see spawn(), no leaks into other tests' children
         makeCloseOnExecPipe(&outPipe)
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1)
-        posix_spawn_file_actions_addopen(&actions, 2, dataDirectory + "/../server-\(UInt32.random(in: 0...UInt32.max)).log", O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        posix_spawn_file_actions_addopen(
+            &actions, 2, dataDirectory + "/../server-\(UInt32.random(in: 0...UInt32.max)).log",
+            O_WRONLY | O_CREAT | O_APPEND, 0o600)
         posix_spawn_file_actions_addclose(&actions, outPipe[0])
         posix_spawn_file_actions_addclose(&actions, outPipe[1])
         closeInheritedDescriptors(&actions)
         // Tests create many accounts; the per-address creation limit would refuse them.
-        let args = [binary, "--data", dataDirectory, "--host", "127.0.0.1", "--port", String(port), "--accounts-per-minute", "0"] + extraArguments
+        let args =
+            [
+                binary, "--data", dataDirectory, "--host", "127.0.0.1", "--port", String(port), "--accounts-per-minute",
+                "0",
+            ] + extraArguments
         let argv = args.map { strdup($0) } + [nil]
         let envp = ProcessInfo.processInfo.environment.map { strdup("\($0.key)=\($0.value)") } + [nil]
         var child: pid_t = 0
@@ -52,7 +59,10 @@ public final class ServerProcess: @unchecked Sendable {
         for p in envp { free(p) }
         close(outPipe[1])
         spawnLock.unlock()
-        guard rc == 0 else { close(outPipe[0]); throw TestFailure("cannot start \(binary): \(rc)") }
+        guard rc == 0 else {
+            close(outPipe[0])
+            throw TestFailure("cannot start \(binary): \(rc)")
+        }
         pid = child
         outFD = outPipe[0]
         // Read lines until the listening line shows the port.
@@ -66,11 +76,15 @@ public final class ServerProcess: @unchecked Sendable {
             if byte == 0x0a {
                 let line = String(decoding: buffer, as: UTF8.self)
                 buffer = []
-                lock.lock(); output.append(line); lock.unlock()
+                lock.lock()
+                output.append(line)
+                lock.unlock()
                 if let r = line.range(of: "listening on "), let sep = line[r.upperBound...].range(of: "://") {
                     scheme = String(line[r.upperBound..<sep.lowerBound])
                     let rest = line[sep.upperBound...]
-                    if let colon = rest.lastIndex(of: ":"), let p = Int(rest[rest.index(after: colon)...].prefix(while: { $0.isNumber })) {
+                    if let colon = rest.lastIndex(of: ":"),
+                        let p = Int(rest[rest.index(after: colon)...].prefix(while: { $0.isNumber }))
+                    {
                         port = p
                         found = true
                     }
@@ -79,7 +93,10 @@ public final class ServerProcess: @unchecked Sendable {
                 buffer.append(byte)
             }
         }
-        guard found else { stop(); throw TestFailure("coffer-server did not report its port: \(output)") }
+        guard found else {
+            stop()
+            throw TestFailure("coffer-server did not report its port: \(output)")
+        }
         // Keep draining stdout so the server never blocks on a full pipe.
         let fd = outFD
         Thread.detachNewThread {
@@ -96,7 +113,11 @@ public final class ServerProcess: @unchecked Sendable {
         var status: Int32 = 0
         let deadline = Date().addingTimeInterval(10)
         while waitpid(pid, &status, WNOHANG) == 0 {
-            if Date() > deadline { kill(pid, SIGKILL); waitpid(pid, &status, 0); break }
+            if Date() > deadline {
+                kill(pid, SIGKILL)
+                waitpid(pid, &status, 0)
+                break
+            }
             usleep(10_000)
         }
         pid = -1

@@ -1,8 +1,9 @@
-import Foundation
-import Testing
 import CofferCrypto
 import CofferModel
 import CofferStore
+import Foundation
+import Testing
+
 @testable import CofferVault
 
 @Suite("Vault persistence, sharing a store, integrity")
@@ -50,7 +51,9 @@ struct VaultStoreTests {
             _ = try a.create(in: a.rootID, name: "a-\(round)-again", type: .document, mode: 0o644)
             // B waits (busy timeout) until A's group commits, then writes.
             _ = try b.create(in: b.rootID, name: "b-\(round)", type: .document, mode: 0o644)
-            expectErrno(EEXIST, "round \(round)") { _ = try a.create(in: a.rootID, name: "b-\(round)", type: .document, mode: 0o644) }
+            expectErrno(EEXIST, "round \(round)") {
+                _ = try a.create(in: a.rootID, name: "b-\(round)", type: .document, mode: 0o644)
+            }
             #expect(try a.lookup(a.rootID, "b-\(round)") != nil)
         }
         #expect(try a.check().isClean)
@@ -91,7 +94,8 @@ struct VaultStoreTests {
         let e = expectErrno(17) { _ = try b.create(in: b.rootID, name: "same-name", type: .document, mode: 0o644) }
         #expect(treeError(e) != nil)
         // Moving a folder into a folder the other vault just moved under it is a cycle.
-        let x = try f.folder("x"), y = try f.folder("y")
+        let x = try f.folder("x")
+        let y = try f.folder("y")
         _ = try b.refresh()
         try f.vault.rename(y.id, to: x.id, name: "y")
         expectErrno(22) { try b.rename(x.id, to: y.id, name: "x") }
@@ -180,7 +184,7 @@ struct VaultStoreTests {
         let f = try VaultFixture()
         let doc = try f.document("a", contents: noise(600_000, seed: 5))
         #expect(chunkFiles(f.dataDir).count == 1, "three chunks in one pack")
-        try f.vault.writeAll(doc.id, noise(600_000, seed: 6)) // three new chunks, three unreferenced
+        try f.vault.writeAll(doc.id, noise(600_000, seed: 6))  // three new chunks, three unreferenced
         #expect(chunkFiles(f.dataDir).count == 2)
         // A file whose row never committed (a rolled-back transaction) is swept too.
         let stray = f.dataDir + "/chunks/ab/" + String(repeating: "ab", count: 32)
@@ -198,7 +202,8 @@ struct VaultStoreTests {
         let f = try VaultFixture()
         try f.document("a", contents: Array(repeating: 0x41, count: 1000))
         // Flip one byte in the middle of the sealed chunk.
-        _ = try f.sqlite("""
+        _ = try f.sqlite(
+            """
             UPDATE chunks SET sealed = CAST(substr(sealed, 1, 30) || (CASE WHEN substr(sealed, 31, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(sealed, 32) AS BLOB);
             """)
         let r = try f.vault.check()
@@ -244,8 +249,10 @@ struct VaultStoreTests {
         try f.vault.markPushed(pending, version: 1)
         #expect(try f.vault.check().isClean, "signed on push, verified by fsck")
         // Change one byte of a signed record (its sealed name), keeping the encoding valid.
-        let hex = try f.sqlite("SELECT hex(id) FROM base_files WHERE id != parent LIMIT 1;").trimmingCharacters(in: .whitespacesAndNewlines)
-        _ = try f.sqlite("""
+        let hex = try f.sqlite("SELECT hex(id) FROM base_files WHERE id != parent LIMIT 1;").trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        _ = try f.sqlite(
+            """
             UPDATE base_files SET record = CAST(substr(record, 1, 60) || (CASE WHEN substr(record, 61, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(record, 62) AS BLOB) WHERE id = x'\(hex)';
             """)
         let r = try f.vault.check()
@@ -273,7 +280,7 @@ struct VaultStoreTests {
         try f.vault.writeAll(doc.id, text)
         try f.vault.create(in: folder.id, name: "link", type: .symlink, mode: 0o777, symlinkTarget: "/target/\(marker)")
         try f.vault.setXattr(doc.id, name: "user.\(marker)", value: Array(marker.utf8))
-        let small = try f.document("small", contents: Array(marker.utf8)) // raw (incompressible-size) chunk
+        let small = try f.document("small", contents: Array(marker.utf8))  // raw (incompressible-size) chunk
         try f.vault.rename(small.id, to: folder.id, name: "renamed-\(marker)")
         let h = try f.vault.openDocument(doc.id)
         try h.write(offset: 5, bytes: Array(marker.utf8))
@@ -282,7 +289,10 @@ struct VaultStoreTests {
         try f.vault.store.makeDurable()
 
         // Every byte of every file under the data directory (database, -wal, -shm, locks, secret).
-        let needles = [Array(marker.utf8), Array(marker.lowercased().utf8), Array(marker.utf16).flatMap { [UInt8($0 & 0xff), UInt8($0 >> 8)] }]
+        let needles = [
+            Array(marker.utf8), Array(marker.lowercased().utf8),
+            Array(marker.utf16).flatMap { [UInt8($0 & 0xff), UInt8($0 >> 8)] },
+        ]
         var scanned = 0
         var files: [String] = []
         let enumerator = FileManager.default.enumerator(atPath: f.dataDir)!

@@ -1,8 +1,9 @@
-import Foundation
-import Testing
 import CofferCrypto
 import CofferModel
 import CofferStore
+import Foundation
+import Testing
+
 @testable import CofferVault
 
 @Suite("Vault tree operations")
@@ -66,7 +67,7 @@ struct VaultTreeTests {
         #expect(treeError(e) == .pathConflict("/docs"))
         expectErrno(17) { try f.document("docs") }
         expectErrno(17) { try f.document("note", in: docs.id) }
-        e = expectErrno(20) { try f.document("x", in: note.id) } // parent is a document
+        e = expectErrno(20) { try f.document("x", in: note.id) }  // parent is a document
         expectErrno(2) { try f.document("x", in: try FileID(random: randomBytes(16))) }
         expectErrno(22) { try f.document("") }
         expectErrno(22) { try f.document("a/b") }
@@ -90,8 +91,8 @@ struct VaultTreeTests {
         let f = try VaultFixture()
         try f.document("Readme")
         try f.document("readme")
-        try f.document("café")          // precomposed
-        try f.document("cafe\u{301}")   // decomposed: another byte sequence, another name
+        try f.document("café")  // precomposed
+        try f.document("cafe\u{301}")  // decomposed: another byte sequence, another name
         #expect(try f.vault.children(of: f.root).count == 4)
         #expect(try f.vault.lookup(f.root, "Readme") != nil)
     }
@@ -111,7 +112,8 @@ struct VaultTreeTests {
 
     @Test func renameAndMove() throws {
         let f = try VaultFixture()
-        let a = try f.folder("a"), b = try f.folder("b")
+        let a = try f.folder("a")
+        let b = try f.folder("b")
         let doc = try f.document("doc", in: a.id, contents: Array("content".utf8))
         // Rename in place.
         #expect(try f.vault.rename(doc.id, to: a.id, name: "doc2") == nil)
@@ -171,9 +173,9 @@ struct VaultTreeTests {
         let full = try f.folder("full")
         try f.document("x", in: full.id)
         let dir = try f.folder("dir")
-        expectErrno(21) { try f.vault.rename(doc.id, to: f.root, name: "empty") }   // file over folder: EISDIR
-        expectErrno(20) { try f.vault.rename(dir.id, to: f.root, name: "doc") }     // folder over file: ENOTDIR
-        expectErrno(39) { try f.vault.rename(dir.id, to: f.root, name: "full") }    // over a non-empty folder
+        expectErrno(21) { try f.vault.rename(doc.id, to: f.root, name: "empty") }  // file over folder: EISDIR
+        expectErrno(20) { try f.vault.rename(dir.id, to: f.root, name: "doc") }  // folder over file: ENOTDIR
+        expectErrno(39) { try f.vault.rename(dir.id, to: f.root, name: "full") }  // over a non-empty folder
         #expect(try f.vault.rename(dir.id, to: f.root, name: "empty") == empty.id)  // over an empty folder: fine
         #expect(try f.names() == ["doc", "empty", "full"])
         #expect(try f.vault.resolve("empty").id == dir.id)
@@ -185,13 +187,21 @@ struct VaultTreeTests {
         let c = try f.folder("c", in: a.id)
         let e = try f.folder("e", in: c.id)
         let doc = try f.document("doc")
-        var err = expectErrno(22) { try f.vault.rename(a.id, to: a.id, name: "a") }          // into itself
-        #expect({ if case .cycle? = treeError(err) { return true }; return false }())
-        err = expectErrno(22) { try f.vault.rename(a.id, to: c.id, name: "a") }              // into its subfolder
-        #expect({ if case .cycle? = treeError(err) { return true }; return false }())
-        expectErrno(22) { try f.vault.rename(a.id, to: e.id, name: "a") }                    // deeper
-        expectErrno(20) { try f.vault.rename(a.id, to: doc.id, name: "a") }                  // into a document
-        expectErrno(16) { try f.vault.rename(f.root, to: a.id, name: "root") }               // the root
+        var err = expectErrno(22) { try f.vault.rename(a.id, to: a.id, name: "a") }  // into itself
+        #expect(
+            {
+                if case .cycle? = treeError(err) { return true }
+                return false
+            }())
+        err = expectErrno(22) { try f.vault.rename(a.id, to: c.id, name: "a") }  // into its subfolder
+        #expect(
+            {
+                if case .cycle? = treeError(err) { return true }
+                return false
+            }())
+        expectErrno(22) { try f.vault.rename(a.id, to: e.id, name: "a") }  // deeper
+        expectErrno(20) { try f.vault.rename(a.id, to: doc.id, name: "a") }  // into a document
+        expectErrno(16) { try f.vault.rename(f.root, to: a.id, name: "root") }  // the root
         expectErrno(22) { try f.vault.rename(doc.id, to: f.root, name: "bad/name") }
         expectErrno(2) { try f.vault.rename(try FileID(random: randomBytes(16)), to: f.root, name: "x") }
         #expect(try f.vault.resolve("/a/c/e").id == e.id, "nothing moved")
@@ -200,7 +210,8 @@ struct VaultTreeTests {
 
     @Test func exchange() throws {
         let f = try VaultFixture()
-        let a = try f.folder("a"), b = try f.folder("b")
+        let a = try f.folder("a")
+        let b = try f.folder("b")
         let x = try f.document("x", in: a.id, contents: Array("X".utf8))
         let y = try f.folder("y", in: b.id)
         try f.document("inside-y", in: y.id, contents: Array("Y".utf8))
@@ -246,7 +257,7 @@ struct VaultTreeTests {
         try f.vault.remove(doc.id, expectFolder: false)
         #expect(try f.names(a.id) == ["sub"])
         #expect(!f.vault.isLive(doc.id))
-        expectErrno(2) { try f.vault.remove(doc.id) } // already gone
+        expectErrno(2) { try f.vault.remove(doc.id) }  // already gone
         // Recursive removal takes the subtree.
         try f.vault.remove(a.id, recursive: true)
         #expect(try f.names() == [])
@@ -268,7 +279,9 @@ struct VaultTreeTests {
         let f = try VaultFixture()
         let doc = try f.document("doc")
         let before = try f.vault.node(doc.id)
-        let n = try f.vault.setAttributes(doc.id, AttributeChanges(mode: 0o100600, uid: 1234, gid: 5678, mtime: Timespec(seconds: 1_000, nanoseconds: 7)))
+        let n = try f.vault.setAttributes(
+            doc.id,
+            AttributeChanges(mode: 0o100600, uid: 1234, gid: 5678, mtime: Timespec(seconds: 1_000, nanoseconds: 7)))
         #expect(n.attributes.mode.value == 0o600)
         #expect(n.attributes.uid.value == 1234 && n.attributes.gid.value == 5678)
         #expect(n.attributes.mtime.value == Timespec(seconds: 1_000, nanoseconds: 7))
@@ -301,8 +314,9 @@ struct VaultTreeTests {
         let after = try f.vault.node(doc.id).attributes
         #expect(after.atime.value == t && after.mtime.stamp > n.attributes.mtime.stamp)
         // Created with an explicit atime (import): kept beside the mtime.
-        let imported = try f.vault.create(in: f.root, name: "imp", type: .symlink, mode: 0o777, symlinkTarget: "doc",
-                                          mtime: Timespec(seconds: 1_000), atime: Timespec(seconds: 2_000, nanoseconds: 3))
+        let imported = try f.vault.create(
+            in: f.root, name: "imp", type: .symlink, mode: 0o777, symlinkTarget: "doc",
+            mtime: Timespec(seconds: 1_000), atime: Timespec(seconds: 2_000, nanoseconds: 3))
         #expect(imported.attributes.atime.value == Timespec(seconds: 2_000, nanoseconds: 3))
         #expect(imported.attributes.mtime.value == Timespec(seconds: 1_000))
         let reopened = try Vault.open(dataDirectory: f.dataDir)
@@ -312,7 +326,8 @@ struct VaultTreeTests {
 
     @Test func folderLinkCountIsTwoPlusLiveSubfolders() throws {
         let f = try VaultFixture()
-        let a = try f.folder("a"), b = try f.folder("b")
+        let a = try f.folder("a")
+        let b = try f.folder("b")
         let c = try f.folder("c", in: a.id)
         try f.document("d", in: a.id)
         try f.vault.create(in: a.id, name: "l", type: .symlink, mode: 0o777, symlinkTarget: "d")
@@ -359,13 +374,16 @@ struct VaultTreeTests {
             if case .noAccount = e {} else { Issue.record("expected noAccount, got \(e)") }
         }
         for bad in ["", "   ", "has space", "slash/", String(repeating: "u", count: 65), "tab\tname", "esc\u{1b}[2J"] {
-            expectErrno(22, "\(bad)") { _ = try Vault.create(dataDirectory: f.dir + "/u-\(UUID().uuidString)", username: bad) }
+            expectErrno(22, "\(bad)") {
+                _ = try Vault.create(dataDirectory: f.dir + "/u-\(UUID().uuidString)", username: bad)
+            }
         }
         // The model's rule, as the server applies it: stored NFKC-normalised, `@` and `+` allowed.
         #expect(try Vault.create(dataDirectory: f.dir + "/wide", username: "ｖａｌ").username == "val")
         #expect(try Vault.create(dataDirectory: f.dir + "/mail", username: "val+work@home").username == "val+work@home")
         // Importing the same secret elsewhere gives the same account.
-        let other = try Vault.create(dataDirectory: f.dir + "/other", username: "alice2", secret: f.vault.exportedSecret)
+        let other = try Vault.create(
+            dataDirectory: f.dir + "/other", username: "alice2", secret: f.vault.exportedSecret)
         #expect(other.accountID == f.vault.accountID)
     }
 
@@ -382,9 +400,10 @@ struct VaultTreeTests {
 
     @Test func pendingChangesCountsLocalEdits() throws {
         let f = try VaultFixture()
-        try f.document("a"); try f.document("b")
+        try f.document("a")
+        try f.document("b")
         let p = try f.vault.pendingChanges()
-        #expect(p.created == 3) // the root and two documents: nothing is synced yet
+        #expect(p.created == 3)  // the root and two documents: nothing is synced yet
         #expect(p.deleted == 0)
         #expect(f.vault.fileCount == 3)
     }
@@ -395,6 +414,14 @@ final class ManualClock: @unchecked Sendable {
     private var seconds: Int64
     private let lock = NSLock()
     init(start: Int64) { seconds = start }
-    func set(_ s: Int64) { lock.lock(); seconds = s; lock.unlock() }
-    func now() -> Timespec { lock.lock(); defer { lock.unlock() }; return Timespec(seconds: seconds) }
+    func set(_ s: Int64) {
+        lock.lock()
+        seconds = s
+        lock.unlock()
+    }
+    func now() -> Timespec {
+        lock.lock()
+        defer { lock.unlock() }
+        return Timespec(seconds: seconds)
+    }
 }

@@ -40,7 +40,10 @@ struct PullMerge {
     var touched: Set<FileID> = []
     var memo: [FileID: SymmetricKey] = [:]
 
-    init(vault: Vault, writer: StoreWriter) { self.vault = vault; self.w = writer }
+    init(vault: Vault, writer: StoreWriter) {
+        self.vault = vault
+        self.w = writer
+    }
 
     mutating func run(_ files: [RemoteFile], _ s: inout VaultState) throws -> Set<FileID> {
         let before = s.tree
@@ -55,24 +58,33 @@ struct PullMerge {
         func isKnown(_ id: FileID, _ depth: Int = 0) -> Bool {
             if let k = known[id] { return k }
             guard depth < 10_000, let m = remoteMeta[id] ?? before.file(id) else { return false }
-            let k = m.isRoot || before.file(m.parent) != nil || (remoteMeta[m.parent] != nil && isKnown(m.parent, depth + 1))
+            let k =
+                m.isRoot || before.file(m.parent) != nil
+                || (remoteMeta[m.parent] != nil && isKnown(m.parent, depth + 1))
             known[id] = k
             return k
         }
         var applicable: [RemoteFile] = []
         for r in remote.values {
             let id = r.signed.metadata.id
-            if isKnown(id) { applicable.append(r); continue }
+            if isKnown(id) {
+                applicable.append(r)
+                continue
+            }
             // A deletion that moved a file into a folder this device already pruned still
             // deletes the file here: kept at its last known place, marked deleted by the server.
             if r.signed.metadata.isDeleted || r.serverDeleted, let old = try w.reader.file(id, .base) {
-                applicable.append(RemoteFile(signed: old.signed, version: r.version, contentVersion: r.contentVersion, serverDeleted: true))
+                applicable.append(
+                    RemoteFile(
+                        signed: old.signed, version: r.version, contentVersion: r.contentVersion, serverDeleted: true))
             }
         }
         applicable.sort { $0.signed.metadata.id < $1.signed.metadata.id }
         if ProcessInfo.processInfo.environment["COFFER_DEBUG_MERGE"] != nil {
             for r in remote.values {
-                print("pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)")
+                print(
+                    "pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)"
+                )
             }
         }
 
@@ -139,7 +151,10 @@ struct PullMerge {
                 try w.remove(id, .local)
             } else if let m = entry {
                 let base = stored
-                try w.put(StoredFile(signed: vault.unsigned(m), version: base?.version ?? 0, contentVersion: base?.contentVersion ?? 0), .local)
+                try w.put(
+                    StoredFile(
+                        signed: vault.unsigned(m), version: base?.version ?? 0,
+                        contentVersion: base?.contentVersion ?? 0), .local)
                 if base == nil { _ = try w.inode(for: id) }
             } else {
                 try w.remove(id, .local)
@@ -188,27 +203,43 @@ struct PullMerge {
     /// Remote wins name and parent, deletion wins, content from whichever side changed it,
     /// POSIX attributes per attribute by hybrid clock. Reports a content conflict if both sides
     /// changed the content differently.
-    mutating func mergeRecord(base b: FileMetadata, local l: FileMetadata, remote r: FileMetadata, _ s: inout VaultState) throws -> (FileMetadata, Bool) {
+    mutating func mergeRecord(
+        base b: FileMetadata, local l: FileMetadata, remote r: FileMetadata, _ s: inout VaultState
+    ) throws -> (FileMetadata, Bool) {
         var m = l
         let remoteMoved = r.parent != b.parent || r.name.mac != b.name.mac
-        if remoteMoved { m.parent = r.parent; m.name = r.name; m.wrappedKey = r.wrappedKey }
+        if remoteMoved {
+            m.parent = r.parent
+            m.name = r.name
+            m.wrappedKey = r.wrappedKey
+        }
         m.isDeleted = l.isDeleted || r.isDeleted
         m.access = r.access
         m.owner = r.owner
         let localContent = l.contentDigest != b.contentDigest
         let remoteContent = r.contentDigest != b.contentDigest
         if remoteContent && !localContent { m.contentDigest = r.contentDigest }
-        let conflict = l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
+        let conflict =
+            l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
         if l.sealedAttributes != r.sealedAttributes {
             let k = try vault.key(l.id, &s)
-            let la = try PosixAttributes(decoding: AEAD.open(l.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
-            let ra = try PosixAttributes(decoding: AEAD.open(r.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+            let la = try PosixAttributes(
+                decoding: AEAD.open(
+                    l.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+            let ra = try PosixAttributes(
+                decoding: AEAD.open(
+                    r.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
             var ma = PosixAttributes.merge(la, ra)
             ma.size = m.contentDigest == r.contentDigest ? ra.size : la.size
-            for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp, ra.atime.stamp] where stamp > s.clock { s.clock = stamp }
-            if ma == ra { m.sealedAttributes = r.sealedAttributes }
-            else if ma == la { m.sealedAttributes = l.sealedAttributes }
-            else { m.sealedAttributes = AEAD.seal(ma.encoded(), key: k, purpose: .attributes, fileID: l.id.bytes) }
+            for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp, ra.atime.stamp]
+            where stamp > s.clock { s.clock = stamp }
+            if ma == ra {
+                m.sealedAttributes = r.sealedAttributes
+            } else if ma == la {
+                m.sealedAttributes = l.sealedAttributes
+            } else {
+                m.sealedAttributes = AEAD.seal(ma.encoded(), key: k, purpose: .attributes, fileID: l.id.bytes)
+            }
         }
         if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
         return (m, conflict)
@@ -216,20 +247,25 @@ struct PullMerge {
 
     // MARK: Content
 
-    mutating func cipher(_ id: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> ContentCipher {
+    mutating func cipher(_ id: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> ContentCipher
+    {
         ContentCipher(fileID: id, key: try vault.remoteKey(id, remote, &s, &memo))
     }
 
     func manifest(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> Manifest {
         guard let digest else { return Manifest() }
-        guard let sealed = try w.reader.manifest(digest) else { throw VaultError.corrupt("manifest missing for \(cipher.fileID)") }
+        guard let sealed = try w.reader.manifest(digest) else {
+            throw VaultError.corrupt("manifest missing for \(cipher.fileID)")
+        }
         return try cipher.openManifest(sealed)
     }
 
     func plaintext(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> [UInt8] {
         var out: [UInt8] = []
         for ref in try manifest(digest, cipher).chunks {
-            guard let sealed = try w.reader.chunk(ref.id) else { throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8)))) }
+            guard let sealed = try w.reader.chunk(ref.id) else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
             out += try cipher.openChunk(sealed, ref: ref)
         }
         return out
@@ -258,7 +294,9 @@ struct PullMerge {
     func copyContent(_ digest: [UInt8]?, from: ContentCipher, to: ContentCipher) throws -> ([UInt8], UInt64) {
         var refs: [ChunkRef] = []
         for ref in try manifest(digest, from).chunks {
-            guard let sealed = try w.reader.chunk(ref.id) else { throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8)))) }
+            guard let sealed = try w.reader.chunk(ref.id) else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
             let plain = try from.openChunk(sealed, ref: ref)
             let (newRef, newSealed) = to.sealChunk(plain)
             try w.putChunk(id: newRef.id, sealed: newSealed)
@@ -271,29 +309,44 @@ struct PullMerge {
         return (d, m.size)
     }
 
-    mutating func setAttributes(_ m: inout FileMetadata, _ key: SymmetricKey, _ change: (inout PosixAttributes) -> Void) throws {
-        var a = try PosixAttributes(decoding: AEAD.open(m.sealedAttributes, key: key, purpose: .attributes, fileID: m.id.bytes, what: "attributes"))
+    mutating func setAttributes(
+        _ m: inout FileMetadata, _ key: SymmetricKey, _ change: (inout PosixAttributes) -> Void
+    ) throws {
+        var a = try PosixAttributes(
+            decoding: AEAD.open(
+                m.sealedAttributes, key: key, purpose: .attributes, fileID: m.id.bytes, what: "attributes"))
         change(&a)
         m.sealedAttributes = AEAD.seal(a.encoded(), key: key, purpose: .attributes, fileID: m.id.bytes)
     }
 
     /// Text: merged line by line, overlaps between markers. Anything else: remote content under
     /// the name, local content in a new file next to it.
-    mutating func resolveContentConflict(_ id: FileID, _ b: FileMetadata, _ l: FileMetadata, _ r: FileMetadata,
-                                         _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+    mutating func resolveContentConflict(
+        _ id: FileID, _ b: FileMetadata, _ l: FileMetadata, _ r: FileMetadata,
+        _ s: inout VaultState, _ remote: [FileID: FileMetadata]
+    ) throws {
         guard var m = local[id] ?? nil else { return }
         let c = try cipher(id, &s, remote)
-        let sizes = (try manifest(b.contentDigest, c).size, try manifest(l.contentDigest, c).size, try manifest(r.contentDigest, c).size)
+        let sizes = (
+            try manifest(b.contentDigest, c).size, try manifest(l.contentDigest, c).size,
+            try manifest(r.contentDigest, c).size
+        )
         let limit = UInt64(TextMerge.maxBytes)
         if sizes.0 <= limit && sizes.1 <= limit && sizes.2 <= limit {
-            let bt = try plaintext(b.contentDigest, c), lt = try plaintext(l.contentDigest, c), rt = try plaintext(r.contentDigest, c)
+            let bt = try plaintext(b.contentDigest, c)
+            let lt = try plaintext(l.contentDigest, c)
+            let rt = try plaintext(r.contentDigest, c)
             if TextMerge.isText(bt) && TextMerge.isText(lt) && TextMerge.isText(rt) {
                 let result = TextMerge.merge(base: bt, local: lt, remote: rt)
                 let (digest, size) = try storeContent(result.merged, c)
                 m.contentDigest = digest
                 let stamp = vault.nextStamp(&s)
                 let t = vault.now()
-                try setAttributes(&m, c.key) { a in a.size = size; a.mtime = Stamped(t, at: stamp); a.ctime = t }
+                try setAttributes(&m, c.key) { a in
+                    a.size = size
+                    a.mtime = Stamped(t, at: stamp)
+                    a.ctime = t
+                }
                 local[id] = m
                 view.insert(m)
                 return
@@ -317,20 +370,29 @@ struct PullMerge {
     }
 
     /// Saves a local document version as a brand-new file (new id, new key) in `parent`.
-    mutating func recreate(from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+    mutating func recreate(
+        from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]
+    ) throws {
         let oldCipher = try cipher(l.id, &s, remote)
         let id = try FileID(random: randomBytes(16))
         let key = SymmetricKey.random()
         let newCipher = ContentCipher(fileID: id, key: key)
         let (digest, _) = try copyContent(l.contentDigest, from: oldCipher, to: newCipher)
-        var attrs = try PosixAttributes(decoding: AEAD.open(l.sealedAttributes, key: oldCipher.key, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+        var attrs = try PosixAttributes(
+            decoding: AEAD.open(
+                l.sealedAttributes, key: oldCipher.key, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
         let stamp = vault.nextStamp(&s)
-        attrs.mode.stamp = stamp; attrs.uid.stamp = stamp; attrs.gid.stamp = stamp; attrs.mtime.stamp = stamp; attrs.atime.stamp = stamp
+        attrs.mode.stamp = stamp
+        attrs.uid.stamp = stamp
+        attrs.gid.stamp = stamp
+        attrs.mtime.stamp = stamp
+        attrs.atime.stamp = stamp
         let parentKey = try vault.remoteKey(parent, remote, &s, &memo)
-        let m = FileMetadata(id: id, type: .document, parent: parent, name: vault.sealName(name, parentKey: parentKey, fileID: id),
-                             owner: vault.accountID, wrappedKey: KeyWrap.wrap(key, with: parentKey, fileID: id.bytes),
-                             sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
-                             contentDigest: digest, lastModifiedBy: vault.accountID)
+        let m = FileMetadata(
+            id: id, type: .document, parent: parent, name: vault.sealName(name, parentKey: parentKey, fileID: id),
+            owner: vault.accountID, wrappedKey: KeyWrap.wrap(key, with: parentKey, fileID: id.bytes),
+            sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+            contentDigest: digest, lastModifiedBy: vault.accountID)
         memo[id] = key
         local[id] = m
         view.insert(m)
@@ -345,8 +407,10 @@ struct PullMerge {
         for _ in 0..<100 {
             var fixed = false
             for (id, entry) in local {
-                guard let m = entry, m.parent != (try newBase[id] ?? w.reader.file(id, .base))?.metadata.parent, inCycle(id),
-                      let base = try (newBase[id] ?? w.reader.file(id, .base))?.effectiveMetadata else { continue }
+                guard let m = entry, m.parent != (try newBase[id] ?? w.reader.file(id, .base))?.metadata.parent,
+                    inCycle(id),
+                    let base = try (newBase[id] ?? w.reader.file(id, .base))?.effectiveMetadata
+                else { continue }
                 var undone = m
                 undone.parent = base.parent
                 undone.name = base.name
@@ -387,7 +451,9 @@ struct PullMerge {
         for l in try w.reader.files(.local) where local[l.metadata.id] == nil { candidates.append(l.metadata.id) }
         for id in candidates.sorted() {
             guard let m = view.file(id), !m.isRoot, view.isLive(id) else { continue }
-            let others = view.childIDs(of: m.parent, nameMAC: m.name.mac).filter { $0 != id && view.file($0).map { !$0.isDeleted } == true }
+            let others = view.childIDs(of: m.parent, nameMAC: m.name.mac).filter {
+                $0 != id && view.file($0).map { !$0.isDeleted } == true
+            }
             guard let other = others.first else { continue }
             // Rename the one placed by this device; if both were, the newer copy.
             let renameMe = try isLocallyPlaced(id) || !(try isLocallyPlaced(other))

@@ -24,7 +24,9 @@ extension Vault {
                 // Children before parents.
                 var count = 0
                 while !removable.isEmpty {
-                    let leaves = removable.filter { id in tree.childIDs(of: id).allSatisfy { !removable.contains($0) || $0 == id } }
+                    let leaves = removable.filter { id in
+                        tree.childIDs(of: id).allSatisfy { !removable.contains($0) || $0 == id }
+                    }
                     if leaves.isEmpty { break }
                     for id in leaves {
                         try w.remove(id, .base)

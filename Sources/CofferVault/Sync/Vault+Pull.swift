@@ -12,10 +12,15 @@ public struct RemoteFile: Sendable {
     public let serverDeleted: Bool
 
     public init(signed: SignedMetadata, version: Int64, contentVersion: Int64, serverDeleted: Bool) {
-        self.signed = signed; self.version = version; self.contentVersion = contentVersion; self.serverDeleted = serverDeleted
+        self.signed = signed
+        self.version = version
+        self.contentVersion = contentVersion
+        self.serverDeleted = serverDeleted
     }
 
-    var stored: StoredFile { StoredFile(signed: signed, version: version, contentVersion: contentVersion, serverDeleted: serverDeleted) }
+    var stored: StoredFile {
+        StoredFile(signed: signed, version: version, contentVersion: contentVersion, serverDeleted: serverDeleted)
+    }
 }
 
 /// A document version to fetch before the pull that names it can be applied.
@@ -43,7 +48,9 @@ extension Vault {
             guard m.lastModifiedBy == accountID, m.owner == accountID else {
                 throw VaultError.corrupt("the server sent file \(m.id) written by another account; nothing was applied")
             }
-            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes), pk.verify(signature: s.signature, message: s.message) else {
+            guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes),
+                pk.verify(signature: s.signature, message: s.message)
+            else {
                 throw VaultError.corrupt("the server sent file \(m.id) with a bad signature; nothing was applied")
             }
         }
@@ -62,7 +69,9 @@ extension Vault {
     ///   folder is tombstoned. The walk follows the newest known records (by revision), so an old
     ///   record placing the file under a deleted folder it has since left proves nothing.
     func checkHistory(_ files: [RemoteFile]) throws {
-        let remote = Dictionary(files.map { ($0.signed.metadata.id, $0.signed) }, uniquingKeysWith: { a, b in a.revision >= b.revision ? a : b })
+        let remote = Dictionary(
+            files.map { ($0.signed.metadata.id, $0.signed) },
+            uniquingKeysWith: { a, b in a.revision >= b.revision ? a : b })
         try store.read { r in
             var base: [FileID: SignedMetadata?] = [:]
             func baseRecord(_ id: FileID) throws -> SignedMetadata? {
@@ -88,12 +97,21 @@ extension Vault {
                 var cursor = start
                 var verdict = false
                 while true {
-                    if let known = deletedAbove[cursor] { verdict = known; break }
+                    if let known = deletedAbove[cursor] {
+                        verdict = known
+                        break
+                    }
                     guard seen.insert(cursor).inserted, path.count <= TreeLimits.maxDepth + 1 else { break }
                     path.append(cursor)
-                    if try r.isTombstoned(cursor) { verdict = true; break }
+                    if try r.isTombstoned(cursor) {
+                        verdict = true
+                        break
+                    }
                     guard let m = try newest(cursor) else { break }
-                    if m.isDeleted { verdict = true; break }
+                    if m.isDeleted {
+                        verdict = true
+                        break
+                    }
                     if m.isRoot { break }
                     cursor = m.parent
                 }
@@ -109,29 +127,39 @@ extension Vault {
                     deletes = try current.isDeleted || (!current.isRoot && signedDeleted(current.parent))
                 }
                 if f.serverDeleted, !m.isDeleted, !deletes {
-                    throw VaultError.corrupt("the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied")
+                    throw VaultError.corrupt(
+                        "the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied"
+                    )
                 }
                 if let seen = try baseRecord(m.id), !deletes {
                     if f.signed.revision < seen.revision {
                         throw VaultError.corrupt(
-                            "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than this device has seen (revision \(seen.revision)): it was rolled back or is not honest; nothing was applied")
+                            "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than this device has seen (revision \(seen.revision)): it was rolled back or is not honest; nothing was applied"
+                        )
                     }
                     if f.signed.revision == seen.revision, f.signed != seen {
                         throw VaultError.corrupt(
-                            "the server sent a record of file \(m.id) that differs from the one this device has with the same revision \(seen.revision); nothing was applied")
+                            "the server sent a record of file \(m.id) that differs from the one this device has with the same revision \(seen.revision); nothing was applied"
+                        )
                     }
                 }
                 if !deletes, try r.isTombstoned(m.id) {
-                    throw VaultError.corrupt("the server sent file \(m.id) back to life after its deletion synced here; nothing was applied")
+                    throw VaultError.corrupt(
+                        "the server sent file \(m.id) back to life after its deletion synced here; nothing was applied")
                 }
             }
         }
     }
 
     /// The key of a file, following the key chain through pulled records where they are newer.
-    func remoteKey(_ id: FileID, _ remote: [FileID: FileMetadata], _ s: inout VaultState, _ memo: inout [FileID: SymmetricKey]) throws -> SymmetricKey {
+    func remoteKey(
+        _ id: FileID, _ remote: [FileID: FileMetadata], _ s: inout VaultState, _ memo: inout [FileID: SymmetricKey]
+    ) throws -> SymmetricKey {
         if let k = memo[id] { return k }
-        if s.tree.file(id) != nil, let k = try? key(id, &s) { memo[id] = k; return k }
+        if s.tree.file(id) != nil, let k = try? key(id, &s) {
+            memo[id] = k
+            return k
+        }
         var chain: [FileMetadata] = []
         var cursor = id
         while memo[cursor] == nil {
@@ -159,15 +187,20 @@ extension Vault {
 
     /// Documents whose pulled version names content this device does not have yet.
     public func contentNeeds(_ files: [RemoteFile]) throws -> [ContentNeed] {
-        let remote = Dictionary(files.map { ($0.signed.metadata.id, $0.signed.metadata) }, uniquingKeysWith: { _, b in b })
+        let remote = Dictionary(
+            files.map { ($0.signed.metadata.id, $0.signed.metadata) }, uniquingKeysWith: { _, b in b })
         return try state.withLock { s in
             var memo: [FileID: SymmetricKey] = [:]
             var out: [ContentNeed] = []
-            for f in files where f.signed.metadata.type == .document && !f.serverDeleted && !f.signed.metadata.isDeleted {
+            for f in files where f.signed.metadata.type == .document && !f.serverDeleted && !f.signed.metadata.isDeleted
+            {
                 guard let digest = f.signed.metadata.contentDigest else { continue }
                 if try store.read({ try $0.manifest(digest) }) != nil { continue }
-                guard let k = try? remoteKey(f.signed.metadata.id, remote, &s, &memo) else { continue } // orphan: dropped at apply
-                out.append(ContentNeed(fileID: f.signed.metadata.id, digest: digest, cipher: ContentCipher(fileID: f.signed.metadata.id, key: k)))
+                guard let k = try? remoteKey(f.signed.metadata.id, remote, &s, &memo) else { continue }  // orphan: dropped at apply
+                out.append(
+                    ContentNeed(
+                        fileID: f.signed.metadata.id, digest: digest,
+                        cipher: ContentCipher(fileID: f.signed.metadata.id, key: k)))
             }
             return out
         }
@@ -186,7 +219,9 @@ extension Vault {
     }
 
     /// Verifies every fetched chunk against the manifest, stores them, then the manifest.
-    public func storeRemoteContent(_ need: ContentNeed, manifest: Manifest, sealedManifest: [UInt8], chunks: [[UInt8]: [UInt8]]) throws {
+    public func storeRemoteContent(
+        _ need: ContentNeed, manifest: Manifest, sealedManifest: [UInt8], chunks: [[UInt8]: [UInt8]]
+    ) throws {
         var refs: [[UInt8]: ChunkRef] = [:]
         for r in manifest.chunks { refs[r.id] = r }
         for (id, sealed) in chunks {

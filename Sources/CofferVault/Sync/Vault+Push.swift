@@ -19,7 +19,9 @@ public struct PendingRecord: Sendable {
     public let expectedRevision: UInt64?
 
     public init(stored: StoredFile, expectedParent: FileID?, expectedNameMAC: [UInt8]?, expectedRevision: UInt64?) {
-        self.stored = stored; self.expectedParent = expectedParent; self.expectedNameMAC = expectedNameMAC
+        self.stored = stored
+        self.expectedParent = expectedParent
+        self.expectedNameMAC = expectedNameMAC
         self.expectedRevision = expectedRevision
     }
 }
@@ -36,8 +38,10 @@ extension Vault {
                 guard let sealed = try r.manifest(digest) else {
                     throw VaultError.corrupt("the manifest of \(local.metadata.id) is missing")
                 }
-                out.append(PendingUpload(fileID: local.metadata.id, digest: digest, sealedManifest: sealed,
-                                         chunkIDs: try r.chunkIDs(ofManifest: digest)))
+                out.append(
+                    PendingUpload(
+                        fileID: local.metadata.id, digest: digest, sealedManifest: sealed,
+                        chunkIDs: try r.chunkIDs(ofManifest: digest)))
             }
             return out
         }
@@ -59,8 +63,10 @@ extension Vault {
                 guard let sealed = try r.manifest(digest) else {
                     throw VaultError.corrupt("the manifest of \(f.metadata.id) is missing")
                 }
-                out.append(PendingUpload(fileID: f.metadata.id, digest: digest, sealedManifest: sealed,
-                                         chunkIDs: try r.chunkIDs(ofManifest: digest)))
+                out.append(
+                    PendingUpload(
+                        fileID: f.metadata.id, digest: digest, sealedManifest: sealed,
+                        chunkIDs: try r.chunkIDs(ofManifest: digest)))
             }
             return out
         }
@@ -75,15 +81,17 @@ extension Vault {
     /// revision above its base's, so the server can refuse a push based on an older record and
     /// other devices can refuse an older record served again (`SignedMetadata`).
     public func pendingRecords() throws -> [PendingRecord] {
-        try flushFolderTimes() // what is pushed includes the latest folder times
+        try flushFolderTimes()  // what is pushed includes the latest folder times
         let millis = nowMillis
         return try store.read { r in
             try r.files(.local).map { local in
                 let base = try r.file(local.metadata.id, .base)
                 var signed = local
-                signed.signed = sign(local.metadata, revision: SignedMetadata.revision(after: base?.signed.revision, now: millis))
-                return PendingRecord(stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac,
-                                     expectedRevision: base?.signed.revision)
+                signed.signed = sign(
+                    local.metadata, revision: SignedMetadata.revision(after: base?.signed.revision, now: millis))
+                return PendingRecord(
+                    stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac,
+                    expectedRevision: base?.signed.revision)
             }
         }
     }
@@ -114,7 +122,8 @@ extension Vault {
                     let base = try w.reader.file(id, .base)
                     let digestChanged = base?.metadata.contentDigest != p.stored.metadata.contentDigest
                     let contentVersion = digestChanged ? version : (base?.contentVersion ?? version)
-                    try w.put(StoredFile(signed: p.stored.signed, version: version, contentVersion: contentVersion), .base)
+                    try w.put(
+                        StoredFile(signed: p.stored.signed, version: version, contentVersion: contentVersion), .base)
                     if let current = try w.reader.file(id, .local), current.metadata == p.stored.metadata {
                         try w.remove(id, .local)
                     } else if var current = try w.reader.file(id, .local) {

@@ -15,11 +15,13 @@ public struct SyncStatus: Sendable, Equatable {
 extension Vault {
     public var syncStatus: SyncStatus {
         (try? store.read { r in
-            SyncStatus(server: try r.setting("server").map { String(decoding: $0, as: UTF8.self) },
-                       cursor: try r.setting("cursor").map(Self.int64) ?? 0,
-                       lastSuccessMillis: try r.setting("lastSuccess").map(Self.int64),
-                       lastAttemptMillis: try r.setting("lastAttempt").map(Self.int64),
-                       lastError: try r.setting("lastError").flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) })
+            SyncStatus(
+                server: try r.setting("server").map { String(decoding: $0, as: UTF8.self) },
+                cursor: try r.setting("cursor").map(Self.int64) ?? 0,
+                lastSuccessMillis: try r.setting("lastSuccess").map(Self.int64),
+                lastAttemptMillis: try r.setting("lastAttempt").map(Self.int64),
+                lastError: try r.setting("lastError").flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
+            )
         }) ?? SyncStatus(server: nil, cursor: 0)
     }
 
@@ -46,10 +48,11 @@ extension Vault {
     public var serverSettings: ServerSettings? {
         try? store.read { r -> ServerSettings? in
             guard let url = try r.setting("server") else { return nil }
-            return ServerSettings(url: String(decoding: url, as: UTF8.self),
-                                  trustedCertificatePEM: try r.setting("serverCA").flatMap { $0.isEmpty ? nil : $0 },
-                                  insecureHTTP: try r.setting("insecureHTTP") == [1],
-                                  pinnedID: try r.setting("serverID").flatMap { $0.isEmpty ? nil : $0 })
+            return ServerSettings(
+                url: String(decoding: url, as: UTF8.self),
+                trustedCertificatePEM: try r.setting("serverCA").flatMap { $0.isEmpty ? nil : $0 },
+                insecureHTTP: try r.setting("insecureHTTP") == [1],
+                pinnedID: try r.setting("serverID").flatMap { $0.isEmpty ? nil : $0 })
         } ?? nil
     }
 
@@ -64,7 +67,9 @@ extension Vault {
         let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
         try? store.write { w in
             try w.setSetting("lastAttempt", Self.bytes(ms))
-            if let error { try w.setSetting("lastError", Array(error.utf8)) } else {
+            if let error {
+                try w.setSetting("lastError", Array(error.utf8))
+            } else {
                 try w.setSetting("lastError", [])
                 try w.setSetting("lastSuccess", Self.bytes(ms))
             }
@@ -81,7 +86,9 @@ extension Vault {
     /// The last time a sync found the server behind this device (restored from a backup, or lost
     /// its last writes) and what it did, for `coffer status`; nil if that never happened.
     public var serverCatchUpNotice: String? {
-        (try? store.read { r in try r.setting("serverCatchUp") }).flatMap { $0 }.flatMap { $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self) }
+        (try? store.read { r in try r.setting("serverCatchUp") }).flatMap { $0 }.flatMap {
+            $0.isEmpty ? nil : String(decoding: $0, as: UTF8.self)
+        }
     }
 
     public func recordServerCatchUp(_ notice: String) {
