@@ -6,7 +6,10 @@ import Foundation
 /// nonce and an Ed25519 signature over the canonical string below. The server refuses a bad
 /// signature, a timestamp more than `API.maxClockSkewMillis` away, and a nonce it has seen.
 ///
-///     COFFER-REQUEST-2\n<hex server id>\n<METHOD>\n<path with query>\n<hex sha256 of body>\n<timestamp ms>\n<hex nonce>
+///     COFFER-REQUEST-2\n<hex server id>\n<METHOD>\n<path with query>\n
+///     <hex sha256 of body>\n<timestamp ms>\n<hex nonce>
+///
+/// (one string; broken here for width)
 ///
 /// The server id (`GET /v1/server`, 16 random bytes the server made once) binds a request to the
 /// one server it was meant for: captured on its way, it cannot be replayed against another
@@ -22,9 +25,10 @@ public enum RequestSigning {
     public static func canonical(
         server: [UInt8], method: String, path: String, body: [UInt8], timestamp: Int64, nonce: String
     ) -> [UInt8] {
-        Array(
-            "COFFER-REQUEST-2\n\(hex(server))\n\(method.uppercased())\n\(path)\n\(hex(sha256(body)))\n\(timestamp)\n\(nonce)"
-                .utf8)
+        let lines = [
+            "COFFER-REQUEST-2", hex(server), method.uppercased(), path, hex(sha256(body)), String(timestamp), nonce,
+        ]
+        return Array(lines.joined(separator: "\n").utf8)
     }
 
     /// The four headers for a request to the server whose id is `server`.

@@ -153,7 +153,8 @@ public final class CofferServer: Sendable {
     ) throws(ServerError) -> Preauthenticated {
         guard let account, let timestamp, let nonce, let signature else {
             throw .unauthorized(
-                "missing signing headers (\(RequestSigning.accountHeader), \(RequestSigning.timestampHeader), \(RequestSigning.nonceHeader), \(RequestSigning.signatureHeader))"
+                "missing signing headers (\(RequestSigning.accountHeader), \(RequestSigning.timestampHeader), "
+                    + "\(RequestSigning.nonceHeader), \(RequestSigning.signatureHeader))"
             )
         }
         guard account.utf8.count == 64, let keyBytes = RequestSigning.unhex(account),

@@ -128,9 +128,12 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     /// expression).
     static func usageSQL(_ account: String) -> String {
         """
-        COALESCE((SELECT SUM(MAX(length(record), \(QuotaRule.minimumRowBytes))) FROM file WHERE file.account = \(account)), 0)
-          + COALESCE((SELECT SUM(MAX(length(sealed), \(QuotaRule.minimumRowBytes))) FROM manifest WHERE manifest.account = \(account)), 0)
-          + COALESCE((SELECT SUM(MAX(size, \(QuotaRule.minimumChunkBytes))) FROM chunk WHERE chunk.account = \(account)), 0)
+        COALESCE((SELECT SUM(MAX(length(record), \(QuotaRule.minimumRowBytes)))
+                  FROM file WHERE file.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(length(sealed), \(QuotaRule.minimumRowBytes)))
+                      FROM manifest WHERE manifest.account = \(account)), 0)
+          + COALESCE((SELECT SUM(MAX(size, \(QuotaRule.minimumChunkBytes)))
+                      FROM chunk WHERE chunk.account = \(account)), 0)
         """
     }
 
@@ -255,7 +258,8 @@ struct SQLiteTransaction: MetadataWriter {
             sql: """
                 SELECT m.account, m.file_id, m.digest FROM manifest m
                 WHERE m.created_at < ? AND NOT EXISTS (
-                    SELECT 1 FROM file f WHERE f.id = m.file_id AND f.account = m.account AND f.deleted = 0 AND f.digest = m.digest)
+                    SELECT 1 FROM file f
+                    WHERE f.id = m.file_id AND f.account = m.account AND f.deleted = 0 AND f.digest = m.digest)
                 """, arguments: [before]
         ).map { ManifestKey(account: $0["account"], fileID: $0["file_id"], digest: $0["digest"]) }
     }
@@ -287,7 +291,8 @@ struct SQLiteTransaction: MetadataWriter {
         if exists { return false }
         try db.execute(
             sql:
-                "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) "
+                + "VALUES (?, ?, ?, ?, ?, ?)",
             arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed])
         return true
     }

@@ -127,7 +127,8 @@ public final class Store: Sendable {
                 sql: "CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID")
             try db.execute(
                 sql:
-                    "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY (digest, chunk_id)) WITHOUT ROWID"
+                    "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY "
+                    + "(digest, chunk_id)) WITHOUT ROWID"
             )
             try db.execute(sql: "CREATE INDEX manifest_chunks_chunk ON manifest_chunks(chunk_id)")
             try db.execute(sql: "CREATE TABLE chunks (id BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL)")
@@ -455,7 +456,8 @@ public final class Store: Sendable {
             try db.inTransaction {
                 try db.execute(
                     sql:
-                        "INSERT INTO settings(key, value) VALUES ('durable', x'01') ON CONFLICT(key) DO UPDATE SET value = x'01'"
+                        "INSERT INTO settings(key, value) VALUES ('durable', x'01') ON CONFLICT(key) DO UPDATE SET "
+                        + "value = x'01'"
                 )
                 return .commit
             }
@@ -543,7 +545,8 @@ public final class Store: Sendable {
                 for (item, locator) in zip(batch, locators) {
                     try db.execute(
                         sql:
-                            "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = \(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
+                            "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = "
+                            + "\(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
                         arguments: [Data(locator.encoded), item.id, Data(item.old.encoded)])
                 }
                 return .commit

@@ -82,10 +82,11 @@ public struct StoreWriter {
                 : known
             try db.cachedStatement(
                 sql: """
-                    INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
-                      content_digest = excluded.content_digest, version = excluded.version, content_version = excluded.content_version,
-                      server_deleted = excluded.server_deleted
+                      content_digest = excluded.content_digest, version = excluded.version,
+                      content_version = excluded.content_version, server_deleted = excluded.server_deleted
                     """
             ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted])
             if let previous, previous != digest { try Self.releaseManifest(previous, db) }
@@ -225,7 +226,8 @@ public struct StoreWriter {
         try session.run { db in
             try db.cachedStatement(
                 sql:
-                    "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value"
+                    "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = "
+                    + "excluded.value"
             )
             .execute(arguments: [key, bytes])
         }

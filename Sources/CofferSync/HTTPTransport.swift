@@ -90,7 +90,8 @@ public struct HTTPTransport: ServerTransport {
         case "http":
             if allowInsecureHTTP || isLoopback(host) { return url }
             throw SyncError.protocolError(
-                "refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to allow it"
+                "refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to "
+                    + "allow it"
             )
         default:
             throw SyncError.protocolError(

@@ -162,7 +162,8 @@ public struct ServerClient: Sendable {
         let pinned = identity.pinned()
         if let pinned, pinned != id {
             throw SyncError.protocolError(
-                "the server at this address is not the one this device synced with (its id changed from \(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent"
+                "the server at this address is not the one this device synced with (its id changed from "
+                    + "\(RequestSigning.hex(pinned)) to \(RequestSigning.hex(id))); nothing was sent"
             )
         }
         if pinned == nil { try identity.learned(id) }

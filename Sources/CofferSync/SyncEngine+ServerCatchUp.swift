@@ -174,7 +174,8 @@ extension SyncEngine {
     static func catchUpNotice(resent: Int, at date: Date) -> String {
         let when = ISO8601DateFormatter().string(from: date)
         return
-            "the server was behind this device (restored from a backup?); re-sent \(resent) file\(resent == 1 ? "" : "s") (\(when))"
+            "the server was behind this device (restored from a backup?); re-sent \(resent) "
+            + "file\(resent == 1 ? "" : "s") (\(when))"
     }
 
     /// The server's whole tree for this account, newest record per file.

@@ -73,12 +73,14 @@ public final class SyncScheduler: Sendable {
                 if !report.changed.isEmpty { onChange(report.changed) }
                 if let n = report.resentToServer {
                     log(
-                        "sync: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")"
+                        "sync: the server was behind this device (restored from a backup?); re-sent \(n) "
+                            + "file\(n == 1 ? "" : "s")"
                     )
                 }
                 if report.pulled + report.pushedRecords > 0 {
                     log(
-                        "sync: pulled \(report.pulled), pushed \(report.pushedRecords) records and \(report.pushedChunks) chunks"
+                        "sync: pulled \(report.pulled), pushed \(report.pushedRecords) records and "
+                            + "\(report.pushedChunks) chunks"
                     )
                 }
             } catch {

@@ -99,8 +99,8 @@ struct CofferServerCommand: AsyncParsableCommand {
             let report = try server.cleanup(graceMillis: graceSeconds * 1000)
             FileHandle.standardOutput.write(
                 Data(
-                    "cleanup: removed \(report.manifests) manifests, \(report.chunks) chunks, \(report.strayFiles) stray files\n"
-                        .utf8))
+                    ("cleanup: removed \(report.manifests) manifests, \(report.chunks) chunks, \(report.strayFiles) "
+                        + "stray files\n").utf8))
             return
         }
         let host = self.host

@@ -10,7 +10,7 @@ struct Init: ParsableCommand {
     @Argument(help: "Your username (letters, digits, '-', '_', '.').") var username: String
     @Option(
         help:
-            "Register the account with this coffer-server (e.g. https://host:8443, or http://127.0.0.1:8080) and sync with it."
+            "Register with this coffer-server (https://host:8443, or http://127.0.0.1:8080) and sync with it."
     ) var server: String?
     @OptionGroup var connection: ServerConnectionOptions
     @Flag(
@@ -40,7 +40,8 @@ struct Init: ParsableCommand {
                 }
             }
             print(
-                "Created account \(vault.username) in \(vault.dataDirectory)\(server.map { " (synced with \($0))" } ?? "")."
+                "Created account \(vault.username) in "
+                    + "\(vault.dataDirectory)\(server.map { " (synced with \($0))" } ?? "")."
             )
             print("Back up your key now: `coffer account export --phrase` prints your 24-word recovery phrase.")
         }
@@ -76,7 +77,7 @@ struct Account: ParsableCommand {
         @OptionGroup var connection: ServerConnectionOptions
         @Flag(
             help:
-                "Seal the account key on this device with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE)."
+                "Seal the account key with a passphrase (asked twice, or read from $COFFER_PASSPHRASE_FILE)."
         )
         var passphrase = false
 
@@ -105,7 +106,8 @@ struct Account: ParsableCommand {
                             "the server has no tree for this account; create it with `coffer init NAME --server URL`")
                     }
                     print(
-                        "Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): \(report.pulled) files."
+                        "Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): "
+                            + "\(report.pulled) files."
                     )
                 } catch {
                     removeNewStore(dir)
@@ -120,7 +122,10 @@ struct Account: ParsableCommand {
             commandName: "passphrase",
             abstract: "Set, change or remove the passphrase that seals the account key on this device.",
             discussion: """
-                Asks for the current passphrase (if there is one), then the new one twice. From a script:                 $COFFER_PASSPHRASE_FILE holds the current one and $COFFER_NEW_PASSPHRASE_FILE the new one                 (either file's first line). The passphrase protects this device's copy of the key only:                 `coffer account export` still prints the key itself.
+                Asks for the current passphrase (if there is one), then the new one twice. From a script,
+                $COFFER_PASSPHRASE_FILE holds the current one and $COFFER_NEW_PASSPHRASE_FILE the new one
+                (either file's first line). The passphrase protects this device's copy of the key only:
+                `coffer account export` still prints the key itself.
                 """)
         @OptionGroup var store: StoreOptions
         @Flag(help: "Store the account key without a passphrase again.") var remove = false
@@ -136,14 +141,16 @@ struct Account: ParsableCommand {
                 }
                 if !remove && protected && source.scriptGivesNoNewPassphrase {
                     throw CLIError(
-                        "$\(CLIPassphraseSource.fileVariable) gives the current passphrase; put the new one in $\(CLIPassphraseSource.newFileVariable)"
+                        "$\(CLIPassphraseSource.fileVariable) gives the current passphrase; put the new one in "
+                            + "$\(CLIPassphraseSource.newFileVariable)"
                     )
                 }
                 let vault = try store.openVault()
                 if remove {
                     try vault.protectAccountKey(with: nil)
                     print(
-                        "Removed the passphrase: the account key in \(dir) is stored unsealed (readable by its owner only)."
+                        "Removed the passphrase: the account key in \(dir) is stored unsealed (readable by its owner "
+                            + "only)."
                     )
                 } else {
                     try vault.protectAccountKey(with: try source.newPassphrase())
@@ -187,7 +194,7 @@ struct ServerConnectionOptions: ParsableArguments {
         String?
     @Flag(
         help:
-            "Allow plain http:// to a server that is not on this machine (requests can then be read and answered by anyone on the path)."
+            "Allow plain http:// beyond this machine (anyone on the path can then read and answer requests)."
     )
     var insecureHttp = false
 
@@ -226,11 +233,13 @@ struct Sync: ParsableCommand {
             let report = try runBlocking { try await engine.sync() }
             if let n = report.resentToServer {
                 print(
-                    "note: the server was behind this device (restored from a backup?); re-sent \(n) file\(n == 1 ? "" : "s")"
+                    "note: the server was behind this device (restored from a backup?); re-sent \(n) "
+                        + "file\(n == 1 ? "" : "s")"
                 )
             }
             print(
-                "synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed \(report.pushedRecords) records (\(report.pushedChunks) chunks)"
+                "synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed "
+                    + "\(report.pushedRecords) records (\(report.pushedChunks) chunks)"
             )
             if stats {
                 let t = engine.traffic

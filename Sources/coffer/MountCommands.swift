@@ -10,7 +10,8 @@ struct Mount: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Mount the tree with FUSE (runs in the background unless --foreground).",
         discussion:
-            "Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`. The daemon logs to coffer.log in the data directory."
+            "Unmount with `coffer unmount DIR` or `fusermount3 -u DIR`. The daemon logs to coffer.log in the data "
+            + "directory."
     )
     @OptionGroup var store: StoreOptions
     @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground =
@@ -58,7 +59,8 @@ struct Mount: ParsableCommand {
         // Reclaim what interrupted writes left, while no other process has the store open.
         if let gc = try? vault.collectGarbage() {
             logger.log(
-                "garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs rewritten"
+                "garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs "
+                    + "rewritten"
             )
         }
         lock.record(mountPoint: mountPoint, pid: getpid())

@@ -39,7 +39,8 @@ struct CLIPassphraseSource: PassphraseSource {
         }
         guard let tty = Terminal() else {
             throw CLIError(
-                "a new passphrase is read from a terminal, or from the first line of the file $\(Self.fileVariable) names"
+                "a new passphrase is read from a terminal, or from the first line of the file $\(Self.fileVariable) "
+                    + "names"
             )
         }
         let first = try tty.ask("New passphrase for the account key: ")

@@ -215,7 +215,8 @@ struct Status: ParsableCommand {
             print("store:    \(vault.dataDirectory)")
             print("files:    \(vault.fileCount)")
             print(
-                "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not yet synced)"
+                "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not "
+                    + "yet synced)"
             )
             let sync = vault.syncStatus
             if let server = sync.server {
@@ -246,11 +247,13 @@ struct Fsck: ParsableCommand {
             let vault = try store.openVault()
             let r = try vault.check()
             print(
-                "\(r.files) files, \(r.documents) documents, \(r.chunksVerified) chunks (\(r.bytesVerified) bytes) verified"
+                "\(r.files) files, \(r.documents) documents, \(r.chunksVerified) chunks (\(r.bytesVerified) bytes) "
+                    + "verified"
             )
             if r.unreferencedChunks + r.unreferencedManifests > 0 {
                 print(
-                    "\(r.unreferencedChunks) unreferenced chunks and \(r.unreferencedManifests) manifests (from interrupted writes; `coffer gc` reclaims them)"
+                    "\(r.unreferencedChunks) unreferenced chunks and \(r.unreferencedManifests) manifests (from "
+                        + "interrupted writes; `coffer gc` reclaims them)"
                 )
             }
             if r.isClean {
@@ -274,7 +277,8 @@ struct GarbageCollect: ParsableCommand {
                 throw CLIError("the store is in use (mounted or another command is running); try again later")
             }
             print(
-                "removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused pack\(r.compactedPacks == 1 ? "" : "s")"
+                "removed \(r.chunks) chunks and \(r.manifests) manifests; rewrote \(r.compactedPacks) mostly unused "
+                    + "pack\(r.compactedPacks == 1 ? "" : "s")"
             )
         }
     }

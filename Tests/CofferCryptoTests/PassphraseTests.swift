@@ -31,7 +31,8 @@ struct PassphraseTests {
     @Test func versionOneVectorStillOpens() throws {
         let sealed = unhex(
             "434650570100000000000000020000000000010000381aee9629c44dcef6af7d33a9f05090dbe57cf8f8c61c17beaa084668"
-                + "fdd86d73cbd7761726b842efa8e13e74b09979918aaca2c2d9e970efee03c0f06eb69ad6a4fe2ef1eaee25968e468b4142907c44941dfd2f772953"
+                + "fdd86d73cbd7761726b842efa8e13e74b09979918aaca2c2d9e970efee03c0f06eb69ad6a4fe2ef1eaee"
+                + "25968e468b4142907c44941dfd2f772953"
         )
         #expect(sealed.count == SealedAccountSecret.sealedBytes)
         #expect(try SealedAccountSecret.open(sealed, passphrase: passphrase("coffer vector")).seed == Array(0..<32))

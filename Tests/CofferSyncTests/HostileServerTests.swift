@@ -23,7 +23,8 @@ import Testing
     func bump(_ id: FileID, set: String) -> String {
         """
         UPDATE counter SET value = value + 1 WHERE name = 'version';
-        UPDATE file SET \(set), version = (SELECT value FROM counter WHERE name = 'version') WHERE id = X'\(hexString(id.bytes))';
+        UPDATE file SET \(set), version = (SELECT value FROM counter WHERE name = 'version')
+          WHERE id = X'\(hexString(id.bytes))';
         UPDATE account SET version = (SELECT value FROM counter WHERE name = 'version');
         """
     }

@@ -106,7 +106,8 @@ final class FakeServer: @unchecked Sendable {
             _ = sendAll(fd, Array((out + "\r\n").utf8) + body)
         case .trickle(let declared, let interval):
             let out =
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: \(declared)\r\n\r\n"
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: "
+                + "\(declared)\r\n\r\n"
             guard sendAll(fd, Array(out.utf8)) else { return }
             for _ in 0..<declared {
                 if stopped.load(ordering: .relaxed) { return }
@@ -217,8 +218,8 @@ func hasControlCharacters(_ s: String) -> Bool {
                     lastModifiedBy: stranger),
                 signature: [UInt8](repeating: 9, count: 64))
             let record = Data(forged.encoded()).base64EncodedString()
-            let json =
-                #"{"files":[{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}],"latest":\#(n),"more":true}"#
+            let file = #"{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}"#
+            let json = #"{"files":[\#(file)],"latest":\#(n),"more":true}"#
             return .full(status: 200, body: Array(json.utf8))
         }
         defer { server.stop() }

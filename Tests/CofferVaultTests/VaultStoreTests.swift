@@ -204,7 +204,9 @@ struct VaultStoreTests {
         // Flip one byte in the middle of the sealed chunk.
         _ = try f.sqlite(
             """
-            UPDATE chunks SET sealed = CAST(substr(sealed, 1, 30) || (CASE WHEN substr(sealed, 31, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(sealed, 32) AS BLOB);
+            UPDATE chunks SET sealed = CAST(substr(sealed, 1, 30)
+              || (CASE WHEN substr(sealed, 31, 1) = x'00' THEN x'01' ELSE x'00' END)
+              || substr(sealed, 32) AS BLOB);
             """)
         let r = try f.vault.check()
         #expect(!r.isClean)
@@ -253,7 +255,9 @@ struct VaultStoreTests {
             in: .whitespacesAndNewlines)
         _ = try f.sqlite(
             """
-            UPDATE base_files SET record = CAST(substr(record, 1, 60) || (CASE WHEN substr(record, 61, 1) = x'00' THEN x'01' ELSE x'00' END) || substr(record, 62) AS BLOB) WHERE id = x'\(hex)';
+            UPDATE base_files SET record = CAST(substr(record, 1, 60)
+              || (CASE WHEN substr(record, 61, 1) = x'00' THEN x'01' ELSE x'00' END)
+              || substr(record, 62) AS BLOB) WHERE id = x'\(hex)';
             """)
         let r = try f.vault.check()
         #expect(!r.isClean, "a modified record must not pass its signature check")

@@ -83,7 +83,10 @@ struct PullMerge {
         if ProcessInfo.processInfo.environment["COFFER_DEBUG_MERGE"] != nil {
             for r in remote.values {
                 print(
-                    "pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)"
+                    "pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) "
+                        + "del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) "
+                        + "parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) "
+                        + "local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)"
                 )
             }
         }

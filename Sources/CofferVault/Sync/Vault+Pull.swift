@@ -128,18 +128,22 @@ extension Vault {
                 }
                 if f.serverDeleted, !m.isDeleted, !deletes {
                     throw VaultError.corrupt(
-                        "the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is signed; nothing was applied"
+                        "the server marked file \(m.id) deleted, but no deletion of it or of a folder above it is "
+                            + "signed; nothing was applied"
                     )
                 }
                 if let seen = try baseRecord(m.id), !deletes {
                     if f.signed.revision < seen.revision {
                         throw VaultError.corrupt(
-                            "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than this device has seen (revision \(seen.revision)): it was rolled back or is not honest; nothing was applied"
+                            "the server sent an older record of file \(m.id) (revision \(f.signed.revision)) than "
+                                + "this device has seen (revision \(seen.revision)): it was rolled back or is not "
+                                + "honest; nothing was applied"
                         )
                     }
                     if f.signed.revision == seen.revision, f.signed != seen {
                         throw VaultError.corrupt(
-                            "the server sent a record of file \(m.id) that differs from the one this device has with the same revision \(seen.revision); nothing was applied"
+                            "the server sent a record of file \(m.id) that differs from the one this device has with "
+                                + "the same revision \(seen.revision); nothing was applied"
                         )
                     }
                 }
@@ -196,7 +200,8 @@ extension Vault {
             {
                 guard let digest = f.signed.metadata.contentDigest else { continue }
                 if try store.read({ try $0.manifest(digest) }) != nil { continue }
-                guard let k = try? remoteKey(f.signed.metadata.id, remote, &s, &memo) else { continue }  // orphan: dropped at apply
+                // An orphan: dropped at apply.
+                guard let k = try? remoteKey(f.signed.metadata.id, remote, &s, &memo) else { continue }
                 out.append(
                     ContentNeed(
                         fileID: f.signed.metadata.id, digest: digest,
