@@ -1,4 +1,3 @@
-import CofferCrypto
 import CofferModel
 import CofferProtocol
 import CofferStore
@@ -7,29 +6,21 @@ import Foundation
 
 /// Stops a pull whose pages bring nothing new. A server holds only so many records the account
 /// signed, so one that says "more" for ever must, page after page, run out of signed records it
-/// has not sent yet: a page that still says "more" must bring at least one. (One signature is
-/// checked per page to tell; the whole pull is verified before anything is applied.)
+/// has not sent yet: a page that still says "more" must bring at least one. The records are
+/// verified as each page arrives (`SyncEngine.updates`), so only newness is checked here.
 struct PageProgress {
-    private var seen: Set<Int> = []
-    private let account: AccountID
+    private struct Seen: Hashable {
+        let signed: SignedMetadata
+        let serverDeleted: Bool
+    }
+    private var seen: Set<Seen> = []
 
-    init(account: AccountID) { self.account = account }
-
-    mutating func admit(_ page: UpdatesResponse) throws {
+    mutating func admit(_ records: [RemoteFile], more: Bool) throws {
         var fresh = false
-        for f in page.files {
-            var h = Hasher()
-            h.combine(f.record)
-            h.combine(f.serverDeleted)
-            guard seen.insert(h.finalize()).inserted, !fresh else { continue }
-            if let s = try? SignedMetadata(decoding: [UInt8](f.record)), s.metadata.lastModifiedBy == account,
-                let key = try? PublicSigningKey(bytes: account.bytes),
-                key.verify(signature: s.signature, message: s.message)
-            {
-                fresh = true
-            }
+        for r in records where seen.insert(Seen(signed: r.signed, serverDeleted: r.serverDeleted)).inserted {
+            fresh = true
         }
-        guard fresh || !page.more else {
+        guard fresh || !more else {
             throw SyncError.protocolError(
                 "the server keeps saying there are more updates without sending any new record; the pull was stopped")
         }
@@ -153,18 +144,7 @@ extension SyncEngine {
         guard behind || !resend.isEmpty || invisible else { return }
 
         try await upload(try vault.content(of: resend.map(\.stored)), &report)
-        for records in Self.parentsFirst(resend) {
-            let request = UpsertRequest(
-                updates: records.map {
-                    FileUpdate(
-                        record: Data($0.stored.signed.encoded()),
-                        expectedParent: $0.expectedParent.map { Data($0.bytes) },
-                        expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
-                })
-            let response = try await client.upsert(request)
-            report.changed.formUnion(try vault.markPushed(records, version: response.version))
-            report.pushedRecords += records.count
-        }
+        try await upsert(resend, &report)
         try vault.resetCursor()
         report.resentToServer = resend.count
         vault.recordServerCatchUp(Self.catchUpNotice(resent: resend.count, at: Date()))

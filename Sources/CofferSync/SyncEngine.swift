@@ -110,7 +110,7 @@ public final class SyncEngine: Sendable {
         // Set while a version larger than a page is being read: the last file id of it seen.
         var afterID: Data?
         var byID: [FileID: RemoteFile] = [:]
-        var progress = PageProgress(account: vault.accountID)
+        var progress = PageProgress()
         while true {
             let page = try await client.updates(since: since, afterID: afterID)
             var records: [RemoteFile] = []
@@ -143,7 +143,7 @@ public final class SyncEngine: Sendable {
             if let next = page.nextAfterID, next.count != 16 {
                 throw SyncError.protocolError("the server sent a malformed update cursor")
             }
-            try progress.admit(page)
+            try progress.admit(records, more: page.more)
             since = page.latest
             afterID = page.nextAfterID
             if !page.more { break }
@@ -231,7 +231,12 @@ public final class SyncEngine: Sendable {
     static let batchSize = 4000
 
     func pushMetadata(_ report: inout SyncReport) async throws {
-        let all = try vault.pendingRecords()
+        try await upsert(try vault.pendingRecords(), &report)
+    }
+
+    /// Sends signed records with their preconditions, parents first in batches, and makes each
+    /// accepted batch this device's base.
+    func upsert(_ all: [PendingRecord], _ report: inout SyncReport) async throws {
         guard !all.isEmpty else { return }
         for records in Self.parentsFirst(all) {
             let request = UpsertRequest(
