@@ -13,6 +13,14 @@ import NIOSSL
 /// limits, the account-creation rate limit, error mapping and request logs.
 public enum CofferHTTP {
     public static let maxBodyBytes = API.maxBodyBytes
+    /// What a request holds of the shared body budget while its body is read: the length it
+    /// announces, or for a chunked body (no length) the most it may be; a request with neither
+    /// has no body and holds nothing (a GET must not take 32 MiB of the budget).
+    package static func bodyReservation(announced: Int?, chunked: Bool, limit: Int) -> Int {
+        if let announced { return max(0, announced) }
+        return chunked ? limit : 0
+    }
+
     /// Largest `POST /v1/accounts` body (a username, two keys and an invite code fit many times).
     public static let maxAccountRequestBytes = 16 * 1024
     /// What anyone may ask without signing: liveness, and the id every signature covers.
@@ -85,9 +93,10 @@ public enum CofferHTTP {
                 try await offload { () throws(ServerError) in try server.createAccount(caller: caller, req) })
         }
 
+        // The middleware authenticated every request below and found an account for its key
+        // (account creation aside); routes do not read the account again.
         router.get("/v1/accounts/:username") { _, context -> Response in
-            let caller = try context.requireCaller()
-            _ = try await offload { () throws(ServerError) in try server.requireAccount(caller) }
+            _ = try context.requireCaller()
             let raw = context.parameters.get("username") ?? ""
             let username = raw.removingPercentEncoding ?? raw
             return try json(try await offload { () throws(ServerError) in try server.lookup(username: username) })
@@ -98,7 +107,6 @@ public enum CofferHTTP {
             let req = try decode(UpsertRequest.self, context.body)
             return try json(
                 try await offload { () throws(ServerError) in
-                    _ = try server.requireAccount(caller)
                     return try server.upsert(caller: caller, req)
                 })
         }
@@ -108,7 +116,6 @@ public enum CofferHTTP {
             let req = try decode(UpdatesRequest.self, context.body)
             return try json(
                 try await offload { () throws(ServerError) in
-                    _ = try server.requireAccount(caller)
                     return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
                 })
         }
@@ -118,7 +125,6 @@ public enum CofferHTTP {
             let req = try decode(ChunkIDsRequest.self, context.body)
             return try json(
                 try await offload { () throws(ServerError) in
-                    _ = try server.requireAccount(caller)
                     return try server.missingChunks(caller: caller, ids: req.ids)
                 })
         }
@@ -129,7 +135,6 @@ public enum CofferHTTP {
             // Planned from the recorded sizes (404, 413) before anything is read, then streamed a
             // piece at a time: memory is bounded by a piece, not by the answer.
             let reader = try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
                 return server.bundleReader(try server.planChunks(caller: caller, ids: req.ids))
             }
             let body = ResponseBody(contentLength: reader.byteCount) { writer in
@@ -148,7 +153,6 @@ public enum CofferHTTP {
             }
             let body = context.body
             try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
                 try server.putChunk(caller: caller, id: Data(id), bytes: body)
             }
             return Response(status: .noContent)
@@ -158,7 +162,6 @@ public enum CofferHTTP {
             let caller = try context.requireCaller()
             let req = try decode(PutManifestRequest.self, context.body)
             try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
                 try server.putManifest(caller: caller, req)
             }
             return Response(status: .noContent)
@@ -168,7 +171,6 @@ public enum CofferHTTP {
             let caller = try context.requireCaller()
             let req = try decode(GetManifestRequest.self, context.body)
             let sealed = try await offload { () throws(ServerError) in
-                _ = try server.requireAccount(caller)
                 return try server.getManifest(caller: caller, req)
             }
             return octets(Array(sealed))

@@ -128,8 +128,8 @@ struct AuthenticationMiddleware: RouterMiddleware {
         if let length = announced, length > limit {
             throw ServerError.tooLarge("request body is larger than \(limit) bytes")
         }
-        // Without a length (chunked), the most a body may be is held for it.
-        let reserved = max(0, announced ?? limit)
+        let reserved = CofferHTTP.bodyReservation(
+            announced: announced, chunked: headers[.transferEncoding] != nil, limit: limit)
         guard budget.reserve(reserved) else {
             throw ServerError(503, "busy", "the server is receiving too many request bodies at once; try again shortly")
         }

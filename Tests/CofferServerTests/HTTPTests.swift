@@ -189,6 +189,15 @@ func makeApp(
         }
     }
 
+    /// A request without a body holds none of the shared body budget; a chunked one (no length)
+    /// holds the most it may send; one with a length holds that.
+    @Test func bodyReservationHoldsOnlyWhatABodyMayBe() {
+        #expect(CofferHTTP.bodyReservation(announced: nil, chunked: false, limit: 1000) == 0)
+        #expect(CofferHTTP.bodyReservation(announced: nil, chunked: true, limit: 1000) == 1000)
+        #expect(CofferHTTP.bodyReservation(announced: 12, chunked: false, limit: 1000) == 12)
+        #expect(CofferHTTP.bodyReservation(announced: -5, chunked: false, limit: 1000) == 0)
+    }
+
     @Test func oversizedBodiesRefused() async throws {
         let (app, server) = try makeApp()
         let alice = TestUser()
