@@ -86,7 +86,7 @@ let package = Package(
         .executableTarget(
             name: "coffer-server",
             dependencies: [
-                "CofferServerHTTP", "CofferServerCore",
+                "CofferServerHTTP", "CofferServerCore", "CofferProtocol",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

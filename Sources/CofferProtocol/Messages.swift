@@ -6,6 +6,16 @@ import Foundation
 /// client signed and other devices verify exactly that. See docs/PROTOCOL.md.
 public enum API {
     public static let prefix = "/v1"
+
+    /// Whether `host` (a name or an address, IPv6 in brackets or not) is this machine:
+    /// `localhost`, `::1` or 127.0.0.0/8. Clients send plain HTTP only there; a server listening
+    /// only there may take registrations from anyone.
+    public static func isLoopback(_ host: String) -> Bool {
+        let h = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
+        if h == "localhost" || h == "::1" { return true }
+        var addr = in_addr()
+        return inet_pton(AF_INET, h, &addr) == 1 && (UInt32(bigEndian: addr.s_addr) >> 24) == 127
+    }
     /// Largest request body the server accepts (a batch of metadata or one chunk).
     public static let maxBodyBytes = 32 * 1024 * 1024
     /// How far a request's timestamp may be from the server's clock.

@@ -1,6 +1,6 @@
 extension RequestSigning {
-    /// Whether a request's timestamp is positive and within `API.maxClockSkewMillis` of `now` (the
-    /// server's check, `CofferServer.withinClockWindow`).
+    /// Whether a request's timestamp is positive and within `API.maxClockSkewMillis` of `now`: the
+    /// server's check, kept here so that the fuzzer runs this very function.
     ///
     /// The distance is computed without a trap for any pair of values: `abs(now - ts)` overflows
     /// (and `abs(Int64.min)` traps) for a timestamp near `Int64.min + now`, which any caller can send

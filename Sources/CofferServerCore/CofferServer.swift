@@ -165,7 +165,7 @@ public final class CofferServer: Sendable {
         guard timestamp.utf8.count <= 20, let ts = Int64(timestamp) else {
             throw .unauthorized("\(RequestSigning.timestampHeader) is not a number")
         }
-        guard Self.withinClockWindow(ts, now: now) else {
+        guard RequestSigning.isFresh(timestamp: ts, now: now) else {
             throw .unauthorized("request timestamp is more than 5 minutes from the server's clock")
         }
         guard nonce.utf8.count >= 16, nonce.utf8.count <= 128, let nonceBytes = RequestSigning.unhex(nonce),
@@ -180,13 +180,6 @@ public final class CofferServer: Sendable {
         let exists = try guarded { try metadata.read { try $0.account(key: keyData) } } != nil
         guard exists || mayCreateAccount else { throw .unauthorized("no account has this key") }
         return Preauthenticated(key: keyData, publicKey: key, timestamp: ts, nonce: nonce, signature: sig)
-    }
-
-    /// Whether `ts` (ms) is within `API.maxClockSkewMillis` of `now`, without arithmetic that
-    /// can overflow on a hostile value (`abs(now - ts)` traps for `ts == Int64.min + now`).
-    static func withinClockWindow(_ ts: Int64, now: Int64) -> Bool {
-        // In CofferProtocol so that CofferFuzz (target `request-headers`) fuzzes this very check.
-        RequestSigning.isFresh(timestamp: ts, now: now)
     }
 
     /// Verifies the signature over the body and records the nonce (in `nonces`, never in the
@@ -289,10 +282,7 @@ public final class CofferServer: Sendable {
     /// only their hashes.
     public func makeInvites(count: Int) throws(ServerError) -> [String] {
         guard count > 0, count <= 10_000 else { throw .badRequest("make 1 to 10000 invites at once") }
-        var generator = SystemRandomNumberGenerator()
-        let codes = (0..<count).map { _ in
-            RequestSigning.hex((0..<16).map { _ in UInt8.random(in: 0...255, using: &generator) })
-        }
+        let codes = (0..<count).map { _ in RequestSigning.hex(randomBytes(16)) }
         let created = now
         try guarded {
             try metadata.write { tx in

@@ -57,7 +57,7 @@ public final class DirectoryContentStorage: ContentStorage {
         }
         guard fsync(fd) == 0 else { throw StorageError("cannot fsync a temporary chunk file: errno \(errno)") }
         ok = true
-        return StagedChunk(key: key, size: Int64(bytes.count), location: temp.path)
+        return StagedChunk(key: key, location: temp.path)
     }
 
     /// Renames the staged file into place and fsyncs its directory, so the chunk survives a power

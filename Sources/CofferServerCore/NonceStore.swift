@@ -22,13 +22,6 @@ public final class SQLiteNonceStore: NonceStore {
     let pool: DatabasePool
 
     public init(path: String, busyTimeout: TimeInterval = 10) throws {
-        try PrivateFiles.prepareDatabase(path)
-        var config = Configuration()
-        config.busyMode = .timeout(busyTimeout)
-        config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = NORMAL")
-        }
-        pool = try DatabasePool(path: path, configuration: config)
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1") { db in
             try db.execute(
@@ -42,8 +35,8 @@ public final class SQLiteNonceStore: NonceStore {
                     CREATE INDEX nonce_by_expiry ON nonce (expires_at);
                     """)
         }
-        try migrator.migrate(pool)
-        PrivateFiles.restrictDatabase(path)
+        // NORMAL: see docs/PROTOCOL.md on what a power cut can cost here.
+        pool = try PrivateFiles.openPool(path: path, busyTimeout: busyTimeout, synchronous: .normal, migrator: migrator)
     }
 
     public func insert(account: Data, nonce: String, expiresAt: Int64) throws -> Bool {
@@ -83,33 +76,6 @@ public final class MemoryNonceStore: NonceStore {
                 let kept = nonces.filter { $0.value >= expiredBefore }
                 all[account] = kept.isEmpty ? nil : kept
             }
-        }
-    }
-}
-
-/// The server's files are for the server alone: its data directory is 0700 and every database
-/// file 0600, whatever the process umask.
-enum PrivateFiles {
-    static func prepareDirectory(_ url: URL) throws {
-        try FileManager.default.createDirectory(
-            at: url, withIntermediateDirectories: true,
-            attributes: [.posixPermissions: 0o700])
-        guard chmod(url.path, 0o700) == 0 else { throw StorageError("cannot make \(url.path) private: errno \(errno)") }
-    }
-
-    /// Creates the database file 0600 before SQLite opens it (SQLite gives its -wal and -shm
-    /// files the database file's mode).
-    static func prepareDatabase(_ path: String) throws {
-        let fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw StorageError("cannot create \(path): errno \(errno)") }
-        close(fd)
-        guard chmod(path, 0o600) == 0 else { throw StorageError("cannot make \(path) private: errno \(errno)") }
-    }
-
-    /// Narrows files an older server created with the umask's mode.
-    static func restrictDatabase(_ path: String) {
-        for suffix in ["", "-wal", "-shm"] where FileManager.default.fileExists(atPath: path + suffix) {
-            _ = chmod(path + suffix, 0o600)
         }
     }
 }

@@ -11,18 +11,8 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     let pool: DatabasePool
 
     public init(path: String, busyTimeout: TimeInterval = 10) throws {
-        try PrivateFiles.prepareDatabase(path)
-        var config = Configuration()
-        config.busyMode = .timeout(busyTimeout)
-        config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-        }
-        pool = try DatabasePool(path: path, configuration: config)
-        // GRDB sets `synchronous = NORMAL` on the writer when it turns WAL on, after
-        // prepareDatabase ran; the writer is the connection that commits, so set it again here.
-        try pool.writeWithoutTransaction { try $0.execute(sql: "PRAGMA synchronous = FULL") }
-        try Self.migrator.migrate(pool)
-        PrivateFiles.restrictDatabase(path)
+        pool = try PrivateFiles.openPool(
+            path: path, busyTimeout: busyTimeout, synchronous: .full, migrator: Self.migrator)
     }
 
     /// `Username.key` of a username; a name outside the rule (none is stored) keys as itself.
@@ -106,7 +96,7 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                 // Accounts made before the rule that differ only in case keep working by key;
                 // the name finds the first of them.
                 if !taken.insert(usernameKey).inserted {
-                    usernameKey += "#" + key.map { String(format: "%02x", $0) }.joined()
+                    usernameKey += "#" + hexString(Array(key))
                 }
                 try db.execute(sql: "UPDATE account SET username_key = ? WHERE key = ?", arguments: [usernameKey, key])
             }

@@ -174,11 +174,9 @@ public protocol MetadataWriter: MetadataReader {
 /// belongs to the storage that staged it.
 public struct StagedChunk: Sendable {
     public let key: ChunkKey
-    public let size: Int64
     public let location: String
-    public init(key: ChunkKey, size: Int64, location: String) {
+    public init(key: ChunkKey, location: String) {
         self.key = key
-        self.size = size
         self.location = location
     }
 }

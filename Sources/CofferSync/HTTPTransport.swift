@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import CofferProtocol
 import Foundation
 import NIOCore
 import NIOHTTP1
@@ -88,7 +89,7 @@ public struct HTTPTransport: ServerTransport {
         switch scheme {
         case "https": return url
         case "http":
-            if allowInsecureHTTP || isLoopback(host) { return url }
+            if allowInsecureHTTP || API.isLoopback(host) { return url }
             throw SyncError.protocolError(
                 "refusing plain http:// to \(host), which is not this machine: use https://, or --insecure-http to "
                     + "allow it"
@@ -97,13 +98,6 @@ public struct HTTPTransport: ServerTransport {
             throw SyncError.protocolError(
                 "\(url): the server URL must start with https:// (or http:// for this machine)")
         }
-    }
-
-    static func isLoopback(_ host: String) -> Bool {
-        let h = host.lowercased().trimmingCharacters(in: CharacterSet(charactersIn: "[]"))
-        if h == "localhost" || h == "::1" { return true }
-        var addr = in_addr()
-        return inet_pton(AF_INET, h, &addr) == 1 && (UInt32(bigEndian: addr.s_addr) >> 24) == 127
     }
 
     /// Whether the server accepts a TCP connection within `timeout` seconds. AsyncHTTPClient

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CofferProtocol
 import CofferServerCore
 import CofferServerHTTP
 import Foundation
@@ -133,7 +134,7 @@ struct CofferServerCommand: AsyncParsableCommand {
     /// its operator says otherwise (behind a reverse proxy on loopback, say so with
     /// `--registration`).
     static func defaultRegistration(host: String) -> CofferServer.RegistrationPolicy {
-        ["127.0.0.1", "::1", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.") ? .open : .invite
+        API.isLoopback(host) ? .open : .invite
     }
 }
 
