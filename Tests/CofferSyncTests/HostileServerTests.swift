@@ -29,14 +29,10 @@ import Testing
         """
     }
 
-    func recordHex(_ world: SyncWorld, _ id: FileID) -> String {
-        run(
-            "/usr/bin/sqlite3",
-            [
-                world.server.dataDirectory + "/metadata.sqlite",
-                "SELECT hex(record) FROM file WHERE id = X'\(hexString(id.bytes))'",
-            ]
-        ).out
+    /// One column of `id`'s row on the server, in hex.
+    func column(_ name: String, of id: FileID, in world: SyncWorld) -> String {
+        let query = "SELECT hex(\(name)) FROM file WHERE id = X'\(hexString(id.bytes))'"
+        return run("/usr/bin/sqlite3", [world.server.dataDirectory + "/metadata.sqlite", query]).out
             .trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
@@ -57,15 +53,8 @@ import Testing
         try world.a.write("/notes.txt", "first")
         try await world.sync(world.a, world.b)
         let id = try world.a.vault.resolve("/notes.txt").id
-        let old = recordHex(world, id)
-        let oldDigest = run(
-            "/usr/bin/sqlite3",
-            [
-                world.server.dataDirectory + "/metadata.sqlite",
-                "SELECT hex(digest) FROM file WHERE id = X'\(hexString(id.bytes))'",
-            ]
-        ).out
-            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let old = column("record", of: id, in: world)
+        let oldDigest = column("digest", of: id, in: world)
         try world.a.write("/notes.txt", "second")
         try await world.sync(world.a, world.b)
         #expect(try world.b.read("/notes.txt") == "second")
@@ -85,7 +74,7 @@ import Testing
         try world.a.write("/draft.txt", "text")
         try await world.sync(world.a, world.b)
         let id = try world.a.vault.resolve("/draft.txt").id
-        let old = recordHex(world, id)
+        let old = column("record", of: id, in: world)
         try world.a.mv("/draft.txt", "/final.txt")
         try await world.sync(world.a, world.b)
         #expect(world.b.exists("/final.txt"))
@@ -100,7 +89,7 @@ import Testing
         try world.a.write("/gone.txt", "soon deleted")
         try await world.sync(world.a, world.b)
         let id = try world.a.vault.resolve("/gone.txt").id
-        let live = recordHex(world, id)
+        let live = column("record", of: id, in: world)
         try world.a.rm("/gone.txt")
         try await world.sync(world.a, world.b, world.a)
         #expect(!world.b.exists("/gone.txt"))

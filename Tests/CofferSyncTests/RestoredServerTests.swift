@@ -7,6 +7,26 @@ import Testing
 /// Issue 19, defect 7 (the device's half): a server restored from an older backup must not split
 /// the devices for ever. The device that finds the server behind what it already had sends its
 /// base again (content first, parents first), reads the tree again, and says so.
+extension SyncWorld {
+    /// The operator's backup of the server's data directory, taken while the server is stopped.
+    func backUpServer() throws -> String {
+        let backup = tmp.path + "/server-backup-\(UInt32.random(in: 0...UInt32.max))"
+        server.stop()
+        let copied = sh("cp -a '\(server.dataDirectory)' '\(backup)'")
+        try server.start()
+        guard copied.status == 0 else { throw TestFailure("backup failed: \(copied.err)") }
+        return backup
+    }
+
+    /// Puts `backup` back in place of the server's data directory and starts the server on it.
+    func restoreServer(from backup: String) throws {
+        server.stop()
+        let restored = sh("rm -rf '\(server.dataDirectory)' && cp -a '\(backup)' '\(server.dataDirectory)'")
+        guard restored.status == 0 else { throw TestFailure("restore failed: \(restored.err)") }
+        try server.start()
+    }
+}
+
 @Suite(.serialized) struct RestoredServerTests {
     @Test func aDeviceSendsWhatARestoredServerLostAndOtherDevicesReceiveIt() async throws {
         let w = try await SyncWorld()
@@ -15,10 +35,7 @@ import Testing
         try await w.sync(w.a, w.b)
 
         // The operator's backup, taken while the server is stopped.
-        let backup = w.tmp.path + "/server-backup"
-        w.server.stop()
-        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
-        try w.server.start()
+        let backup = try w.backUpServer()
 
         // A keeps working and syncs: new files (one several chunks long), an edit, a new folder.
         let blob = pseudoRandomBytes(count: 3 * 1024 * 1024 + 17, seed: 19)
@@ -30,9 +47,7 @@ import Testing
         #expect(w.a.pending == 0)
 
         // The server is restored from the backup: everything A pushed since is gone from it.
-        w.server.stop()
-        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
-        try w.server.start()
+        try w.restoreServer(from: backup)
 
         // The next `coffer sync` on A notices and sends its files again.
         let engine = SyncEngine(vault: w.a.vault, transport: HTTPTransport(baseURL: w.server.url))
@@ -66,16 +81,11 @@ import Testing
         try w.a.write("/keep.txt", "keep")
         try w.a.write("/gone.txt", "deleted before the restore")
         try await w.sync(w.a, w.b)
-        let backup = w.tmp.path + "/server-backup"
-        w.server.stop()
-        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
-        try w.server.start()
+        let backup = try w.backUpServer()
         try w.a.rm("/gone.txt")
         try await w.sync(w.a, w.b, w.a)
         #expect(!w.b.exists("/gone.txt"))
-        w.server.stop()
-        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
-        try w.server.start()
+        try w.restoreServer(from: backup)
 
         let report = try await SyncEngine(vault: w.a.vault, transport: HTTPTransport(baseURL: w.server.url)).sync()
         #expect(report.resentToServer != nil)
@@ -100,17 +110,12 @@ import Testing
         try w.a.mkdir("/f")
         try w.a.write("/f/x.txt", "first")
         try await w.sync(w.a, w.b)
-        let backup = w.tmp.path + "/server-backup"
-        w.server.stop()
-        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
-        try w.server.start()
+        let backup = try w.backUpServer()
         try w.a.write("/f/x.txt", "second")
         try await w.a.sync()
         try w.a.rm("/f")
         try await w.a.sync()
-        w.server.stop()
-        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
-        try w.server.start()
+        try w.restoreServer(from: backup)
 
         let report = try await SyncEngine(vault: w.a.vault, transport: HTTPTransport(baseURL: w.server.url)).sync()
         #expect(report.resentToServer != nil)
@@ -124,15 +129,10 @@ import Testing
         let w = try await SyncWorld()
         try w.a.write("/before.txt", "before")
         try await w.sync(w.a, w.b)
-        let backup = w.tmp.path + "/server-backup"
-        w.server.stop()
-        #expect(sh("cp -a '\(w.server.dataDirectory)' '\(backup)'").status == 0)
-        try w.server.start()
+        let backup = try w.backUpServer()
         try w.a.write("/lost.txt", "A's work the restore loses")
         try await w.a.sync()
-        w.server.stop()
-        #expect(sh("rm -rf '\(w.server.dataDirectory)' && cp -a '\(backup)' '\(w.server.dataDirectory)'").status == 0)
-        try w.server.start()
+        try w.restoreServer(from: backup)
 
         // B, whose cursor is older than the backup, keeps working through the restored server: its
         // batches take version numbers A has already read past, then go beyond A's cursor.
