@@ -32,7 +32,7 @@ public struct HTTPTransport: ServerTransport {
         self.init(
             baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: minimumBytesPerSecond,
             maxResponseBytes: maxResponseBytes,
-            client: .shared)
+            client: HTTPTransport.client(for: [], trusting: []))
     }
 
     /// A transport that trusts `trustedCertificatePEM` (a self-signed server certificate or a
@@ -40,7 +40,8 @@ public struct HTTPTransport: ServerTransport {
     public init(baseURL: String, trustedCertificatePEM: [UInt8]?, timeout: TimeAmount = .seconds(60)) throws {
         self.init(
             baseURL: baseURL, timeout: timeout, minimumBytesPerSecond: 64 * 1024, maxResponseBytes: 256 * 1024 * 1024,
-            client: try trustedCertificatePEM.map { try Self.client(trusting: $0) } ?? .shared)
+            client: try trustedCertificatePEM.map { try Self.client(trusting: $0) }
+                ?? Self.client(for: [], trusting: []))
     }
 
     init(baseURL: String, timeout: TimeAmount, minimumBytesPerSecond: Int, maxResponseBytes: Int, client: HTTPClient) {
@@ -65,16 +66,27 @@ public struct HTTPTransport: ServerTransport {
         guard !certificates.isEmpty else {
             throw SyncError.protocolError("the server certificate to trust holds no certificate")
         }
-        return clients.withLock { cache in
-            if let c = cache[pem] { return c }
+        return client(for: pem, trusting: certificates)
+    }
+
+    /// The client for a trust configuration (`key` empty: the system's roots alone), made once.
+    /// Connection attempts end after `connectTimeout`, so a refused handshake (an untrusted
+    /// certificate) is reported as what it is instead of being retried until the request's
+    /// deadline and reported as "no reply in time".
+    static func client(for key: [UInt8], trusting certificates: [NIOSSLCertificate]) -> HTTPClient {
+        clients.withLock { cache in
+            if let c = cache[key] { return c }
             var tls = TLSConfiguration.makeClientConfiguration()
-            tls.additionalTrustRoots = [.certificates(certificates)]
-            let c = HTTPClient(
-                eventLoopGroupProvider: .singleton, configuration: HTTPClient.Configuration(tlsConfiguration: tls))
-            cache[pem] = c
+            if !certificates.isEmpty { tls.additionalTrustRoots = [.certificates(certificates)] }
+            var configuration = HTTPClient.Configuration(tlsConfiguration: tls)
+            configuration.timeout.connect = connectTimeout
+            let c = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+            cache[key] = c
             return c
         }
     }
+
+    static let connectTimeout: TimeAmount = .seconds(10)
 
     /// `url` if it is one to send an account's requests to: HTTPS, or plain HTTP only to a
     /// loopback address (where nothing crosses a network) unless `allowInsecureHTTP`, since
@@ -153,7 +165,12 @@ public struct HTTPTransport: ServerTransport {
         let task = client.execute(request: request, delegate: reply)
         reply.watch(task)
         let r = try await withTaskCancellationHandler {
-            try await task.futureResult.get()
+            do { return try await task.futureResult.get() } catch let e as NIOSSLError {
+                // Not "offline": retrying will not help until the certificate is trusted.
+                throw SyncError.protocolError(
+                    "the TLS handshake with \(baseURL) failed (\(e)); if the server's certificate is self-signed, "
+                        + "give it with --server-ca")
+            }
         } onCancel: {
             task.cancel()
         }
