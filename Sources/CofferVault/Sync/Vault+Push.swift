@@ -31,19 +31,12 @@ extension Vault {
     /// before the metadata that names it, so no device ever pulls a record whose content is missing.
     public func pendingContent() throws -> [PendingUpload] {
         try store.read { r in
-            var out: [PendingUpload] = []
-            for local in try r.files(.local) where local.metadata.type == .document {
-                guard let digest = local.metadata.contentDigest else { continue }
-                if try r.file(local.metadata.id, .base)?.metadata.contentDigest == digest { continue }
-                guard let sealed = try r.manifest(digest) else {
-                    throw VaultError.corrupt("the manifest of \(local.metadata.id) is missing")
-                }
-                out.append(
-                    PendingUpload(
-                        fileID: local.metadata.id, digest: digest, sealedManifest: sealed,
-                        chunkIDs: try r.chunkIDs(ofManifest: digest)))
+            try r.files(.local).compactMap { local in
+                // Content the server has already (the base's) is not sent again.
+                let digest = local.metadata.contentDigest
+                if digest != nil, try r.file(local.metadata.id, .base)?.metadata.contentDigest == digest { return nil }
+                return try Self.upload(of: local.metadata, r)
             }
-            return out
         }
     }
 
@@ -57,19 +50,19 @@ extension Vault {
     /// pushing base records again: content before the metadata naming it.
     public func content(of records: [StoredFile]) throws -> [PendingUpload] {
         try store.read { r in
-            var out: [PendingUpload] = []
-            for f in records where f.metadata.type == .document && !f.effectiveMetadata.isDeleted {
-                guard let digest = f.metadata.contentDigest else { continue }
-                guard let sealed = try r.manifest(digest) else {
-                    throw VaultError.corrupt("the manifest of \(f.metadata.id) is missing")
-                }
-                out.append(
-                    PendingUpload(
-                        fileID: f.metadata.id, digest: digest, sealedManifest: sealed,
-                        chunkIDs: try r.chunkIDs(ofManifest: digest)))
-            }
-            return out
+            try records.filter { !$0.effectiveMetadata.isDeleted }.compactMap { try Self.upload(of: $0.metadata, r) }
         }
+    }
+
+    /// A document's stored content as the server is sent it (nil for anything but a document
+    /// with content).
+    static func upload(of m: FileMetadata, _ r: StoreReader) throws -> PendingUpload? {
+        guard m.type == .document, let digest = m.contentDigest else { return nil }
+        guard let sealed = try r.manifest(digest) else {
+            throw VaultError.corrupt("the manifest of \(m.id) is missing")
+        }
+        return PendingUpload(
+            fileID: m.id, digest: digest, sealedManifest: sealed, chunkIDs: try r.chunkIDs(ofManifest: digest))
     }
 
     public func sealedChunk(_ id: [UInt8]) throws -> [UInt8]? {
