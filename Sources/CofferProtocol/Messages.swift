@@ -1,3 +1,4 @@
+import CofferModel
 import Foundation
 
 /// The wire format between `coffer` and `coffer-server`: JSON bodies (binary fields base64,
@@ -217,18 +218,23 @@ public struct ErrorResponse: Codable, Sendable {
 /// u32 count, then per chunk: 32-byte id, u32 length, sealed bytes. Big-endian.
 public enum ChunkBundle {
     public static func encode(_ chunks: [(id: [UInt8], sealed: [UInt8])]) -> [UInt8] {
-        var out: [UInt8] = []
+        var out = header(count: chunks.count)
         out.reserveCapacity(4 + chunks.reduce(0) { $0 + 36 + $1.sealed.count })
-        func u32(_ v: Int) {
-            out += [UInt8((v >> 24) & 0xff), UInt8((v >> 16) & 0xff), UInt8((v >> 8) & 0xff), UInt8(v & 0xff)]
-        }
-        u32(chunks.count)
-        for c in chunks {
-            out += c.id
-            u32(c.sealed.count)
-            out += c.sealed
-        }
+        for c in chunks { out += entryHeader(id: c.id, size: c.sealed.count) + c.sealed }
         return out
+    }
+
+    /// The bundle's first bytes: how many chunks follow. (A server streaming a bundle writes
+    /// these headers and each chunk's bytes in turn; `encode` is the same thing in one piece.)
+    public static func header(count: Int) -> [UInt8] { u32(count) }
+
+    /// What precedes one chunk's bytes: its id and its length.
+    public static func entryHeader(id: [UInt8], size: Int) -> [UInt8] { id + u32(size) }
+
+    static func u32(_ v: Int) -> [UInt8] {
+        var w = ByteWriter(capacity: 4)
+        w.u32(UInt32(clamping: v))
+        return w.bytes
     }
 
     public static func decode(_ bytes: [UInt8]) -> [(id: [UInt8], sealed: [UInt8])]? {

@@ -604,7 +604,7 @@ public final class ChunkBundleReader: Sendable {
             try state.withLock { s throws -> [UInt8]? in
                 if !s.headerSent {
                     s.headerSent = true
-                    return Self.u32(plan.entries.count)
+                    return ChunkBundle.header(count: plan.entries.count)
                 }
                 if s.reader != nil, s.remaining > 0 {
                     let piece = try s.reader?.read(upTo: min(s.remaining, CofferServer.chunkPieceBytes)) ?? []
@@ -621,13 +621,8 @@ public final class ChunkBundleReader: Sendable {
                 }
                 s.reader = entry.size > 0 ? reader : nil
                 s.remaining = entry.size
-                return Array(entry.id) + Self.u32(entry.size)
+                return ChunkBundle.entryHeader(id: Array(entry.id), size: entry.size)
             }
         }
-    }
-
-    static func u32(_ v: Int) -> [UInt8] {
-        let n = UInt32(clamping: v)
-        return [UInt8(n >> 24), UInt8((n >> 16) & 0xff), UInt8((n >> 8) & 0xff), UInt8(n & 0xff)]
     }
 }
