@@ -29,7 +29,7 @@ extension CofferServer {
             else {
                 return ["malformed account key"]
             }
-            let files = try metadata.read { try $0.files(account: account, since: 0, limit: Int(Int32.max)) }
+            let files = try metadata.read { try $0.files(account: account, since: 0) }
             var tree = FileTree()
             var byID: [FileID: StoredFile] = [:]
             for f in files {

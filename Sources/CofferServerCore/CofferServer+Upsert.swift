@@ -33,7 +33,7 @@ extension CofferServer {
         var entry = trees.withLock { $0.removeValue(forKey: account) } ?? CachedTree()
         if entry.version > version { entry = CachedTree() }
         if entry.version < version {
-            for f in try reader.files(account: account, since: entry.version, limit: Int(Int32.max)) {
+            for f in try reader.files(account: account, since: entry.version) {
                 try entry.apply(f)
             }
             entry.version = version

@@ -176,13 +176,6 @@ struct SQLiteTransaction: MetadataWriter {
                 arguments: [SQLiteMetadataStorage.usernameKey(username)]))
     }
 
-    func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile] {
-        try Row.fetchAll(
-            db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id LIMIT ?",
-            arguments: [account, since, limit]
-        ).map(fileRow)
-    }
-
     func visitFiles(account: Data, since: Int64, afterID: Data?, _ body: (StoredFile) throws -> Bool) throws {
         // Both forms walk the index file_by_version (account, version, id) in order.
         let rows: RowCursor

@@ -111,14 +111,24 @@ public protocol MetadataStorage: Sendable {
     func write<T>(_ body: (any MetadataWriter) throws -> T) throws -> T
 }
 
+extension MetadataReader {
+    /// Every file of `account` with version > `since`, in (version, id) order (`visitFiles`).
+    public func files(account: Data, since: Int64) throws -> [StoredFile] {
+        var out: [StoredFile] = []
+        try visitFiles(account: account, since: since, afterID: nil) { f in
+            out.append(f)
+            return true
+        }
+        return out
+    }
+}
+
 public protocol MetadataReader {
     /// Every account's key (for the audit).
     func accountKeys() throws -> [Data]
     func account(key: Data) throws -> AccountRecord?
     /// The account whose username has the same `Username.key` as `username`.
     func account(username: String) throws -> AccountRecord?
-    /// Files of `account` with version > `since`, ordered by (version, id), at most `limit`.
-    func files(account: Data, since: Int64, limit: Int) throws -> [StoredFile]
     /// Visits the files of `account` after the cursor in (version, id) order: with `afterID`,
     /// those with (version, id) > (since, afterID); without, those with version > since. Rows are
     /// read one at a time (records may be megabytes each); `body` returns false to stop.

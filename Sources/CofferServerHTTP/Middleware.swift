@@ -21,23 +21,22 @@ struct ErrorAndLogMiddleware: RouterMiddleware {
         let response: Response
         do {
             response = try await next(request, context)
-        } catch let e as ServerError {
-            if let detail = e.detail {
+        } catch {
+            let refusal: ServerError
+            switch error {
+            case let e as ServerError: refusal = e
+            case let e as HTTPError: refusal = Self.map(e)
+            case let e as any HTTPResponseError:
+                refusal = ServerError(Int(e.status.code), Self.code(for: Int(e.status.code)), "request refused")
+            default: refusal = .internal(detail: "\(error)")
+            }
+            // The detail of the server's own failures goes to the log, never into the answer.
+            if let detail = refusal.detail {
                 logger.error(
                     "internal failure",
                     metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string(detail)])
             }
-            response = CofferHTTP.errorResponse(e)
-        } catch let e as HTTPError {
-            response = CofferHTTP.errorResponse(Self.map(e))
-        } catch let e as any HTTPResponseError {
-            response = CofferHTTP.errorResponse(
-                ServerError(Int(e.status.code), Self.code(for: Int(e.status.code)), "request refused"))
-        } catch {
-            logger.error(
-                "internal failure",
-                metadata: ["path": .string(Self.loggablePath(request.uri.path)), "detail": .string("\(error)")])
-            response = CofferHTTP.errorResponse(.internal(detail: "\(error)"))
+            response = CofferHTTP.errorResponse(refusal)
         }
         let elapsed = ContinuousClock.now - start
         let ms = Double(elapsed.components.seconds) * 1000 + Double(elapsed.components.attoseconds) / 1e15
