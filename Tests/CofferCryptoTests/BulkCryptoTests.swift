@@ -9,7 +9,7 @@ import Testing
 @Suite("Bulk crypto (libcrypto) against libsodium")
 struct BulkCryptoTests {
     static let lengths = [
-        0, 1, 63, 64, 127, 128, 129, Bulk.threshold - 1, Bulk.threshold, Bulk.threshold + 1, 4096, 65_537, 262_144,
+        0, 1, 63, 64, 127, 128, 129, Bulk.threshold - 1, Bulk.threshold, Bulk.threshold + 1, 1024, 65_537, 262_144,
     ]
 
     func sodiumSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8] {
