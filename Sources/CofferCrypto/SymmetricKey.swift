@@ -166,8 +166,7 @@ public enum AEAD {
         // Written by the decryption, not zeroed first (a 256 KiB chunk's memset saved per read).
         let out = [UInt8](unsafeUninitializedCapacity: length) { o, count in
             opened = sealed.withUnsafeBytes { s in
-                guard let ob = o.baseAddress else { return false }
-                return open(s, into: ob, key: key, purpose: purpose, fileID: fileID, extra: extra)
+                open(s, into: o.baseAddress, key: key, purpose: purpose, fileID: fileID, extra: extra)
             }
             count = opened ? length : 0
         }
@@ -201,7 +200,7 @@ public enum AEAD {
     /// Opens `sealed` (nonce, ciphertext, tag; at least `overhead` bytes) into `out`, which may
     /// be where its ciphertext lies (both libraries decrypt in place). True if the tag verified.
     private static func open(
-        _ sealed: UnsafeRawBufferPointer, into out: UnsafeMutablePointer<UInt8>, key: SymmetricKey,
+        _ sealed: UnsafeRawBufferPointer, into out: UnsafeMutablePointer<UInt8>?, key: SymmetricKey,
         purpose: SealPurpose, fileID: [UInt8], extra: [UInt8]
     ) -> Bool {
         guard sealed.count >= overhead, let base = sealed.baseAddress?.assumingMemoryBound(to: UInt8.self) else {
@@ -210,7 +209,7 @@ public enum AEAD {
         let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
         let nonce = Array(UnsafeBufferPointer(start: base, count: nonceBytes))
         let body = UnsafeRawBufferPointer(rebasing: sealed[nonceBytes...])
-        if body.count - tagBytes >= Bulk.threshold {
+        if body.count - tagBytes >= Bulk.threshold, let out {
             switch Bulk.openXChaCha(body, ad: ad, nonce: nonce, key: key.bytes, into: out) {
             case .opened: return true
             case .refused: return false
