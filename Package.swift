@@ -31,13 +31,9 @@ let package = Package(
             cSettings: [.headerSearchPath("../CFuse")],
             linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
 
-        // Cryptography over libsodium: keys, AEAD, wrapping, names, signatures, recovery phrase.
-        .target(name: "CofferCrypto", dependencies: ["CSodium", "COpenSSL", "CBoringAEAD"]),
-        // XChaCha20-Poly1305 through BoringSSL, which comes with swift-nio-ssl (the TLS of both
-        // binaries): one stitched AVX2 pass, the fastest on machines without AVX-512. C, with a
-        // header free of OpenSSL types, because BoringSSL's and OpenSSL's headers clash in one
-        // Swift module.
-        .target(name: "CBoringAEAD", dependencies: [.product(name: "NIOSSL", package: "swift-nio-ssl")]),
+        // Cryptography over libsodium (keys, AEAD, wrapping, names, signatures, recovery phrase),
+        // with libcrypto for the bulk: large AEAD inputs and HMAC-SHA-256 (`Bulk`).
+        .target(name: "CofferCrypto", dependencies: ["CSodium", "COpenSSL"]),
         // The pure core: metadata, encoding, clocks, invariants. No I/O, no clock, no globals.
         .target(name: "CofferModel"),
         // Chunked document content: compression, sealing, manifests.

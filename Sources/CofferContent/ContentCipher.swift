@@ -6,12 +6,9 @@ import CofferModel
 /// Chunk ids are HMAC-SHA-256 of the plaintext keyed by a subkey of the file key: equal chunks
 /// in one file share an id (zero-filled gaps cost one chunk), but ids reveal nothing to anyone
 /// without the key. Each chunk's AEAD binds file id and chunk id, and the manifest binds the file
-/// id, so neither can be moved to another file or position.
-///
-/// Stores written before 2026-11-24 named chunks by keyed BLAKE2b (subkey 2) instead. Their ids
-/// stay valid names (nothing recomputes an id to find a chunk), and the id check accepts either
-/// construction; the switch was for speed, since hashing was most of a large write's CPU and
-/// SHA-256 runs on the CPU's SHA extensions (see docs/CRYPTOGRAPHY.md).
+/// id, so neither can be moved to another file or position. HMAC-SHA-256 rather than keyed
+/// BLAKE2b because hashing is most of a large write's CPU and SHA-256 runs on the CPU's SHA
+/// extensions (see docs/CRYPTOGRAPHY.md).
 public struct ContentCipher: Sendable {
     public let fileID: FileID
     package let key: SymmetricKey
@@ -25,12 +22,6 @@ public struct ContentCipher: Sendable {
 
     public func chunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
         hmacSHA256(plaintext, key: idKey.bytes)
-    }
-
-    /// The id older stores gave this plaintext: keyed BLAKE2b under subkey 2. Only the id check
-    /// computes it, and only for a chunk whose id is not the current one.
-    func legacyChunkID(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
-        keyedBlake2b(plaintext, key: key.derive(subkeyID: 2, context: "cfchunk").bytes)
     }
 
     /// Compresses, then seals. Returns the reference for the manifest and the sealed bytes.
@@ -61,11 +52,13 @@ public struct ContentCipher: Sendable {
     /// not against the server or the disk. Reads of chunks this device stored or already checked
     /// skip it: it is a full hash pass over every byte read.
     public func openChunk(_ sealed: [UInt8], ref: ChunkRef, verifyingID: Bool = true) throws -> [UInt8] {
-        let packed = try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
+        let packed = try AEAD.open(
+            sealed, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
         let plain = try Compression.unpack(packed, expectedLength: Int(ref.length))
         guard verifyingID else { return plain }
-        let matches = plain.withUnsafeBytes { chunkID($0) == ref.id || legacyChunkID($0) == ref.id }
-        guard matches else { throw ContentError.corrupt("chunk id does not match its content") }
+        guard plain.withUnsafeBytes({ chunkID($0) }) == ref.id else {
+            throw ContentError.corrupt("chunk id does not match its content")
+        }
         return plain
     }
 
@@ -76,7 +69,8 @@ public struct ContentCipher: Sendable {
     /// decrypted buffer at 6.5% of the daemon's samples.
     public func openChunkInPlace(_ sealed: consuming [UInt8], ref: ChunkRef) throws -> ArraySlice<UInt8> {
         var buffer = sealed
-        let range = try AEAD.openInPlace(&buffer, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
+        let range = try AEAD.openInPlace(
+            &buffer, key: key, purpose: .chunk, fileID: fileID.bytes, extra: ref.id, what: "content chunk")
         return try Compression.unpack(buffer[range], expectedLength: Int(ref.length))
     }
 
@@ -85,7 +79,8 @@ public struct ContentCipher: Sendable {
     }
 
     public func openManifest(_ sealed: [UInt8]) throws -> Manifest {
-        try Manifest(decoding: AEAD.open(sealed, key: key, purpose: .manifest, fileID: fileID.bytes, what: "content manifest"))
+        try Manifest(
+            decoding: AEAD.open(sealed, key: key, purpose: .manifest, fileID: fileID.bytes, what: "content manifest"))
     }
 
     /// The digest a metadata record names its content by: an unkeyed hash of ciphertext.

@@ -22,7 +22,8 @@ public enum CryptoError: Error, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .authenticationFailed(let what): return "decryption failed: \(what) is corrupt or was sealed with another key"
+        case .authenticationFailed(let what):
+            return "decryption failed: \(what) is corrupt or was sealed with another key"
         case .invalidLength(let what): return "invalid length: \(what)"
         case .invalidSignature: return "signature does not verify"
         case .invalidPhrase(let why): return "invalid recovery phrase: \(why)"
@@ -64,44 +65,11 @@ public func sha256(_ data: [UInt8]) -> [UInt8] {
     return out
 }
 
-/// Streaming keyed BLAKE2b, so large plaintexts can be hashed without holding them whole.
-/// libsodium's state struct is 64-byte aligned and does not import into Swift, so it lives in
-/// an aligned heap allocation of `crypto_generichash_statebytes()` bytes.
-public final class Blake2bHasher {
-    private let state: UnsafeMutableRawPointer
-    private let outputLength: Int
-
-    public init(key: [UInt8]?, outputLength: Int = 32) {
-        ensureSodium()
-        self.outputLength = outputLength
-        state = UnsafeMutableRawPointer.allocate(byteCount: crypto_generichash_statebytes(), alignment: 64)
-        if let key {
-            _ = key.withUnsafeBufferPointer { crypto_generichash_init(OpaquePointer(state), $0.baseAddress, $0.count, outputLength) }
-        } else {
-            crypto_generichash_init(OpaquePointer(state), nil, 0, outputLength)
-        }
-    }
-
-    deinit { state.deallocate() }
-
-    public func update(_ bytes: UnsafeRawBufferPointer) {
-        _ = crypto_generichash_update(OpaquePointer(state), bytes.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(bytes.count))
-    }
-
-    public func update(_ bytes: [UInt8]) {
-        bytes.withUnsafeBytes { update($0) }
-    }
-
-    public func finalize() -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: outputLength)
-        crypto_generichash_final(OpaquePointer(state), &out, outputLength)
-        return out
-    }
-}
-
 /// Constant-time comparison for MACs and digests.
 public func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
     guard a.count == b.count else { return false }
     ensureSodium()
-    return a.withUnsafeBufferPointer { x in b.withUnsafeBufferPointer { y in sodium_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 } }
+    return a.withUnsafeBufferPointer { x in
+        b.withUnsafeBufferPointer { y in sodium_memcmp(x.baseAddress, y.baseAddress, a.count) == 0 }
+    }
 }

@@ -143,8 +143,10 @@ public enum AEAD {
                 return
             }
             for i in 0..<nonceBytes { base[i] = nonce[i] }
-            if Bulk.sealXChaCha(plaintext, ad: ad, nonce: nonce, key: key.bytes, into: base + nonceBytes) {
-                initialized = total
+            initialized = total
+            if plaintext.count >= Bulk.threshold,
+                Bulk.sealXChaCha(plaintext, ad: ad, nonce: nonce, key: key.bytes, into: base + nonceBytes)
+            {
                 return
             }
             var clen: UInt64 = 0
@@ -152,52 +154,26 @@ public enum AEAD {
                 base + nonceBytes, &clen,
                 plaintext.baseAddress?.assumingMemoryBound(to: UInt8.self), UInt64(plaintext.count),
                 ad, UInt64(ad.count), nil, nonce, key.bytes)
-            initialized = total
         }
     }
 
     public static func open(
         _ sealed: [UInt8], key: SymmetricKey, purpose: SealPurpose, fileID: [UInt8], extra: [UInt8] = [], what: String
     ) throws -> [UInt8] {
-        ensureSodium()
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
-        let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
         let length = sealed.count - overhead
-        var mlen: UInt64 = 0
-        var rc: Int32 = -1
+        var opened = false
         // Written by the decryption, not zeroed first (a 256 KiB chunk's memset saved per read).
         let out = [UInt8](unsafeUninitializedCapacity: length) { o, count in
-            // BoringSSL or libcrypto (`Bulk`); if it refuses, libsodium decides (a forged or
-            // damaged value then costs two attempts, an intact one never does).
-            if let ob = o.baseAddress,
-                sealed.withUnsafeBytes({ s in
-                    Bulk.openXChaCha(
-                        UnsafeRawBufferPointer(rebasing: s[nonceBytes...]), ad: ad,
-                        nonce: Array(s[0..<nonceBytes]), key: key.bytes, into: ob)
-                })
-            {
-                rc = 0
-                count = length
-                return
+            opened = sealed.withUnsafeBytes { s in
+                open(s, into: o.baseAddress, key: key, purpose: purpose, fileID: fileID, extra: extra)
             }
-            rc = sealed.withUnsafeBufferPointer { s in
-                crypto_aead_xchacha20poly1305_ietf_decrypt(
-                    o.baseAddress, &mlen, nil,
-                    s.baseAddress! + nonceBytes, UInt64(sealed.count - nonceBytes),
-                    ad, UInt64(ad.count), s.baseAddress!, key.bytes)
-            }
-            count = rc == 0 && mlen == UInt64(length) ? length : 0
+            count = opened ? length : 0
         }
-        guard rc == 0, out.count == length else { throw CryptoError.authenticationFailed(what) }
-        guard purpose.isPadded else { return out }
-        // Authentic but badly padded: only a key holder could have made it, so it is a bug or a
-        // hostile writer; refused all the same.
-        guard let value = Padding.unpad(out) else { throw CryptoError.authenticationFailed(what) }
-        return value
+        guard opened else { throw CryptoError.authenticationFailed(what) }
+        return try unpadded(out, purpose: purpose, what: what)
     }
-}
 
-extension AEAD {
     /// `open` without a second buffer: decrypts `sealed` where it lies and returns where the
     /// plaintext now is (`nonceBytes..<count - tagBytes`). A 256 KiB chunk read back otherwise
     /// costs a fresh buffer and, for a raw chunk, a copy out of it (`ContentCipher.openChunkInPlace`).
@@ -207,26 +183,52 @@ extension AEAD {
         extra: [UInt8] = [], what: String
     ) throws -> Range<Int> {
         guard sealed.count >= overhead else { throw CryptoError.authenticationFailed(what) }
-        let length = sealed.count - overhead
-        guard Bulk.engine(for: length) == .boringSSL, !purpose.isPadded else {
-            // libcrypto's path may fail for reasons other than the tag (an allocation), and its
-            // fallback to libsodium needs the ciphertext intact: out of place, as `open` does it.
+        guard !purpose.isPadded else {
             sealed = try open(sealed, key: key, purpose: purpose, fileID: fileID, extra: extra, what: what)
             return 0..<sealed.count
         }
-        let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
-        let nonce = Array(sealed[0..<nonceBytes])
-        // BoringSSL fails only on a bad tag here (key and nonce lengths are right): nothing to
-        // fall back to. It allows `in == out` exactly.
-        let ok = sealed.withUnsafeMutableBufferPointer { s -> Bool in
-            guard let base = s.baseAddress else { return false }
-            let body = base + nonceBytes
-            return Bulk.openXChaCha(
-                UnsafeRawBufferPointer(start: body, count: length + tagBytes), ad: ad, nonce: nonce,
-                key: key.bytes, into: body, engine: .boringSSL)
+        let opened = sealed.withUnsafeMutableBytes { s -> Bool in
+            guard let base = s.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return false }
+            return open(
+                UnsafeRawBufferPointer(s), into: base + nonceBytes, key: key, purpose: purpose,
+                fileID: fileID, extra: extra)
         }
-        guard ok else { throw CryptoError.authenticationFailed(what) }
-        return nonceBytes..<(nonceBytes + length)
+        guard opened else { throw CryptoError.authenticationFailed(what) }
+        return nonceBytes..<(sealed.count - tagBytes)
+    }
+
+    /// Opens `sealed` (nonce, ciphertext, tag; at least `overhead` bytes) into `out`, which may
+    /// be where its ciphertext lies (both libraries decrypt in place). True if the tag verified.
+    private static func open(
+        _ sealed: UnsafeRawBufferPointer, into out: UnsafeMutablePointer<UInt8>?, key: SymmetricKey,
+        purpose: SealPurpose, fileID: [UInt8], extra: [UInt8]
+    ) -> Bool {
+        guard sealed.count >= overhead, let base = sealed.baseAddress?.assumingMemoryBound(to: UInt8.self) else {
+            return false
+        }
+        let ad = associatedData(purpose: purpose, fileID: fileID, extra: extra)
+        let nonce = Array(UnsafeBufferPointer(start: base, count: nonceBytes))
+        let body = UnsafeRawBufferPointer(rebasing: sealed[nonceBytes...])
+        if body.count - tagBytes >= Bulk.threshold, let out {
+            switch Bulk.openXChaCha(body, ad: ad, nonce: nonce, key: key.bytes, into: out) {
+            case .opened: return true
+            case .refused: return false
+            case .unavailable: break
+            }
+        }
+        ensureSodium()
+        var mlen: UInt64 = 0
+        let rc = crypto_aead_xchacha20poly1305_ietf_decrypt(
+            out, &mlen, nil, base + nonceBytes, UInt64(body.count), ad, UInt64(ad.count), nonce, key.bytes)
+        return rc == 0 && mlen == UInt64(body.count - tagBytes)
+    }
+
+    /// Authentic but badly padded: only a key holder could have made it, so it is a bug or a
+    /// hostile writer; refused all the same.
+    private static func unpadded(_ plaintext: [UInt8], purpose: SealPurpose, what: String) throws -> [UInt8] {
+        guard purpose.isPadded else { return plaintext }
+        guard let value = Padding.unpad(plaintext) else { throw CryptoError.authenticationFailed(what) }
+        return value
     }
 }
 

@@ -157,7 +157,7 @@
                 ),
                 (
                     .posixAttributes,
-                    [("file", attributes.encoded()), ("symlink", link.encoded()), ("version-1", version1(of: link))]
+                    [("file", attributes.encoded()), ("symlink", link.encoded())]
                 ),
                 (
                     .manifest,
@@ -236,17 +236,6 @@
                     secret, passphrase: pw, cost: .init(opsLimit: 1, memLimit: 8192))
             else { fatalError("sealing the seed secret") }
             return sealed
-        }
-
-        /// A version 1 attribute record (no atime), which stores written before version 2 still hold.
-        static func version1(of a: PosixAttributes) -> [UInt8] {
-            var v2 = a.encoded()
-            v2[4] = 1
-            // The atime block (i64 seconds, i64 nanoseconds, 16-byte stamp) follows tag, version, three
-            // stamped u32s (20 bytes each) and mtime (32 bytes).
-            let atime = 5 + 3 * 20 + 32
-            v2.removeSubrange(atime..<(atime + 32))
-            return v2
         }
     }
 #endif

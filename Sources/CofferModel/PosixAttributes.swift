@@ -73,9 +73,8 @@ public struct PosixAttributes: Hashable, Sendable {
     }
 
     static let tag: [UInt8] = Array("CFPA".utf8)
-    /// Version 1 had no atime (it read as mtime); version 2 adds it after mtime. Records are
-    /// always written as the current version and both are read, so stores and peers holding
-    /// version 1 records keep working.
+    /// 2: the format settled while pre-release version 1 (which had no atime) was still
+    /// changing; only this version is read.
     static let formatVersion: UInt8 = 2
 
     public func encoded() -> [UInt8] {
@@ -120,14 +119,12 @@ public struct PosixAttributes: Hashable, Sendable {
         var r = ByteReader(bytes)
         guard try r.raw(4) == Self.tag else { throw DecodingError("not an attribute record") }
         let v = try r.u8()
-        guard v == 1 || v == Self.formatVersion else { throw DecodingError("unsupported attribute version \(v)") }
+        guard v == Self.formatVersion else { throw DecodingError("unsupported attribute version \(v)") }
         mode = Stamped(try r.u32(), at: try .decode(from: &r))
         uid = Stamped(try r.u32(), at: try .decode(from: &r))
         gid = Stamped(try r.u32(), at: try .decode(from: &r))
         mtime = try Self.decodeStampedTime(from: &r)
-        // Version 1 reported atime as mtime; keeping its stamp means a real atime written
-        // anywhere since wins the merge.
-        atime = v == 1 ? mtime : try Self.decodeStampedTime(from: &r)
+        atime = try Self.decodeStampedTime(from: &r)
         ctime = Timespec(seconds: try r.i64(), nanoseconds: try r.i64())
         size = try r.u64()
         if let t = try r.optionalData(max: 4096) {

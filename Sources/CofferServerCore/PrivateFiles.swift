@@ -35,7 +35,8 @@ enum PrivateFiles {
     }
 
     /// Opens one of the server's SQLite databases (WAL) private to its owner, with the durability
-    /// asked, and brings its schema up to date. `synchronous` is set on every connection and once
+    /// asked, and brings its schema up to date; a database with an applied migration `migrator`
+    /// does not know (made by a newer or a pre-release server) is refused. `synchronous` is set on every connection and once
     /// more on the writer, because GRDB sets the writer to NORMAL when it turns WAL on, after
     /// `prepareDatabase` ran, and the writer is the connection that commits.
     static func openPool(
@@ -48,6 +49,11 @@ enum PrivateFiles {
         config.prepareDatabase { db in try db.execute(sql: pragma) }
         let pool = try DatabasePool(path: path, configuration: config)
         try pool.writeWithoutTransaction { try $0.execute(sql: pragma) }
+        if try pool.read({ try migrator.hasBeenSuperseded($0) }) {
+            throw StorageError(
+                "\(path) has a format this server does not know (made by a newer or a pre-release coffer-server); "
+                    + "run the server that made it, or start from an empty data directory")
+        }
         try migrator.migrate(pool)
         restrictDatabase(path)
         return pool

@@ -18,18 +18,23 @@ public final class SQLiteMetadataStorage: MetadataStorage {
     /// `Username.key` of a username; a name outside the rule (none is stored) keys as itself.
     static func usernameKey(_ name: String) -> String { Username.key(name) ?? name }
 
+    /// The database's format: one migration per format version (see `PrivateFiles.openPool`).
     static var migrator: DatabaseMigrator {
         var m = DatabaseMigrator()
         m.registerMigration("v1") { db in
+            // username_key: usernames are unique by `Username.key` (case and normalisation
+            // insensitive). Nonces have their own database (`SQLiteNonceStore`).
             try db.execute(
                 sql: """
                     CREATE TABLE account (
                         key BLOB PRIMARY KEY NOT NULL,
                         username TEXT NOT NULL UNIQUE,
+                        username_key TEXT NOT NULL,
                         box_key BLOB NOT NULL,
                         version INTEGER NOT NULL DEFAULT 0,
                         bytes_used INTEGER NOT NULL DEFAULT 0
                     ) WITHOUT ROWID;
+                    CREATE UNIQUE INDEX account_by_username_key ON account (username_key);
                     CREATE TABLE counter (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL) WITHOUT ROWID;
                     INSERT INTO counter (name, value) VALUES ('version', 0);
                     CREATE TABLE file (
@@ -43,13 +48,6 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                         digest BLOB
                     ) WITHOUT ROWID;
                     CREATE INDEX file_by_version ON file (account, version, id);
-                    CREATE TABLE nonce (
-                        account BLOB NOT NULL,
-                        nonce TEXT NOT NULL,
-                        expires_at INTEGER NOT NULL,
-                        PRIMARY KEY (account, nonce)
-                    ) WITHOUT ROWID;
-                    CREATE INDEX nonce_by_expiry ON nonce (expires_at);
                     CREATE TABLE manifest (
                         account BLOB NOT NULL,
                         file_id BLOB NOT NULL,
@@ -73,35 +71,8 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                         created_at INTEGER NOT NULL,
                         PRIMARY KEY (account, id)
                     ) WITHOUT ROWID;
-                    """)
-        }
-        m.registerMigration("v2") { db in
-            // Usage is recounted by the rule that now keeps it: records count too, and every
-            // object counts at least its minimum (`QuotaRule`).
-            try db.execute(
-                sql: """
                     CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
-                    UPDATE account SET bytes_used = \(usageSQL("account.key"));
                     """)
-        }
-        // Usernames are unique by `Username.key` (case and normalisation insensitive); nonces
-        // moved to their own database (`SQLiteNonceStore`).
-        m.registerMigration("v2-username-key") { db in
-            try db.execute(sql: "ALTER TABLE account ADD COLUMN username_key TEXT")
-            var taken: Set<String> = []
-            for row in try Row.fetchAll(db, sql: "SELECT key, username FROM account ORDER BY key") {
-                let key: Data = row["key"]
-                let username: String = row["username"]
-                var usernameKey = SQLiteMetadataStorage.usernameKey(username)
-                // Accounts made before the rule that differ only in case keep working by key;
-                // the name finds the first of them.
-                if !taken.insert(usernameKey).inserted {
-                    usernameKey += "#" + hexString(Array(key))
-                }
-                try db.execute(sql: "UPDATE account SET username_key = ? WHERE key = ?", arguments: [usernameKey, key])
-            }
-            try db.execute(sql: "CREATE UNIQUE INDEX account_by_username_key ON account (username_key)")
-            try db.execute(sql: "DROP TABLE nonce")
         }
         return m
     }

@@ -11,11 +11,9 @@ import Synchronization
 /// store's bookkeeping and garbage collection see one set of ids.
 ///
 /// Large chunks stored together (a spill of buffered writes, a flush, a download) share one
-/// pack file under `DATA/chunks/packs/`; their rows (`in_file = 2`) hold a `PackLocator` instead
+/// pack file under `DATA/chunks/packs/`; their rows (`place = 1`) hold a `PackLocator` instead
 /// of the bytes. A pack is deleted when garbage collection finds no row naming it; one mostly
-/// dead is rewritten with only its live chunks (`Store.compactPacks`). Stores
-/// written before packs have one file per chunk (`in_file = 1`, `DATA/chunks/<2 hex>/<id>`);
-/// those are still read and collected, never written.
+/// dead is rewritten with only its live chunks (`Store.compactPacks`).
 ///
 /// Crash safety: a file is written before the rows naming it, in the same transaction; a file
 /// without a row (its transaction rolled back) is swept by garbage collection. Files written
@@ -25,11 +23,12 @@ final class ChunkFiles: Sendable {
     /// Sealed chunks at least this large go to files (a quarter of a full 256 KiB chunk).
     static let threshold = 64 * 1024
 
-    /// Where a chunk's bytes are: the `in_file` column of its row.
+    /// Where a chunk's bytes are: the `place` column of its row.
     enum Place: Int64 {
+        /// In the row's `sealed` column.
         case row = 0
-        case file = 1
-        case pack = 2
+        /// In a pack file, which the row's `sealed` column locates (`PackLocator`).
+        case pack = 1
     }
 
     static let packFolder = "packs"
@@ -42,21 +41,6 @@ final class ChunkFiles: Sendable {
         try FileManager.default.createDirectory(
             atPath: directory, withIntermediateDirectories: true,
             attributes: [.posixPermissions: 0o700])
-    }
-
-    func path(_ id: [UInt8]) -> String {
-        let hex = hexString(id)
-        return directory + "/" + String(hex.prefix(2)) + "/" + hex
-    }
-
-    func read(_ id: [UInt8]) throws -> [UInt8] {
-        let p = path(id)
-        let fd = open(p, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw StoreError("chunk file \(p) is missing: \(Self.errorText())") }
-        defer { close(fd) }
-        var st = stat()
-        guard fstat(fd, &st) == 0 else { throw StoreError("cannot read chunk file \(p): \(Self.errorText())") }
-        return try Self.read(Int(st.st_size), from: fd, at: 0, path: p)
     }
 
     /// Writes all of `bytes` at `offset`, retrying short writes and EINTR.
@@ -133,17 +117,10 @@ final class ChunkFiles: Sendable {
         }
     }
 
-    func remove(_ id: [UInt8]) {
-        let p = path(id)
-        unlink(p)
-        unsynced.withLock { _ = $0.remove(p) }
-    }
-
-    /// A chunk's sealed bytes, given its row's `sealed` column and `in_file` place.
+    /// A chunk's sealed bytes, given its row's `sealed` and `place` columns.
     func resolve(_ id: [UInt8], row: [UInt8], place: Int64) throws -> [UInt8] {
         switch Place(rawValue: place) {
         case .row: return row
-        case .file: return try read(id)
         case .pack: return try readPacked(PackLocator(decoding: row))
         case nil: throw StoreError("chunk \(hexString(Array(id.prefix(8)))) has an unknown place \(place)")
         }
@@ -251,18 +228,6 @@ final class ChunkFiles: Sendable {
     func allPackIDs() -> [[UInt8]] {
         let names = (try? FileManager.default.contentsOfDirectory(atPath: directory + "/" + Self.packFolder)) ?? []
         return names.compactMap { bytes(fromHex: $0) }.filter { $0.count == PackLocator.packIDBytes }
-    }
-
-    /// Every chunk id that has a file, for sweeping files no row names.
-    func allIDs() -> [[UInt8]] {
-        var out: [[UInt8]] = []
-        for folder in (try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []
-        where folder != Self.packFolder {
-            for name in (try? FileManager.default.contentsOfDirectory(atPath: directory + "/" + folder)) ?? [] {
-                if let id = bytes(fromHex: name) { out.append(id) }
-            }
-        }
-        return out
     }
 
     private static func errorText() -> String { String(cString: strerror(errno)) }

@@ -79,7 +79,7 @@ private final class Reader: @unchecked Sendable {
         // The same page cache the pool's connections get (see Store.init).
         sqlite3_exec(handle, "PRAGMA cache_size = -32768", nil, nil, nil)
         manifest = try prepare("SELECT sealed, 0 FROM manifests WHERE digest = ?")
-        chunk = try prepare("SELECT sealed, in_file FROM chunks WHERE id = ?")
+        chunk = try prepare("SELECT sealed, place FROM chunks WHERE id = ?")
     }
 
     private func prepare(_ sql: String) throws -> OpaquePointer? {
@@ -94,13 +94,17 @@ private final class Reader: @unchecked Sendable {
 
     /// The first column of the row with `key` as a blob, and the second as an integer.
     func row(_ query: Query, key: [UInt8]) throws -> (bytes: [UInt8], flag: Int64)? {
-        guard let statement = query == .manifest ? manifest : chunk else { throw StoreError("read connection is closed") }
+        guard let statement = query == .manifest ? manifest : chunk else {
+            throw StoreError("read connection is closed")
+        }
         defer {
             sqlite3_reset(statement)
             sqlite3_clear_bindings(statement)
         }
         // SQLITE_TRANSIENT: SQLite copies the key, so the array may go away after binding.
-        let bound = key.withUnsafeBytes { sqlite3_bind_blob(statement, 1, $0.baseAddress, Int32($0.count), SQLITE_TRANSIENT) }
+        let bound = key.withUnsafeBytes {
+            sqlite3_bind_blob(statement, 1, $0.baseAddress, Int32($0.count), SQLITE_TRANSIENT)
+        }
         guard bound == SQLITE_OK else { throw StoreError("cannot bind a key: \(String(cString: sqlite3_errmsg(db)))") }
         switch sqlite3_step(statement) {
         case SQLITE_ROW:
@@ -120,9 +124,12 @@ private final class Reader: @unchecked Sendable {
     }
 
     func close() {
-        sqlite3_finalize(manifest); manifest = nil
-        sqlite3_finalize(chunk); chunk = nil
-        sqlite3_close_v2(db); db = nil
+        sqlite3_finalize(manifest)
+        manifest = nil
+        sqlite3_finalize(chunk)
+        chunk = nil
+        sqlite3_close_v2(db)
+        db = nil
     }
 }
 

@@ -100,62 +100,76 @@ public final class Store: Sendable {
         } catch {
             throw StoreError("cannot open the store at \(directory): \(error)")
         }
-        try Self.migrator.migrate(pool)
+        do {
+            try pool.read { db in
+                if try Self.migrator.hasBeenSuperseded(db) {
+                    throw StoreError(
+                        "the store at \(directory) has a format this build does not know (made by a newer or a "
+                            + "pre-release coffer); open it with the build that made it, or create the store anew")
+                }
+            }
+            try Self.migrator.migrate(pool)
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw StoreError("cannot prepare the store at \(directory): \(error)")
+        }
         chmod(databasePath, 0o600)
         files = try ChunkFiles(directory: directory + "/chunks")
         fast = FastReads(path: databasePath)
     }
 
+    /// The store's format: one migration per format version, each run once, in order; an
+    /// applied migration this build does not know makes `init` refuse the store.
     static var migrator: DatabaseMigrator {
         var m = DatabaseMigrator()
         m.registerMigration("v1") { db in
-            for table in ["base_files", "local_files"] {
-                try db.execute(
-                    sql: """
-                        CREATE TABLE \(table) (
-                            id BLOB PRIMARY KEY NOT NULL,
-                            parent BLOB NOT NULL,
-                            record BLOB NOT NULL,
-                            content_digest BLOB,
-                            version INTEGER NOT NULL DEFAULT 0,
-                            content_version INTEGER NOT NULL DEFAULT 0
-                        ) WITHOUT ROWID
-                        """)
-                try db.execute(sql: "CREATE INDEX \(table)_digest ON \(table)(content_digest)")
-            }
             try db.execute(
-                sql: "CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID")
-            try db.execute(
-                sql:
-                    "CREATE TABLE manifest_chunks (digest BLOB NOT NULL, chunk_id BLOB NOT NULL, PRIMARY KEY "
-                    + "(digest, chunk_id)) WITHOUT ROWID"
-            )
-            try db.execute(sql: "CREATE INDEX manifest_chunks_chunk ON manifest_chunks(chunk_id)")
-            try db.execute(sql: "CREATE TABLE chunks (id BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL)")
-            try db.execute(
-                sql: "CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB UNIQUE NOT NULL)")
-            try db.execute(sql: "CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL)")
-            try db.execute(
-                sql: "CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL)")
-        }
-        m.registerMigration("v1-root-inode") { db in
+                sql: """
+                    CREATE TABLE base_files (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        parent BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        content_digest BLOB,
+                        version INTEGER NOT NULL DEFAULT 0,
+                        content_version INTEGER NOT NULL DEFAULT 0,
+                        server_deleted INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID;
+                    CREATE INDEX base_files_digest ON base_files(content_digest);
+                    CREATE TABLE local_files (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        parent BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        content_digest BLOB,
+                        version INTEGER NOT NULL DEFAULT 0,
+                        content_version INTEGER NOT NULL DEFAULT 0,
+                        server_deleted INTEGER NOT NULL DEFAULT 0
+                    ) WITHOUT ROWID;
+                    CREATE INDEX local_files_digest ON local_files(content_digest);
+                    CREATE TABLE manifests (digest BLOB PRIMARY KEY NOT NULL, sealed BLOB NOT NULL) WITHOUT ROWID;
+                    CREATE TABLE manifest_chunks (
+                        digest BLOB NOT NULL,
+                        chunk_id BLOB NOT NULL,
+                        PRIMARY KEY (digest, chunk_id)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX manifest_chunks_chunk ON manifest_chunks(chunk_id);
+                    -- place: where the chunk's bytes are (ChunkFiles.Place).
+                    CREATE TABLE chunks (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        sealed BLOB NOT NULL,
+                        place INTEGER NOT NULL DEFAULT 0
+                    );
+                    CREATE TABLE inodes (ino INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB UNIQUE NOT NULL);
+                    CREATE TABLE settings (key TEXT PRIMARY KEY NOT NULL, value BLOB NOT NULL);
+                    CREATE TABLE change_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, file_id BLOB NOT NULL);
+                    -- Ids of files whose deletion synced and whose records were pruned: a live record
+                    -- for one of them, served again, is a resurrection the device refuses (docs/SYNC.md).
+                    CREATE TABLE tombstones (id BLOB PRIMARY KEY NOT NULL) WITHOUT ROWID;
+                    """)
             // Inode 1 is the root's (FUSE_ROOT_ID) on every device, including one whose root
             // arrives by sync after other files: numbering for everything else starts at 2.
             try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (1, x'00')")
             try db.execute(sql: "DELETE FROM inodes WHERE ino = 1 AND file_id = x'00'")
-        }
-        m.registerMigration("v2-sync") { db in
-            try db.execute(sql: "ALTER TABLE base_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
-            try db.execute(sql: "ALTER TABLE local_files ADD COLUMN server_deleted INTEGER NOT NULL DEFAULT 0")
-        }
-        m.registerMigration("v3-chunk-files") { db in
-            // Large chunks live in files (see ChunkFiles); their rows keep an empty blob.
-            try db.execute(sql: "ALTER TABLE chunks ADD COLUMN in_file INTEGER NOT NULL DEFAULT 0")
-        }
-        m.registerMigration("v4-tombstones") { db in
-            // Ids of files whose deletion synced and whose records were pruned: a live record for
-            // one of them, served again, is a resurrection the device refuses (docs/SYNC.md).
-            try db.execute(sql: "CREATE TABLE tombstones (id BLOB PRIMARY KEY NOT NULL) WITHOUT ROWID")
         }
         return m
     }
@@ -176,6 +190,10 @@ public final class Store: Sendable {
         if group.isOpen { return try readThroughWriter(body) }
         return try pool.unsafeRead { db in try body(StoreReader(db: db, files: files)) }
     }
+
+    /// Whether this device holds changes not yet pushed (see `StoreReader.hasLocalChanges`). One
+    /// statement, so no transaction: the sync scheduler asks every 100 ms.
+    public func hasLocalChanges() throws -> Bool { try readOne { try $0.hasLocalChanges() } }
 
     /// Whether a read of the store now waits for the writer's connection (a group is open, see
     /// `readOne`): a guess for callers deciding whether a read may take long, never blocking.
@@ -473,7 +491,6 @@ public final class Store: Sendable {
         try withGateAndConnection { db in
             try commitGroup(db)
             var result = (manifests: 0, chunks: 0, compactedPacks: 0)
-            var doomedFiles: [[UInt8]] = []
             try db.inTransaction(.immediate) {
                 try db.execute(
                     sql: """
@@ -483,25 +500,18 @@ public final class Store: Sendable {
                         """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
-                doomedFiles = try Data.fetchAll(
-                    db,
-                    sql: "SELECT id FROM chunks WHERE in_file = 1 AND id NOT IN (SELECT chunk_id FROM manifest_chunks)"
-                ).map { [UInt8]($0) }
                 try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
                 result.chunks = db.changesCount
                 return .commit
             }
-            // Files go after the commit (a crash before leaves files no row names, swept next
-            // time), together with files whose transaction never committed. A pack goes once
-            // no row names any of its chunks; one still partly in use is kept, or rewritten if
-            // it is mostly dead (`compactPacks`).
-            for id in doomedFiles { files.remove(id) }
-            let listed = Set(try Data.fetchAll(db, sql: "SELECT id FROM chunks WHERE in_file = 1").map { [UInt8]($0) })
-            for id in files.allIDs() where !listed.contains(id) { files.remove(id) }
+            // Packs go after the commit (a crash before leaves packs no row names, swept next
+            // time), together with packs whose transaction never committed: a pack goes once no
+            // row names any of its chunks; one still partly in use is kept, or rewritten if it
+            // is mostly dead (`compactPacks`).
             // One pass over the packed chunks' rows serves both the sweep and the rewrite. A
             // row's pack id is its locator's first bytes, readable even if the rest is damaged.
             let packRows = try Row.fetchAll(
-                db, sql: "SELECT id, sealed FROM chunks WHERE in_file = \(ChunkFiles.Place.pack.rawValue)")
+                db, sql: "SELECT id, sealed FROM chunks WHERE place = \(ChunkFiles.Place.pack.rawValue)")
             let named = Set(
                 packRows.map { row -> [UInt8] in
                     let sealed: Data = row[1]
@@ -545,7 +555,7 @@ public final class Store: Sendable {
                 for (item, locator) in zip(batch, locators) {
                     try db.execute(
                         sql:
-                            "UPDATE chunks SET sealed = ? WHERE id = ? AND in_file = "
+                            "UPDATE chunks SET sealed = ? WHERE id = ? AND place = "
                             + "\(ChunkFiles.Place.pack.rawValue) AND sealed = ?",
                         arguments: [Data(locator.encoded), item.id, Data(item.old.encoded)])
                 }

@@ -102,11 +102,11 @@ public struct StoreReader {
         let found = try with { db -> (sealed: Data, place: Int64)? in
             guard
                 let row = try Row.fetchOne(
-                    db.cachedStatement(sql: "SELECT sealed, in_file FROM chunks WHERE id = ?"), arguments: [Data(id)])
+                    db.cachedStatement(sql: "SELECT sealed, place FROM chunks WHERE id = ?"), arguments: [Data(id)])
             else {
                 return nil
             }
-            return (row["sealed"], row["in_file"])
+            return (row["sealed"], row["place"])
         }
         guard let found else { return nil }
         return try files.resolve(id, row: [UInt8](found.sealed), place: found.place)
@@ -182,6 +182,22 @@ public struct StoreReader {
     public func lastChange() throws -> Int64 {
         try with { db in
             try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(seq), 0) FROM change_log")) ?? 0
+        }
+    }
+
+    /// Whether this device holds changes not yet pushed: any record in the local tree.
+    public func hasLocalChanges() throws -> Bool {
+        try with { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM local_files)")) ?? false
+        }
+    }
+
+    /// Whether the store holds any record at all, in either tree (an account lives here).
+    public func hasFiles() throws -> Bool {
+        try with { db in
+            try Bool.fetchOne(
+                db.cachedStatement(
+                    sql: "SELECT EXISTS (SELECT 1 FROM local_files) OR EXISTS (SELECT 1 FROM base_files)")) ?? false
         }
     }
 

@@ -214,7 +214,7 @@ public struct StoreWriter {
         try session.run { db in
             for (id, locator) in rows {
                 try db.cachedStatement(
-                    sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
+                    sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
                 )
                 .execute(arguments: [id, locator])
             }

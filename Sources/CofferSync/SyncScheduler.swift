@@ -57,7 +57,7 @@ public final class SyncScheduler: Sendable {
                 lastSeq = seq
                 lastLocalChange = Date()
             }
-            let pending = ((try? engine.vault.store.read { try $0.count("SELECT COUNT(*) FROM local_files") }) ?? 0) > 0
+            let pending = (try? engine.vault.store.hasLocalChanges()) ?? false
             let now = Date()
             let n = nudges.load(ordering: .relaxed)
             let quiet = now.timeIntervalSince(lastLocalChange) >= quietPeriod

@@ -94,31 +94,27 @@ struct ChunkTests {
         let c = ContentCipher(fileID: fileA, key: fixedKey)
         let id = Array("hello".utf8).withUnsafeBytes { c.chunkID($0) }
         #expect(hexString(id) == "611e5e196d4d68e67d036c8b8a9279f8e0d89e369348a7cbf3f4280292429e25")
-        // The id stores made before the switch: BLAKE2b-256(plaintext, key = derive(fileKey, 2,
-        // "cfchunk")).
-        let legacy = Array("hello".utf8).withUnsafeBytes { c.legacyChunkID($0) }
-        #expect(hexString(legacy) == "092d52d0c01078f899277835b3c3bcc317e6536f70c7caf17c271179c60039aa")
         // The file id does not enter the chunk id; only the key does.
         let d = ContentCipher(fileID: fileB, key: fixedKey)
         #expect(Array("hello".utf8).withUnsafeBytes { d.chunkID($0) } == id)
     }
 
-    /// A chunk an older store named by its keyed BLAKE2b id still passes the id check (what sync
-    /// and fsck run); an id that is neither construction's fails it.
-    @Test func legacyChunkIDsStillVerify() throws {
+    /// The id check (what sync and fsck run) accepts only the HMAC-SHA-256 id: a chunk named by
+    /// any other id, such as the keyed BLAKE2b one of pre-release stores, is refused.
+    @Test func onlyTheCurrentChunkIDVerifies() throws {
         for plain in [Array("hello".utf8), (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) }] {
-            let legacy = plain.withUnsafeBytes { cipher.legacyChunkID($0) }
             let current = plain.withUnsafeBytes { cipher.chunkID($0) }
-            #expect(legacy != current)
-            let (oldRef, oldSealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: legacy) }
-            let opened = try cipher.openChunk(oldSealed, ref: oldRef, verifyingID: true)
-            #expect(opened == plain)
+            let (ref, sealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: current) }
+            #expect(try cipher.openChunk(sealed, ref: ref, verifyingID: true) == plain)
+            let blake2bKey = cipher.key.derive(subkeyID: 2, context: "cfchunk").bytes
             var wrong = current
             wrong[0] ^= 1
-            let (badRef, badSealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: wrong) }
-            #expect(throws: ContentError.self) { try cipher.openChunk(badSealed, ref: badRef, verifyingID: true) }
-            // Without the check (this device's own chunks) the AEAD alone decides.
-            #expect(try cipher.openChunk(badSealed, ref: badRef, verifyingID: false) == plain)
+            for other in [blake2b(plain, key: blake2bKey), wrong] {
+                let (badRef, badSealed) = plain.withUnsafeBytes { cipher.sealChunk($0, id: other) }
+                #expect(throws: ContentError.self) { try cipher.openChunk(badSealed, ref: badRef, verifyingID: true) }
+                // Without the check (this device's own chunks) the AEAD alone decides.
+                #expect(try cipher.openChunk(badSealed, ref: badRef, verifyingID: false) == plain)
+            }
         }
     }
 

@@ -1,26 +1,22 @@
 import CSodium
 import Testing
+
 @testable import CofferCrypto
 
-/// libcrypto and BoringSSL compute what `Bulk` routes to them; libsodium the rest and whatever
-/// they refuse. These check that every engine agrees with libsodium byte for byte, in both
-/// directions, on both sides of the threshold, and refuses what libsodium refuses, whichever
-/// engine this machine's CPU picks.
-@Suite("Bulk crypto (libcrypto, BoringSSL) against libsodium")
+/// libcrypto computes what `Bulk` routes to it, libsodium the rest. These check that libcrypto
+/// agrees with libsodium byte for byte, in both directions, at every length (also below the
+/// threshold, where `AEAD` does not use it), and refuses what libsodium refuses.
+@Suite("Bulk crypto (libcrypto) against libsodium")
 struct BulkCryptoTests {
-    static let lengths = [0, 1, 63, 64, 127, 128, 129, Bulk.threshold - 1, Bulk.threshold, Bulk.threshold + 1, 4096, 65_537, 262_144]
-
-    func sodiumKeyedBlake2b(_ data: [UInt8], key: [UInt8], outputLength: Int) -> [UInt8] {
-        var out = [UInt8](repeating: 0, count: outputLength)
-        let rc = crypto_generichash(&out, outputLength, data, UInt64(data.count), key, key.count)
-        #expect(rc == 0)
-        return out
-    }
+    static let lengths = [
+        0, 1, 63, 64, 127, 128, 129, Bulk.threshold - 1, Bulk.threshold, Bulk.threshold + 1, 1024, 65_537, 262_144,
+    ]
 
     func sodiumSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8] {
         var out = [UInt8](repeating: 0, count: plain.count + AEAD.tagBytes)
         var clen: UInt64 = 0
-        let rc = crypto_aead_xchacha20poly1305_ietf_encrypt(&out, &clen, plain, UInt64(plain.count), ad, UInt64(ad.count), nil, nonce, key)
+        let rc = crypto_aead_xchacha20poly1305_ietf_encrypt(
+            &out, &clen, plain, UInt64(plain.count), ad, UInt64(ad.count), nil, nonce, key)
         #expect(rc == 0)
         return out
     }
@@ -28,39 +24,26 @@ struct BulkCryptoTests {
     func sodiumOpen(_ sealed: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: max(sealed.count - AEAD.tagBytes, 0))
         var mlen: UInt64 = 0
-        let rc = crypto_aead_xchacha20poly1305_ietf_decrypt(&out, &mlen, nil, sealed, UInt64(sealed.count), ad, UInt64(ad.count), nonce, key)
+        let rc = crypto_aead_xchacha20poly1305_ietf_decrypt(
+            &out, &mlen, nil, sealed, UInt64(sealed.count), ad, UInt64(ad.count), nonce, key)
         return rc == 0 ? out : nil
     }
 
-    func bulkSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8], engine: Bulk.Engine) -> [UInt8]? {
+    func bulkSeal(_ plain: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: plain.count + AEAD.tagBytes)
         let ok = out.withUnsafeMutableBufferPointer { o in
-            plain.withUnsafeBytes { Bulk.sealXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!, engine: engine) }
+            plain.withUnsafeBytes { Bulk.sealXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!) }
         }
         return ok ? out : nil
     }
 
-    func bulkOpen(_ sealed: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8], engine: Bulk.Engine) -> [UInt8]? {
+    func bulkOpen(_ sealed: [UInt8], ad: [UInt8], nonce: [UInt8], key: [UInt8]) -> [UInt8]? {
         var out = [UInt8](repeating: 0, count: max(sealed.count - AEAD.tagBytes, 1))
-        let ok = out.withUnsafeMutableBufferPointer { o in
-            sealed.withUnsafeBytes { Bulk.openXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!, engine: engine) }
+        let result = out.withUnsafeMutableBufferPointer { o in
+            sealed.withUnsafeBytes { Bulk.openXChaCha($0, ad: ad, nonce: nonce, key: key, into: o.baseAddress!) }
         }
-        return ok ? Array(out.prefix(max(sealed.count - AEAD.tagBytes, 0))) : nil
-    }
-
-    @Test func keyedBlake2bMatchesLibsodium() throws {
-        for n in Self.lengths {
-            let data = randomBytes(n)
-            for (keyLength, outputLength) in [(32, 32), (16, 32), (64, 64), (32, 16)] {
-                let key = randomBytes(keyLength)
-                let expected = sodiumKeyedBlake2b(data, key: key, outputLength: outputLength)
-                let viaAPI = data.withUnsafeBytes { keyedBlake2b($0, key: key, outputLength: outputLength) }
-                #expect(viaAPI == expected, "length \(n)")
-                // The libcrypto path itself, also below the threshold where `keyedBlake2b` skips it.
-                let direct = try #require(data.withUnsafeBytes { Bulk.keyedBlake2b($0, key: key, outputLength: outputLength) })
-                #expect(direct == expected, "length \(n), key \(keyLength), output \(outputLength)")
-            }
-        }
+        #expect(result != .unavailable)
+        return result == .opened ? Array(out.prefix(max(sealed.count - AEAD.tagBytes, 0))) : nil
     }
 
     @Test func hmacSHA256MatchesLibsodium() throws {
@@ -91,16 +74,17 @@ struct BulkCryptoTests {
         #expect(hex(rfc) == "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
     }
 
-    @Test(arguments: Bulk.Engine.allCases)
-    func xchachaMatchesLibsodiumBothWays(engine: Bulk.Engine) throws {
+    @Test func xchachaMatchesLibsodiumBothWays() throws {
         for n in Self.lengths {
-            let key = randomBytes(32), nonce = randomBytes(AEAD.nonceBytes), plain = randomBytes(n)
+            let key = randomBytes(32)
+            let nonce = randomBytes(AEAD.nonceBytes)
+            let plain = randomBytes(n)
             for ad in [[], randomBytes(1), randomBytes(45)] {
                 let bySodium = sodiumSeal(plain, ad: ad, nonce: nonce, key: key)
-                let byBulk = try #require(bulkSeal(plain, ad: ad, nonce: nonce, key: key, engine: engine))
+                let byBulk = try #require(bulkSeal(plain, ad: ad, nonce: nonce, key: key))
                 // Compared as Bools: a failing #expect on two 256 KiB arrays prints them whole.
                 let sameBytes = byBulk == bySodium
-                let bulkOpensSodium = bulkOpen(bySodium, ad: ad, nonce: nonce, key: key, engine: engine) == plain
+                let bulkOpensSodium = bulkOpen(bySodium, ad: ad, nonce: nonce, key: key) == plain
                 let sodiumOpensBulk = sodiumOpen(byBulk, ad: ad, nonce: nonce, key: key) == plain
                 #expect(sameBytes, "length \(n), ad \(ad.count)")
                 #expect(bulkOpensSodium, "length \(n), ad \(ad.count)")
@@ -109,34 +93,35 @@ struct BulkCryptoTests {
         }
     }
 
-    @Test(arguments: Bulk.Engine.allCases)
-    func bulkOpenRefusesAnyChange(engine: Bulk.Engine) throws {
-        let key = randomBytes(32), nonce = randomBytes(AEAD.nonceBytes), ad = randomBytes(20)
+    @Test func bulkOpenRefusesAnyChange() throws {
+        let key = randomBytes(32)
+        let nonce = randomBytes(AEAD.nonceBytes)
+        let ad = randomBytes(20)
         let plain = randomBytes(10_000)
         let sealed = sodiumSeal(plain, ad: ad, nonce: nonce, key: key)
-        let opens = bulkOpen(sealed, ad: ad, nonce: nonce, key: key, engine: engine) == plain
+        let opens = bulkOpen(sealed, ad: ad, nonce: nonce, key: key) == plain
         #expect(opens)
-        for i in [0, 5_000, plain.count - 1, plain.count, sealed.count - 1] { // ciphertext and tag bytes
+        for i in [0, 5_000, plain.count - 1, plain.count, sealed.count - 1] {  // ciphertext and tag bytes
             var bad = sealed
             bad[i] ^= 0x01
-            #expect(bulkOpen(bad, ad: ad, nonce: nonce, key: key, engine: engine) == nil, "flipped byte \(i)")
+            #expect(bulkOpen(bad, ad: ad, nonce: nonce, key: key) == nil, "flipped byte \(i)")
         }
         var badNonce = nonce
-        badNonce[3] ^= 0x80 // part of the HChaCha20 input
-        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key, engine: engine) == nil)
+        badNonce[3] ^= 0x80  // part of the HChaCha20 input
+        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key) == nil)
         badNonce = nonce
-        badNonce[20] ^= 0x80 // part of the IETF nonce
-        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key, engine: engine) == nil)
+        badNonce[20] ^= 0x80  // part of the IETF nonce
+        #expect(bulkOpen(sealed, ad: ad, nonce: badNonce, key: key) == nil)
         var badAD = ad
         badAD[0] ^= 0x01
-        #expect(bulkOpen(sealed, ad: badAD, nonce: nonce, key: key, engine: engine) == nil)
-        #expect(bulkOpen(sealed, ad: ad, nonce: nonce, key: randomBytes(32), engine: engine) == nil)
-        #expect(bulkOpen(Array(sealed.prefix(AEAD.tagBytes - 1)), ad: ad, nonce: nonce, key: key, engine: engine) == nil)
+        #expect(bulkOpen(sealed, ad: badAD, nonce: nonce, key: key) == nil)
+        #expect(bulkOpen(sealed, ad: ad, nonce: nonce, key: randomBytes(32)) == nil)
+        #expect(bulkOpen(Array(sealed.prefix(AEAD.tagBytes - 1)), ad: ad, nonce: nonce, key: key) == nil)
     }
 
-    /// The read path's open decrypts where the ciphertext lies when BoringSSL runs it (the
-    /// plaintext is then at `nonceBytes` in the same buffer, not in a new one), and refuses what
-    /// `open` refuses.
+    /// The read path's open decrypts where the ciphertext lies, on both sides of the threshold
+    /// (the plaintext is then at `nonceBytes` in the same buffer, not in a new one), and refuses
+    /// what `open` refuses.
     @Test func openInPlaceDecryptsInTheSameBuffer() throws {
         let key = SymmetricKey.random()
         for n in [0, 1, Bulk.threshold - 1, Bulk.threshold, 262_144] {
@@ -146,15 +131,17 @@ struct BulkCryptoTests {
             let range = try AEAD.openInPlace(&buffer, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t")
             let opened = buffer[range].elementsEqual(plain)
             #expect(opened, "length \(n)")
-            if Bulk.engine(for: n) == .boringSSL {
-                #expect(range == AEAD.nonceBytes..<(AEAD.nonceBytes + n), "length \(n)")
-                #expect(buffer.count == sealed.count, "length \(n): opened into a new buffer")
-            }
+            #expect(range == AEAD.nonceBytes..<(AEAD.nonceBytes + n), "length \(n)")
+            #expect(buffer.count == sealed.count, "length \(n): opened into a new buffer")
             var bad = sealed
             bad[bad.count - 1] ^= 0x01
-            #expect(throws: CryptoError.self) { try AEAD.openInPlace(&bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t") }
+            #expect(throws: CryptoError.self) {
+                try AEAD.openInPlace(&bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t")
+            }
             var other = sealed
-            #expect(throws: CryptoError.self) { try AEAD.openInPlace(&other, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t") }
+            #expect(throws: CryptoError.self) {
+                try AEAD.openInPlace(&other, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t")
+            }
         }
     }
 
@@ -166,14 +153,22 @@ struct BulkCryptoTests {
             let plain = randomBytes(n)
             let sealed = AEAD.seal(plain, key: key, purpose: .chunk, fileID: fileA, extra: [7])
             let ad = AEAD.associatedData(purpose: .chunk, fileID: fileA, extra: [7])
-            let sodiumOpens = sodiumOpen(Array(sealed.dropFirst(AEAD.nonceBytes)), ad: ad, nonce: Array(sealed.prefix(AEAD.nonceBytes)), key: key.bytes) == plain
-            let aeadOpens = try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t") == plain
+            let sodiumOpens =
+                sodiumOpen(
+                    Array(sealed.dropFirst(AEAD.nonceBytes)), ad: ad, nonce: Array(sealed.prefix(AEAD.nonceBytes)),
+                    key: key.bytes) == plain
+            let aeadOpens =
+                try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t") == plain
             #expect(sodiumOpens, "length \(n)")
             #expect(aeadOpens, "length \(n)")
             var bad = sealed
             bad[bad.count / 2] ^= 0x40
-            #expect(throws: CryptoError.self) { try AEAD.open(bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t") }
-            #expect(throws: CryptoError.self) { try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t") }
+            #expect(throws: CryptoError.self) {
+                try AEAD.open(bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t")
+            }
+            #expect(throws: CryptoError.self) {
+                try AEAD.open(sealed, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t")
+            }
         }
     }
 }

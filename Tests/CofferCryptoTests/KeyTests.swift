@@ -1,10 +1,12 @@
 import Testing
+
 @testable import CofferCrypto
 
 @Suite("Key wrapping")
 struct KeyWrapTests {
     @Test func roundTrip() throws {
-        let parent = SymmetricKey.random(), child = SymmetricKey.random()
+        let parent = SymmetricKey.random()
+        let child = SymmetricKey.random()
         let wrapped = KeyWrap.wrap(child, with: parent, fileID: fileA)
         #expect(wrapped.count == 32 + AEAD.overhead)
         #expect(!contains(wrapped, child.bytes))
@@ -12,22 +14,27 @@ struct KeyWrapTests {
     }
 
     @Test func everyFlippedByteIsDetected() {
-        let parent = SymmetricKey.random(), child = SymmetricKey.random()
+        let parent = SymmetricKey.random()
+        let child = SymmetricKey.random()
         let wrapped = KeyWrap.wrap(child, with: parent, fileID: fileA)
         for v in flippedVariants(wrapped) {
-            #expect(throws: CryptoError.self, "byte \(v.position)") { try KeyWrap.unwrap(v.bytes, with: parent, fileID: fileA) }
+            #expect(throws: CryptoError.self, "byte \(v.position)") {
+                try KeyWrap.unwrap(v.bytes, with: parent, fileID: fileA)
+            }
         }
     }
 
     @Test func wrongParentKeyOrFileIsDetected() {
-        let parent = SymmetricKey.random(), child = SymmetricKey.random()
+        let parent = SymmetricKey.random()
+        let child = SymmetricKey.random()
         let wrapped = KeyWrap.wrap(child, with: parent, fileID: fileA)
         #expect(throws: CryptoError.self) { try KeyWrap.unwrap(wrapped, with: .random(), fileID: fileA) }
         #expect(throws: CryptoError.self) { try KeyWrap.unwrap(wrapped, with: parent, fileID: fileB) }
     }
 
     @Test func otherPurposesCannotBeUnwrapped() {
-        let parent = SymmetricKey.random(), child = SymmetricKey.random()
+        let parent = SymmetricKey.random()
+        let child = SymmetricKey.random()
         // The same bytes sealed as a name, chunk, or attribute record are not a wrapped key.
         for p in [SealPurpose.name, .attributes, .chunk, .manifest, .accountKey] {
             let sealed = AEAD.seal(child.bytes, key: parent, purpose: p, fileID: fileA)
@@ -35,7 +42,9 @@ struct KeyWrapTests {
         }
         // And a wrapped key does not open as a name.
         let wrapped = KeyWrap.wrap(child, with: parent, fileID: fileA)
-        #expect(throws: CryptoError.self) { try AEAD.open(wrapped, key: parent, purpose: .name, fileID: fileA, what: "n") }
+        #expect(throws: CryptoError.self) {
+            try AEAD.open(wrapped, key: parent, purpose: .name, fileID: fileA, what: "n")
+        }
     }
 
     @Test func wrappedPayloadOfWrongLengthIsRefused() {
@@ -147,7 +156,10 @@ struct SignatureTests {
     @Test func fixedSignatureVector() throws {
         let keys = try AccountSecret(seed: seed0to31).signingKeys
         let sig = keys.sign(Array("hello coffer".utf8))
-        #expect(hex(sig) == "84a45f407883af6b7ae8278493e62f6f6965b673b953ed89b1ea99412d2d0eafc3e476fbc5bcdc2d7b3eaf12bf7e8366b9c338025eec760822ad534c8e4fd803")
+        #expect(
+            hex(sig)
+                == "84a45f407883af6b7ae8278493e62f6f6965b673b953ed89b1ea99412d2d0eafc3e476fbc5bcdc2d7b3eaf12bf7e8366b9c338025eec760822ad534c8e4fd803"
+        )
     }
 }
 
@@ -167,7 +179,8 @@ struct NameMACTests {
     /// Fixed vector: BLAKE2b-256("coffer-name-v1" || 0x00 || name, key = derive(parentKey, 1, "cfname")),
     /// cross-checked with Python hashlib.
     @Test func fixedVector() {
-        #expect(hex(NameMAC.mac(name: "notes.txt", parentKey: key32to63))
+        #expect(
+            hex(NameMAC.mac(name: "notes.txt", parentKey: key32to63))
                 == "5aca92869d2695680a5192493c0a30e469cff3f30a71f10975e8a0dc8b5051d1")
     }
 
@@ -183,21 +196,10 @@ struct HashTests {
     @Test func standardVectors() {
         #expect(hex(sha256(Array("abc".utf8))) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
         #expect(hex(blake2b([])) == "0e5751c026e543b2e8ab2eb06099daa1d1e5df47778f7787faab45cdf12fe3a8")
-        #expect(hex(blake2b(Array("abc".utf8), key: seed0to31)) == "d63a32d3e44738d7907f964316c241adaba0abfeabc32349677578a15a203f7f")
+        #expect(
+            hex(blake2b(Array("abc".utf8), key: seed0to31))
+                == "d63a32d3e44738d7907f964316c241adaba0abfeabc32349677578a15a203f7f")
         #expect(blake2b([1], outputLength: 16).count == 16)
-    }
-
-    @Test func streamingHasherMatchesOneShot() {
-        let data = randomBytes(10_000)
-        let key = randomBytes(32)
-        let h = Blake2bHasher(key: key)
-        h.update(Array(data[0..<1]))
-        h.update(Array(data[1..<4097]))
-        h.update(Array(data[4097...]))
-        #expect(h.finalize() == blake2b(data, key: key))
-        let u = Blake2bHasher(key: nil)
-        u.update(data)
-        #expect(u.finalize() == blake2b(data))
     }
 
     @Test func constantTimeEqualCompares() {

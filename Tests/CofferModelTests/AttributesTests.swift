@@ -144,29 +144,18 @@ struct PosixAttributesTests {
         #expect(try PosixAttributes(decoding: unhex(expected)) == a)
     }
 
-    /// Records sealed before atime was stored (version 1, no atime field) still open: atime
-    /// reads as mtime, with mtime's stamp, and the record is rewritten as version 2.
-    @Test func decodesVersion1RecordsWithAtimeAsMtime() throws {
-        let version1 = "43465041" + "01" + Self.headHex + Self.tailHex
-        let old = try PosixAttributes(decoding: unhex(version1))
-        #expect(old == Self.sample())
-        #expect(old.atime.value == Timespec(seconds: 1_700_000_000, nanoseconds: 5))
-        #expect(old.atime.stamp == ts(0x0102, 3, 4))
-        let rewritten = old.encoded()
-        #expect(rewritten[4] == 2)
-        #expect(try PosixAttributes(decoding: rewritten) == old)
-        // A version byte that does not match the body is refused, not misread.
-        #expect(throws: DecodingError.self) {
-            try PosixAttributes(
-                decoding: [0x43, 0x46, 0x50, 0x41, 1] + Array(Self.touchedSample().encoded().dropFirst(5)))
+    /// Only the current version is read: a record of another version byte (1 had no atime) is
+    /// refused, not misread.
+    @Test func refusesOtherVersions() throws {
+        let current = Self.touchedSample().encoded()
+        for v: UInt8 in [0, 1, 3, 255] {
+            #expect(throws: DecodingError.self) {
+                try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, v] + current.dropFirst(5))
+            }
         }
         #expect(throws: DecodingError.self) {
-            try PosixAttributes(decoding: [0x43, 0x46, 0x50, 0x41, 2] + Array(unhex(version1).dropFirst(5)))
+            try PosixAttributes(decoding: unhex("43465041" + "01" + Self.headHex + Self.tailHex))
         }
-        // An atime set later on an upgraded device wins over the one version 1 implied.
-        let touched = Self.touchedSample()
-        #expect(PosixAttributes.merge(old, touched).atime == touched.atime)
-        #expect(PosixAttributes.merge(touched, old).atime == touched.atime)
     }
 
     @Test func roundTripWithRemovedXattrsAndNoTarget() throws {

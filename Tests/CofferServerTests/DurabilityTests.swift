@@ -12,4 +12,16 @@ import Testing
         #expect(synchronous.reader == "2" && synchronous.writer == "2")
         #expect(try storage.pragma("journal_mode").writer == "wal")
     }
+
+    /// A database with an applied migration this server has not registered (a newer server's,
+    /// or a pre-release one's) is refused with a reason, not served as if it had this format.
+    @Test func aDatabaseOfAnUnknownFormatIsRefused() throws {
+        let path = tempDirectory().appendingPathComponent("metadata.sqlite").path
+        do {
+            let storage = try SQLiteMetadataStorage(path: path)
+            try storage.pool.write { try $0.execute(sql: "INSERT INTO grdb_migrations VALUES ('v2')") }
+        }
+        let error = #expect(throws: StorageError.self) { _ = try SQLiteMetadataStorage(path: path) }
+        #expect(error?.description.contains("a format this server does not know") == true)
+    }
 }

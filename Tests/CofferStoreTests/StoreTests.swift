@@ -1,6 +1,7 @@
+import CofferModel
 import Foundation
 import Testing
-import CofferModel
+
 @testable import CofferStore
 
 /// A fresh directory under the system temp dir, removed by `cleanup`.
@@ -12,16 +13,22 @@ func makeTempDir() -> String {
 
 func cleanup(_ path: String) { try? FileManager.default.removeItem(atPath: path) }
 
-func fid(_ n: Int) -> FileID { try! FileID(bytes: [UInt8](repeating: 0, count: 14) + [UInt8(n >> 8), UInt8(n & 0xff)]) }
+func fid(_ n: Int) -> FileID {
+    try! FileID(bytes: [UInt8](repeating: 0, count: 14) + [UInt8(n >> 8), UInt8(n & 0xff)])
+}
 let owner = try! AccountID(bytes: [UInt8](repeating: 3, count: 32))
 
-func record(_ id: Int, parent: Int, name: String = "n", digest: [UInt8]? = nil, deleted: Bool = false,
-            version: Int64 = 0, contentVersion: Int64 = 0) -> StoredFile {
-    let m = FileMetadata(id: fid(id), type: digest == nil ? .folder : .document, parent: fid(parent),
-                         name: SealedName(ciphertext: Array(name.utf8), mac: Array(name.utf8)), owner: owner,
-                         isDeleted: deleted, wrappedKey: [1], sealedAttributes: [2], contentDigest: digest, lastModifiedBy: owner)
-    return StoredFile(signed: SignedMetadata(metadata: m, signature: [UInt8](repeating: UInt8(id & 0xff), count: 64)),
-                      version: version, contentVersion: contentVersion)
+func record(
+    _ id: Int, parent: Int, name: String = "n", digest: [UInt8]? = nil, deleted: Bool = false,
+    version: Int64 = 0, contentVersion: Int64 = 0
+) -> StoredFile {
+    let m = FileMetadata(
+        id: fid(id), type: digest == nil ? .folder : .document, parent: fid(parent),
+        name: SealedName(ciphertext: Array(name.utf8), mac: Array(name.utf8)), owner: owner,
+        isDeleted: deleted, wrappedKey: [1], sealedAttributes: [2], contentDigest: digest, lastModifiedBy: owner)
+    return StoredFile(
+        signed: SignedMetadata(metadata: m, signature: [UInt8](repeating: UInt8(id & 0xff), count: 64)),
+        version: version, contentVersion: contentVersion)
 }
 
 func chunkID(_ n: UInt8) -> [UInt8] { [UInt8](repeating: n, count: 32) }
@@ -104,7 +111,10 @@ struct StoreTests {
     @Test func changeLog() throws {
         try withStore { store, _ throws in
             #expect(try store.read { try $0.lastChange() } == 0)
-            try store.write { w in try w.put(record(1, parent: 1), .local); try w.put(record(2, parent: 1), .base) }
+            try store.write { w in
+                try w.put(record(1, parent: 1), .local)
+                try w.put(record(2, parent: 1), .base)
+            }
             let (ids1, last1) = try store.read { try $0.changes(after: 0) }
             #expect(ids1 == [fid(1), fid(2)])
             #expect(last1 == 2)
@@ -209,7 +219,7 @@ struct StoreTests {
                 try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(1), chunkID(9)])
                 try w.putManifest(digest: digest(2), sealed: [2], chunkIDs: [chunkID(2), chunkID(9)])
                 try w.putManifest(digest: digest(3), sealed: [3], chunkIDs: [chunkID(3)])
-                for c: UInt8 in [1, 2, 3, 4, 9] { try w.putChunk(id: chunkID(c), sealed: [c]) } // chunk 4: in no manifest
+                for c: UInt8 in [1, 2, 3, 4, 9] { try w.putChunk(id: chunkID(c), sealed: [c]) }  // chunk 4: in no manifest
                 try w.put(record(1, parent: 1), .local)
                 try w.put(record(10, parent: 1, digest: digest(1)), .local)
                 try w.put(record(11, parent: 1, digest: digest(2)), .base)
@@ -318,5 +328,35 @@ struct StoreTests {
         #expect(try s.read { try $0.file(fid(1), .base) } == record(1, parent: 1, name: "r", version: 3))
         #expect(try s.read { try $0.chunk(chunkID(5)) } == [5])
         #expect(try s.read { try $0.lastChange() } == 1)
+    }
+
+    /// A store with an applied migration this build has not registered (a newer build's, or a
+    /// pre-release one's) is refused with a reason, not opened as if it had the current format.
+    @Test func aStoreOfAnUnknownFormatIsRefused() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        do {
+            let s = try Store(directory: dir)
+            try s.write { w throws in
+                try w.withDatabase { db in try db.execute(sql: "INSERT INTO grdb_migrations VALUES ('v2')") }
+            }
+        }
+        let error = #expect(throws: StoreError.self) { _ = try Store(directory: dir) }
+        #expect(error?.message.contains("a format this build does not know") == true)
+    }
+
+    /// What the sync scheduler polls (unpushed changes) and what account creation checks
+    /// (an empty store), each as one named query.
+    @Test func localChangesAndRecordsAreReported() throws {
+        try withStore { store, _ throws in
+            #expect(try !store.hasLocalChanges())
+            #expect(try !store.read { try $0.hasFiles() })
+            try store.write { w throws in try w.put(record(1, parent: 1), .base) }
+            #expect(try !store.hasLocalChanges())
+            #expect(try store.read { try $0.hasFiles() })
+            try store.write { w throws in try w.put(record(2, parent: 1), .local) }
+            #expect(try store.hasLocalChanges())
+            #expect(try store.read { try $0.hasLocalChanges() })
+        }
     }
 }

@@ -186,9 +186,8 @@ struct VaultStoreTests {
         #expect(chunkFiles(f.dataDir).count == 1, "three chunks in one pack")
         try f.vault.writeAll(doc.id, noise(600_000, seed: 6))  // three new chunks, three unreferenced
         #expect(chunkFiles(f.dataDir).count == 2)
-        // A file whose row never committed (a rolled-back transaction) is swept too.
-        let stray = f.dataDir + "/chunks/ab/" + String(repeating: "ab", count: 32)
-        try FileManager.default.createDirectory(atPath: f.dataDir + "/chunks/ab", withIntermediateDirectories: true)
+        // A pack whose rows never committed (a rolled-back transaction) is swept too.
+        let stray = f.dataDir + "/chunks/packs/" + String(repeating: "ab", count: 16)
         try Data([1, 2, 3]).write(to: URL(fileURLWithPath: stray))
         let gc = try #require(try f.vault.collectGarbage())
         #expect(gc.chunks == 3)
