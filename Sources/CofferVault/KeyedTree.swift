@@ -41,12 +41,12 @@ struct KeyCache: Sendable {
     var names: [FileID: String] = [:]
     var attributes: [FileID: PosixAttributes] = [:]
 
-    /// Forgets what `old` sealed that `new` seals differently. A file's key never changes when it
-    /// moves (it is wrapped again under the new parent's), but a different wrapping or access
-    /// list is re-derived rather than trusted.
+    /// Forgets what `old` sealed that `new` seals differently. Keys stay: a file keeps its key
+    /// for life (a move wraps the same key under the new parent's), and a merged tree may hold a
+    /// cycle until the merge undoes it, where no key could be derived again. A record wrapping
+    /// some other key gains nothing: whatever it seals fails to open under the file's key.
     mutating func forget(from old: FileMetadata, to new: FileMetadata) {
         if old.name != new.name || old.parent != new.parent { names[new.id] = nil }
-        if old.wrappedKey != new.wrappedKey || old.access != new.access { keys[new.id] = nil }
         if old.sealedAttributes != new.sealedAttributes { attributes[new.id] = nil }
     }
 

@@ -113,6 +113,19 @@ private struct HandMadeTree {
         #expect(throws: TreeError.self) { try view.name(t.docID) }
     }
 
+    /// A pull's merged tree can hold a cycle until the merge undoes it; keys known before must
+    /// still open what the records in it seal.
+    @Test func keysOutliveMovesEvenThroughACycle() throws {
+        let t = try HandMadeTree()
+        var view = t.view(granting: [t.rootID: t.rootKey])
+        #expect(try view.attributes(t.docID).mode.value == 0o644)
+        view.put(t.record(t.folderID, .folder, parent: t.docID, parentKey: t.docKey, key: t.folderKey, name: "a"))
+        view.put(t.record(t.docID, .folder, parent: t.folderID, parentKey: t.folderKey, key: t.docKey, name: "d"))
+        #expect(try view.name(t.docID) == "d")
+        #expect(try view.name(t.folderID) == "a")
+        #expect(try view.openAttributes(#require(view.tree.file(t.docID))).mode.value == 0o644)
+    }
+
     @Test func aStagedBatchSeesItsRecordsAndLeavesTheBaseViewAlone() throws {
         let t = try HandMadeTree()
         var view = t.view(granting: [t.rootID: t.rootKey])

@@ -82,6 +82,9 @@ struct PullMerge {
             }
         }
         applicable.sort { $0.signed.metadata.id < $1.signed.metadata.id }
+        // Keys of files this device knows come from its own tree, before pulled records can
+        // place them anywhere (even in a cycle that is undone below).
+        for r in applicable where before.file(r.signed.metadata.id) != nil { _ = try? view.key(r.signed.metadata.id) }
 
         var conflicts: [FileID: (base: FileMetadata, local: FileMetadata, remote: FileMetadata)] = [:]
         // Local documents with unsynced content edits that are live before this pull.
