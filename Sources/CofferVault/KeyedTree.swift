@@ -49,12 +49,6 @@ struct KeyCache: Sendable {
         if old.name != new.name || old.parent != new.parent { names[new.id] = nil }
         if old.sealedAttributes != new.sealedAttributes { attributes[new.id] = nil }
     }
-
-    mutating func forget(_ id: FileID) {
-        keys[id] = nil
-        names[id] = nil
-        attributes[id] = nil
-    }
 }
 
 /// One tree seen with keys: file keys unwrapped along the parent chain (or granted directly,
@@ -70,12 +64,6 @@ struct KeyedTree<Tree: TreeView> {
     var tree: Tree
     var cache = KeyCache()
     let access: any KeyAccess
-
-    init(tree: Tree, cache: KeyCache = KeyCache(), access: any KeyAccess) {
-        self.tree = tree
-        self.cache = cache
-        self.access = access
-    }
 
     /// The view with `tree` as the base of a new batch, keeping what was decrypted.
     func staged() -> KeyedTree<Batch<Tree>> {
@@ -213,7 +201,9 @@ extension KeyedTree where Tree: StagingTree {
 extension KeyedTree where Tree == FileTree {
     mutating func remove(_ id: FileID) {
         tree.remove(id)
-        cache.forget(id)
+        cache.keys[id] = nil
+        cache.names[id] = nil
+        cache.attributes[id] = nil
     }
 }
 
