@@ -276,6 +276,8 @@ public final class Vault: Sendable {
     /// record (the record may have been replaced meanwhile, by a pull or another process, and
     /// the cache dropped).
     func attributes(_ id: FileID, _ s: inout VaultState) throws -> PosixAttributes {
+        // Every stat asks: a hit spares looking the pending times up.
+        if let a = s.view.cache.attributes[id] { return a }
         let pending = s.pendingFolderTimes[id]
         return try s.view.attributes(id) { a in
             if let p = pending, p.stamp > a.mtime.stamp {
