@@ -97,7 +97,7 @@ extension Vault {
     }
 
     private func checkContent(_ m: FileMetadata, size: UInt64, _ report: inout CheckReport) throws {
-        let cipher = try state.withLock { s in ContentCipher(fileID: m.id, key: try key(m.id, &s)) }
+        let cipher = try state.withLock { s in ContentCipher(fileID: m.id, key: try s.view.key(m.id)) }
         let manifest = try loadManifest(m.contentDigest, cipher: cipher)
         if manifest.size != size {
             report.problems.append("\(path(of: m.id)): size \(size) in attributes but \(manifest.size) in content")
@@ -138,5 +138,5 @@ extension Vault {
         return (created, modified, deleted)
     }
 
-    public var fileCount: Int { state.withLock { $0.tree.count } }
+    public var fileCount: Int { state.withLock { $0.view.tree.count } }
 }

@@ -13,17 +13,19 @@ extension Vault {
                 guard let d = docs[id] else { return nil }
                 d.openCount.add(1, ordering: .relaxed)
                 return d
-            }) { return doc }
+            }) {
+                return doc
+            }
             let (cipher, digest) = try state.withLock { s -> (ContentCipher, [UInt8]?) in
-                guard let m = s.tree.file(id) else { throw TreeError.notFound(path(id, &s)) }
-                if m.type == .folder { throw TreeError.isAFolder(path(id, &s)) }
-                guard m.type == .document else { throw TreeError.notADocument(path(id, &s)) }
-                return (ContentCipher(fileID: id, key: try key(id, &s)), m.contentDigest)
+                guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
+                if m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
+                guard m.type == .document else { throw TreeError.notADocument(s.view.path(id)) }
+                return (ContentCipher(fileID: id, key: try s.view.key(id)), m.contentDigest)
             }
             let manifest = try loadManifest(digest, cipher: cipher)
             let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
             return openDocuments.withLock { docs in
-                let doc = docs[id] ?? fresh // another thread may have opened it meanwhile
+                let doc = docs[id] ?? fresh  // another thread may have opened it meanwhile
                 docs[id] = doc
                 doc.openCount.add(1, ordering: .relaxed)
                 return doc
@@ -73,15 +75,17 @@ extension Vault {
     /// `chunks` (id → sealed) are stored in the same transaction, before the manifest; `unsealed`
     /// (id → plaintext, small chunks only) too, sealed when the store runs the statement
     /// (`StoreWriter.putChunk(id:sealing:)`).
-    func commitContent(id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
-                       chunks: [[UInt8]: [UInt8]] = [:], unsealed: [[UInt8]: [UInt8]] = [:],
-                       ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)) throws -> [UInt8]? {
+    func commitContent(
+        id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
+        chunks: [[UInt8]: [UInt8]] = [:], unsealed: [[UInt8]: [UInt8]] = [:],
+        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)
+    ) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
         let digest = ContentCipher.digest(ofSealedManifest: sealed)
         do {
             try commit { batch, s, w in
-                guard s.tree.isLive(id) else { return }
+                guard s.view.tree.isLive(id) else { return }
                 try w.putChunks(chunks.map { ($0.key, $0.value) })
                 for (chunkID, plain) in unsealed {
                     try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
@@ -97,14 +101,12 @@ extension Vault {
                 // When the content changed, not the commit's time nor mtime (which may be set
                 // anywhere); never before a change already recorded.
                 a.ctime = max(a.ctime, ctime)
-                let k = try key(id, &s)
-                let sealedAttrs = AEAD.seal(a.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
-                let snapshot = s.tree
-                try batch.update(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }) {
+                let sealedAttrs = try s.view.sealAttributes(a, of: id)
+                try batch.update(id, describe: s.view.describe) {
                     $0.contentDigest = digest
                     $0.sealedAttributes = sealedAttrs
                 }
-                s.attrs[id] = a
+                s.view.cache.attributes[id] = a
             }
         } catch let e as VaultError {
             if case .tree(.notFound) = e { return nil }
@@ -118,8 +120,10 @@ extension Vault {
     public func adoptExternalContent(_ ids: Set<FileID>) {
         for id in ids {
             guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
-            guard let digest = state.withLock({ $0.tree.file(id)?.contentDigest }) else { continue }
-            if let manifest = try? loadManifest(digest, cipher: doc.cipher) { doc.adopt(manifest: manifest, digest: digest) }
+            guard let digest = state.withLock({ $0.view.tree.file(id)?.contentDigest }) else { continue }
+            if let manifest = try? loadManifest(digest, cipher: doc.cipher) {
+                doc.adopt(manifest: manifest, digest: digest)
+            }
         }
     }
 
@@ -154,7 +158,9 @@ extension Vault {
 
     /// Replaces a document's content with what `source` yields (nil ends it), committing once at
     /// the end: a crash at any point leaves the old content or the new, never a mix.
-    public func writeContents(_ id: FileID, mtime: Timespec? = nil, durable: Bool = true, from source: () throws -> [UInt8]?) throws {
+    public func writeContents(
+        _ id: FileID, mtime: Timespec? = nil, durable: Bool = true, from source: () throws -> [UInt8]?
+    ) throws {
         let doc = try openDocument(id)
         var released = false
         defer { if !released { try? release(doc) } }

@@ -19,8 +19,14 @@ public struct AttributeChanges: Sendable {
     public var gid: UInt32?
     public var mtime: Timespec?
     public var atime: Timespec?
-    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil, atime: Timespec? = nil) {
-        self.mode = mode; self.uid = uid; self.gid = gid; self.mtime = mtime; self.atime = atime
+    public init(
+        mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil, atime: Timespec? = nil
+    ) {
+        self.mode = mode
+        self.uid = uid
+        self.gid = gid
+        self.mtime = mtime
+        self.atime = atime
     }
 
     public var isEmpty: Bool { mode == nil && uid == nil && gid == nil && mtime == nil && atime == nil }
@@ -28,7 +34,7 @@ public struct AttributeChanges: Sendable {
 
 extension Vault {
     public var rootID: FileID {
-        state.withLock { $0.tree.rootID } ?? .none
+        state.withLock { $0.view.tree.rootID } ?? .none
     }
 
     public func node(_ id: FileID) throws -> Node {
@@ -39,21 +45,21 @@ extension Vault {
     /// a caller that asked `isLive` and then `node` could see a rename remove it in between.
     public func liveNode(_ id: FileID) throws -> Node? {
         do {
-            return try state.withLock { s in s.tree.isLive(id) ? try node(id, &s) : nil }
+            return try state.withLock { s in s.view.tree.isLive(id) ? try node(id, &s) : nil }
         } catch { throw VaultError.wrap(error) }
     }
 
     /// Whether the file exists and is live (not deleted, no deleted ancestor).
     public func isLive(_ id: FileID) -> Bool {
-        state.withLock { $0.tree.isLive(id) }
+        state.withLock { $0.view.tree.isLive(id) }
     }
 
     public func children(of id: FileID) throws -> [Node] {
         do {
             return try state.withLock { s in
-                guard let m = s.tree.file(id) else { throw TreeError.notFound(path(id, &s)) }
-                guard m.type == .folder else { throw TreeError.notAFolder(path(id, &s)) }
-                return try s.tree.liveChildren(of: id).map { try node($0.id, &s) }
+                guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
+                guard m.type == .folder else { throw TreeError.notAFolder(s.view.path(id)) }
+                return try s.view.tree.liveChildren(of: id).map { try node($0.id, &s) }
                     .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
             }
         } catch { throw VaultError.wrap(error) }
@@ -67,10 +73,10 @@ extension Vault {
     }
 
     func lookup(_ parent: FileID, _ name: String, _ s: inout VaultState) throws -> Node? {
-        guard let p = s.tree.file(parent) else { throw TreeError.notFound(parent.description) }
-        guard p.type == .folder else { throw TreeError.notAFolder(path(parent, &s)) }
-        let mac = NameMAC.mac(name: name, parentKey: try key(parent, &s))
-        guard let child = s.tree.liveChild(of: parent, nameMAC: mac) else { return nil }
+        guard let p = s.view.tree.file(parent) else { throw TreeError.notFound(parent.description) }
+        guard p.type == .folder else { throw TreeError.notAFolder(s.view.path(parent)) }
+        let mac = try s.view.nameMAC(name, in: parent)
+        guard let child = s.view.tree.liveChild(of: parent, nameMAC: mac) else { return nil }
         return try node(child.id, &s)
     }
 
@@ -80,7 +86,7 @@ extension Vault {
         let parts = Self.components(path)
         do {
             return try state.withLock { s in
-                guard let root = s.tree.rootID else { throw TreeError.noRoot }
+                guard let root = s.view.tree.rootID else { throw TreeError.noRoot }
                 var current = try node(root, &s)
                 var walked = ""
                 for part in parts {
@@ -99,25 +105,31 @@ extension Vault {
     }
 
     public func path(of id: FileID) -> String {
-        state.withLock { s in path(id, &s) }
+        state.withLock { s in s.view.path(id) }
     }
 
     // MARK: Create
 
     /// Creates a folder, document or symlink. `atime` defaults to the mtime.
     @discardableResult
-    public func create(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
-                       gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
-                       atime: Timespec? = nil) throws -> Node {
-        try createWithInode(in: parent, name: name, type: type, mode: mode, uid: uid, gid: gid,
-                            symlinkTarget: symlinkTarget, mtime: mtime, atime: atime).node
+    public func create(
+        in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
+        gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
+        atime: Timespec? = nil
+    ) throws -> Node {
+        try createWithInode(
+            in: parent, name: name, type: type, mode: mode, uid: uid, gid: gid,
+            symlinkTarget: symlinkTarget, mtime: mtime, atime: atime
+        ).node
     }
 
     /// `create`, also returning the inode number the store assigned the new file, which the
     /// mount would otherwise read back with a query of its own (one per file in untar).
-    public func createWithInode(in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
-                                gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
-                                atime: Timespec? = nil) throws -> (node: Node, inode: UInt64) {
+    public func createWithInode(
+        in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
+        gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
+        atime: Timespec? = nil
+    ) throws -> (node: Node, inode: UInt64) {
         do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
         if type == .symlink {
             guard let t = symlinkTarget, !t.isEmpty, t.utf8.count <= 4095 else {
@@ -128,28 +140,30 @@ extension Vault {
         let id = try FileID(random: randomBytes(16))
         let fileKey = SymmetricKey.random()
         return try commit { batch, s, w in
-            let parentKey = try key(parent, &s)
             let stamp = nextStamp(&s)
             let t = mtime ?? now()
-            var attrs = PosixAttributes(mode: mode, uid: uid, gid: gid, mtime: t, stamp: stamp, symlinkTarget: symlinkTarget)
+            var attrs = PosixAttributes(
+                mode: mode, uid: uid, gid: gid, mtime: t, stamp: stamp, symlinkTarget: symlinkTarget)
             if let atime { attrs.atime.value = atime }
             attrs.ctime = now()
             // A new document names no manifest (contentDigest nil reads as empty everywhere):
             // storing a sealed empty one cost an insert, and a delete at the first flush, per file.
-            let m = FileMetadata(id: id, type: type, parent: parent, name: sealName(name, parentKey: parentKey, fileID: id),
-                                 owner: accountID, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes),
-                                 sealedAttributes: AEAD.seal(attrs.encoded(), key: fileKey, purpose: .attributes, fileID: id.bytes),
-                                 lastModifiedBy: accountID)
-            let snapshot = s.tree
-            try batch.create(m, describe: { _ in
-                var c = VaultState(tree: snapshot)
-                let p = self.path(parent, &c)
-                return (p == "/" ? "" : p) + "/" + name
-            })
+            let m = FileMetadata(
+                id: id, type: type, parent: parent, name: try s.view.sealName(name, in: parent, of: id),
+                owner: accountID, wrappedKey: try s.view.wrap(fileKey, of: id, in: parent),
+                sealedAttributes: attrs.sealed(key: fileKey, of: id),
+                lastModifiedBy: accountID)
+            let describe = s.view.describe
+            try batch.create(
+                m,
+                describe: { _ in
+                    let p = describe(parent)
+                    return (p == "/" ? "" : p) + "/" + name
+                })
             let inode = try w.newInode(for: id)
-            s.keys[id] = fileKey
-            s.names[id] = name
-            s.attrs[id] = attrs
+            s.view.cache.keys[id] = fileKey
+            s.view.cache.names[id] = name
+            s.view.cache.attributes[id] = attrs
             try touchParent(parent, &batch, &s)
             return (Node(id: id, type: type, parent: parent, name: name, attributes: attrs), inode)
         }
@@ -167,8 +181,9 @@ extension Vault {
         attrs.mtime = Stamped(t, at: stamp)
         attrs.ctime = t
         if coalescing.load(ordering: .relaxed) {
-            s.attrs[parent] = attrs
-            s.pendingFolderTimes[parent] = PendingFolderTime(time: t, stamp: stamp, since: s.pendingFolderTimes[parent]?.since ?? t)
+            s.view.cache.attributes[parent] = attrs
+            s.pendingFolderTimes[parent] = PendingFolderTime(
+                time: t, stamp: stamp, since: s.pendingFolderTimes[parent]?.since ?? t)
             return
         }
         try setSealedAttributes(parent, attrs, &batch, &s)
@@ -184,7 +199,7 @@ extension Vault {
         coalescing.store(on, ordering: .relaxed)
     }
 
-    static let folderTimesWindow: Int64 = 50_000_000 // nanoseconds
+    static let folderTimesWindow: Int64 = 50_000_000  // nanoseconds
 
     /// Writes every pending folder time now.
     public func flushFolderTimes() throws {
@@ -210,15 +225,15 @@ extension Vault {
         }
     }
 
-    func setSealedAttributes(_ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
+    func setSealedAttributes(
+        _ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState
+    ) throws {
         // Attributes built from `attributes(id)` carry a pending folder time: this write
         // settles it (`commit` puts it back if the batch fails).
         if let p = s.pendingFolderTimes[id], attrs.mtime.stamp >= p.stamp { s.pendingFolderTimes[id] = nil }
-        let k = try key(id, &s)
-        let sealed = AEAD.seal(attrs.encoded(), key: k, purpose: .attributes, fileID: id.bytes)
-        let snapshot = s.tree
-        try batch.update(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }) { $0.sealedAttributes = sealed }
-        s.attrs[id] = attrs
+        let sealed = try s.view.sealAttributes(attrs, of: id)
+        try batch.update(id, describe: s.view.describe) { $0.sealedAttributes = sealed }
+        s.view.cache.attributes[id] = attrs
     }
 
     /// `mkdir -p`: creates missing folders along `path`, returns the last.
@@ -242,26 +257,29 @@ extension Vault {
     /// there is deleted in the same batch, so the swap is atomic for every reader.
     /// Returns the id of the replaced file, if any.
     @discardableResult
-    public func rename(_ id: FileID, to newParent: FileID, name newName: String, mode: RenameMode = .replace) throws -> FileID? {
+    public func rename(
+        _ id: FileID, to newParent: FileID, name newName: String, mode: RenameMode = .replace
+    ) throws -> FileID? {
         do { try FileName.validate(newName) } catch { throw VaultError.tree(error) }
         return try commit { batch, s, _ -> FileID? in
-            guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+            guard let m = s.view.tree.file(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
-            let snapshot = s.tree
-            let describe: Validator.Describe = { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }
+            let describe = s.view.describe
             var replaced: FileID? = nil
             if let existing = try lookup(newParent, newName, &s), existing.id != id {
-                if mode == .noReplace { throw TreeError.pathConflict(path(existing.id, &s)) }
+                if mode == .noReplace { throw TreeError.pathConflict(s.view.path(existing.id)) }
                 if m.type == .folder {
-                    guard existing.type == .folder else { throw TreeError.notAFolder(path(existing.id, &s)) }
-                    if !s.tree.liveChildren(of: existing.id).isEmpty { throw TreeError.folderNotEmpty(path(existing.id, &s)) }
+                    guard existing.type == .folder else { throw TreeError.notAFolder(s.view.path(existing.id)) }
+                    if !s.view.tree.liveChildren(of: existing.id).isEmpty {
+                        throw TreeError.folderNotEmpty(s.view.path(existing.id))
+                    }
                 } else if existing.type == .folder {
-                    throw TreeError.isAFolder(path(existing.id, &s))
+                    throw TreeError.isAFolder(s.view.path(existing.id))
                 }
                 try batch.delete(existing.id, describe: describe)
                 replaced = existing.id
             } else if let existing = try lookup(newParent, newName, &s), existing.id == id {
-                return nil // renaming onto itself is a no-op
+                return nil  // renaming onto itself is a no-op
             }
             try moveInBatch(id, to: newParent, name: newName, &batch, &s, describe)
             try touchParent(m.parent, &batch, &s)
@@ -273,18 +291,19 @@ extension Vault {
         }
     }
 
-    func moveInBatch(_ id: FileID, to newParent: FileID, name newName: String, _ batch: inout Batch<FileTree>,
-                     _ s: inout VaultState, _ describe: Validator.Describe) throws {
+    func moveInBatch(
+        _ id: FileID, to newParent: FileID, name newName: String, _ batch: inout Batch<FileTree>,
+        _ s: inout VaultState, _ describe: Validator.Describe
+    ) throws {
         guard let m = batch.file(id) else { throw TreeError.notFound(describe(id)) }
-        let parentKey = try key(newParent, &s)
-        let fileKey = try key(id, &s)
-        let sealed = sealName(newName, parentKey: parentKey, fileID: id)
+        let sealed = try s.view.sealName(newName, in: newParent, of: id)
         if newParent == m.parent {
             try batch.rename(id, to: sealed, describe: describe)
         } else {
-            try batch.move(id, to: newParent, name: sealed, wrappedKey: KeyWrap.wrap(fileKey, with: parentKey, fileID: id.bytes), describe: describe)
+            let wrapped = try s.view.wrap(try s.view.key(id), of: id, in: newParent)
+            try batch.move(id, to: newParent, name: sealed, wrappedKey: wrapped, describe: describe)
         }
-        s.names[id] = newName
+        s.view.cache.names[id] = newName
         if var a = try? attributes(id, &s) {
             a.ctime = now()
             try setSealedAttributes(id, a, &batch, &s)
@@ -294,17 +313,27 @@ extension Vault {
     /// RENAME_EXCHANGE: atomically swaps two entries.
     public func exchange(_ a: FileID, _ b: FileID) throws {
         try commit { batch, s, _ in
-            guard let ma = s.tree.file(a), let mb = s.tree.file(b) else { throw TreeError.notFound("exchange target") }
-            if ma.isRoot || mb.isRoot { throw TreeError.rootModified }
-            if s.tree.ancestors(of: mb.parent).contains(a) || mb.parent == a || s.tree.ancestors(of: ma.parent).contains(b) || ma.parent == b {
-                throw TreeError.cycle(path(a, &s))
+            guard let ma = s.view.tree.file(a), let mb = s.view.tree.file(b) else {
+                throw TreeError.notFound("exchange target")
             }
-            let na = try name(a, &s), nb = try name(b, &s)
-            let snapshot = s.tree
-            let describe: Validator.Describe = { i in var c = VaultState(tree: snapshot); return self.path(i, &c) }
+            if ma.isRoot || mb.isRoot { throw TreeError.rootModified }
+            if s.view.tree.ancestors(of: mb.parent).contains(a) || mb.parent == a
+                || s.view.tree.ancestors(of: ma.parent).contains(b) || ma.parent == b
+            {
+                throw TreeError.cycle(s.view.path(a))
+            }
+            let na = try s.view.name(a)
+            let nb = try s.view.name(b)
+            let describe = s.view.describe
             // Park `a` under a temporary name first: each step must be checkable on its own.
-            let pa = ma.parent, pb = mb.parent
-            batch.upsertUnchecked({ var t = ma; t.name = SealedName(ciphertext: [], mac: Array("exchange".utf8) + a.bytes); return t }())
+            let pa = ma.parent
+            let pb = mb.parent
+            batch.upsertUnchecked(
+                {
+                    var t = ma
+                    t.name = SealedName(ciphertext: [], mac: Array("exchange".utf8) + a.bytes)
+                    return t
+                }())
             try moveInBatch(b, to: pa, name: na, &batch, &s, describe)
             try moveInBatch(a, to: pb, name: nb, &batch, &s, describe)
             try touchParent(pa, &batch, &s)
@@ -318,20 +347,19 @@ extension Vault {
     /// implicitly deleted, as the design's deletion states say).
     public func remove(_ id: FileID, recursive: Bool = false, expectFolder: Bool? = nil) throws {
         try commit { batch, s, _ in
-            guard let m = s.tree.file(id), s.tree.isLive(id) else { throw TreeError.notFound(id.description) }
+            guard let m = s.view.tree.file(id), s.view.tree.isLive(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
-            if expectFolder == true && m.type != .folder { throw TreeError.notAFolder(path(id, &s)) }
-            if expectFolder == false && m.type == .folder { throw TreeError.isAFolder(path(id, &s)) }
-            if m.type == .folder && !recursive && !s.tree.liveChildren(of: id).isEmpty {
-                throw TreeError.folderNotEmpty(path(id, &s))
+            if expectFolder == true && m.type != .folder { throw TreeError.notAFolder(s.view.path(id)) }
+            if expectFolder == false && m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
+            if m.type == .folder && !recursive && !s.view.tree.liveChildren(of: id).isEmpty {
+                throw TreeError.folderNotEmpty(s.view.path(id))
             }
-            let snapshot = s.tree
-            try batch.delete(id, describe: { i in var c = VaultState(tree: snapshot); return self.path(i, &c) })
+            try batch.delete(id, describe: s.view.describe)
             try touchParent(m.parent, &batch, &s)
             // A leaf the server never saw goes in this same commit; a subtree is pruned after.
-            if m.type != .folder || s.tree.childIDs(of: id).isEmpty { s.pruneCandidates = [id] }
+            if m.type != .folder || s.view.tree.childIDs(of: id).isEmpty { s.pruneCandidates = [id] }
         }
-        if !state.withLock({ $0.tree.file(id) == nil }) { try? pruneDeleted(id) }
+        if !state.withLock({ $0.view.tree.file(id) == nil }) { try? pruneDeleted(id) }
     }
 
     /// Prunes what a deletion made unreachable and the server never saw: records that exist only
@@ -340,13 +368,13 @@ extension Vault {
     func pruneDeleted(_ id: FileID?) throws {
         guard let id else { return }
         try state.withLock { s in
-            let ids = [id] + s.tree.descendants(of: id)
+            let ids = [id] + s.view.tree.descendants(of: id)
             let (removed, lastSeq) = try store.write { w -> ([FileID], Int64) in
                 var removed: [FileID] = []
                 // Children first, so no record is ever left without its parent.
                 for f in ids.reversed() {
                     guard try !w.reader.exists(f, .base) else { continue }
-                    if s.tree.childIDs(of: f).contains(where: { !ids.contains($0) }) { continue }
+                    if s.view.tree.childIDs(of: f).contains(where: { !ids.contains($0) }) { continue }
                     try w.remove(f, .local)
                     try w.forgetInode(of: f)
                     removed.append(f)
@@ -354,8 +382,8 @@ extension Vault {
                 return (removed, try w.reader.lastChange())
             }
             for f in removed.reversed() {
-                s.tree.remove(f)
-                s.names[f] = nil; s.attrs[f] = nil; s.versions[f] = nil
+                s.view.remove(f)
+                s.versions[f] = nil
             }
             s.lastSeq = lastSeq
         }
@@ -384,7 +412,9 @@ extension Vault {
     }
 
     /// Sets (`value`) or removes (nil) a user xattr. `create`/`replace` are XATTR_CREATE/REPLACE.
-    public func setXattr(_ id: FileID, name: String, value: [UInt8]?, create: Bool = false, replace: Bool = false) throws {
+    public func setXattr(
+        _ id: FileID, name: String, value: [UInt8]?, create: Bool = false, replace: Bool = false
+    ) throws {
         guard name.utf8.count <= 255, !name.isEmpty else { throw VaultError.invalidArgument("xattr name too long") }
         if let value, value.count > 64 * 1024 { throw VaultError.invalidArgument("xattr value larger than 64 KiB") }
         // `commit` wraps what its body throws into a VaultError (EIO); these two keep their errno.
@@ -392,8 +422,14 @@ extension Vault {
         try commit { batch, s, _ in
             var a = try attributes(id, &s)
             let exists = a.xattrs[name]?.value != nil
-            if create && exists { refusal = .exists; return }
-            if (replace || value == nil) && !exists { refusal = .missing; return }
+            if create && exists {
+                refusal = .exists
+                return
+            }
+            if (replace || value == nil) && !exists {
+                refusal = .missing
+                return
+            }
             if a.xattrs.count >= 1000 && !exists { throw VaultError.invalidArgument("too many xattrs") }
             a.xattrs[name] = Stamped(value, at: nextStamp(&s))
             a.ctime = now()

@@ -26,8 +26,8 @@ public final class Vault: Sendable {
     /// a server learns it with the first pull), else what the store was created with.
     public var username: String {
         state.withLock { s in
-            guard let root = s.tree.rootID else { return storedUsername }
-            return (try? name(root, &s)) ?? storedUsername
+            guard let root = s.view.tree.rootID else { return storedUsername }
+            return (try? s.view.name(root)) ?? storedUsername
         }
     }
     let deviceID: UInt32
@@ -56,14 +56,16 @@ public final class Vault: Sendable {
         self.dataDirectory = dataDirectory
         self.store = store
         self.secret = secret
+        let account = try AccountID(bytes: secret.signingKeys.publicKey.bytes)
         self.signing = secret.signingKeys
         self.box = secret.boxKeys
-        self.accountID = try AccountID(bytes: signing.publicKey.bytes)
+        self.accountID = account
         self.storedUsername = username
         self.deviceID = deviceID
         self.locks = locks
         self.now = now
-        self.state = Mutex(VaultState())
+        let access = AccountKeyAccess(account: account, box: secret.boxKeys)
+        self.state = Mutex(VaultState(view: KeyedTree(tree: FileTree(), access: access)))
         try state.withLock { s in try reloadAll(&s) }
     }
 
@@ -97,9 +99,7 @@ public final class Vault: Sendable {
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
         let device = UInt32.random(in: 1...UInt32.max)
-        let existing = try store.read {
-            try $0.count("SELECT COUNT(*) FROM local_files") + $0.count("SELECT COUNT(*) FROM base_files")
-        }
+        let existing = try store.read { try $0.fileCount(.local) + $0.fileCount(.base) }
         guard existing == 0 else { throw VaultError.accountExists(dataDirectory) }
         try store.write { w in
             try w.setSetting("username", Array(name.utf8))
@@ -219,28 +219,28 @@ public final class Vault: Sendable {
 
     private func createRoot() throws {
         try state.withLock { s in
-            guard s.tree.rootID == nil else { return }
+            guard s.view.tree.rootID == nil else { return }
             let id = try FileID(random: randomBytes(16))
             let key = SymmetricKey.random()
             let stamp = nextStamp(&s)
             let t = now()
             let attrs = PosixAttributes(mode: 0o755, uid: getuid(), gid: getgid(), mtime: t, stamp: stamp)
-            let sealedName = sealName(storedUsername, parentKey: key, fileID: id)
+            let sealedName = SealedName(sealing: storedUsername, parentKey: key, of: id)
             let access = AccessEntry(
                 account: accountID, mode: .owner, sealedKey: box.publicKey.seal(key: key, fileID: id.bytes))
             let m = FileMetadata(
                 id: id, type: .folder, parent: id, name: sealedName, owner: accountID,
                 wrappedKey: [], access: [access],
-                sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+                sealedAttributes: attrs.sealed(key: key, of: id),
                 lastModifiedBy: accountID)
-            var batch = Batch(base: s.tree)
+            var batch = Batch(base: s.view.tree)
             batch.upsertUnchecked(m)
             _ = try batch.validate()
             try store.write { w in
                 try w.put(StoredFile(signed: unsigned(m)), .local)
                 _ = try w.inode(for: id, fixed: 1)
             }
-            s.keys[id] = key
+            s.view.cache.keys[id] = key
             try catchUp(&s)
         }
     }
@@ -272,76 +272,23 @@ public final class Vault: Sendable {
         return s.clock
     }
 
-    func sealName(_ name: String, parentKey: SymmetricKey, fileID: FileID) -> SealedName {
-        SealedName(
-            ciphertext: AEAD.seal(Array(name.utf8), key: parentKey, purpose: .name, fileID: fileID.bytes),
-            mac: NameMAC.mac(name: name, parentKey: parentKey))
-    }
-
-    /// The key of a file, unwrapped along the key chain and cached.
-    func key(_ id: FileID, _ s: inout VaultState) throws -> SymmetricKey {
-        if let k = s.keys[id] { return k }
-        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
-        let k: SymmetricKey
-        if m.isRoot {
-            guard let entry = m.access.first(where: { $0.account == accountID && !$0.isDeleted }) else {
-                throw VaultError.corrupt("the root folder has no key for this account")
-            }
-            k = try box.open(sealedKey: entry.sealedKey, fileID: id.bytes)
-        } else {
-            var depth = 0
-            var chain: [FileMetadata] = [m]
-            while let top = chain.last, !top.isRoot, s.keys[top.parent] == nil {
-                guard let p = s.tree.file(top.parent) else { throw TreeError.orphan(id.description) }
-                chain.append(p)
-                depth += 1
-                if depth > 10_000 { throw TreeError.cycle(id.description) }
-            }
-            // Unwrap from the highest known ancestor downwards (iteratively, no deep recursion).
-            for f in chain.reversed() where s.keys[f.id] == nil {
-                if f.isRoot {
-                    _ = try key(f.id, &s)
-                    continue
-                }
-                guard let pk = s.keys[f.parent] else { throw TreeError.orphan(f.id.description) }
-                s.keys[f.id] = try KeyWrap.unwrap(f.wrappedKey, with: pk, fileID: f.id.bytes)
-            }
-            guard let found = s.keys[id] else { throw VaultError.corrupt("cannot unwrap key of \(id)") }
-            k = found
-        }
-        s.keys[id] = k
-        return k
-    }
-
-    func name(_ id: FileID, _ s: inout VaultState) throws -> String {
-        if let n = s.names[id] { return n }
-        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
-        let pk = try key(m.parent, &s)
-        let raw = try AEAD.open(m.name.ciphertext, key: pk, purpose: .name, fileID: id.bytes, what: "file name")
-        let n = String(decoding: raw, as: UTF8.self)
-        s.names[id] = n
-        return n
-    }
-
+    /// A file's attributes as stat shows them: a folder time not yet written wins over an older
+    /// record (the record may have been replaced meanwhile, by a pull or another process, and
+    /// the cache dropped).
     func attributes(_ id: FileID, _ s: inout VaultState) throws -> PosixAttributes {
-        if let a = s.attrs[id] { return a }
-        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
-        let k = try key(id, &s)
-        var a = try PosixAttributes(
-            decoding: AEAD.open(
-                m.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "file attributes"))
-        // A folder time not yet written wins over an older record (the record may have been
-        // replaced meanwhile, by a pull or another process, and the cache dropped).
-        if let p = s.pendingFolderTimes[id], p.stamp > a.mtime.stamp {
-            a.mtime = Stamped(p.time, at: p.stamp)
-            a.ctime = max(a.ctime, p.time)
+        // Every stat asks: a hit spares looking the pending times up.
+        if let a = s.view.cache.attributes[id] { return a }
+        let pending = s.pendingFolderTimes[id]
+        return try s.view.attributes(id) { a in
+            if let p = pending, p.stamp > a.mtime.stamp {
+                a.mtime = Stamped(p.time, at: p.stamp)
+                a.ctime = max(a.ctime, p.time)
+            }
         }
-        s.attrs[id] = a
-        return a
     }
 
     func node(_ id: FileID, _ s: inout VaultState) throws -> Node {
-        guard let m = s.tree.file(id) else { throw TreeError.notFound(id.description) }
+        guard let m = s.view.tree.file(id) else { throw TreeError.notFound(id.description) }
         var attrs = try attributes(id, &s)
         if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
             attrs.size = open.currentSize
@@ -353,21 +300,8 @@ public final class Vault: Sendable {
             if let gid = own.gid { attrs.gid.value = gid }
         }
         return Node(
-            id: id, type: m.type, parent: m.parent, name: try name(id, &s), attributes: attrs,
-            subfolders: m.type == .folder ? s.tree.subfolderCount(of: id) : 0)
-    }
-
-    /// A path for messages; best effort.
-    func path(_ id: FileID, _ s: inout VaultState) -> String {
-        var parts: [String] = []
-        var cursor = id
-        var steps = 0
-        while let m = s.tree.file(cursor), !m.isRoot, steps < 4096 {
-            parts.append((try? name(cursor, &s)) ?? cursor.description)
-            cursor = m.parent
-            steps += 1
-        }
-        return "/" + parts.reversed().joined(separator: "/")
+            id: id, type: m.type, parent: m.parent, name: try s.view.name(id), attributes: attrs,
+            subfolders: m.type == .folder ? s.view.tree.subfolderCount(of: id) : 0)
     }
 
     // MARK: Loading and catching up
@@ -386,13 +320,12 @@ public final class Vault: Sendable {
         if s.lastSeq > 0, let (ids, _) = try? store.read({ try $0.changes(after: s.lastSeq) }) {
             pending.formUnion(ids)
         }
-        s = VaultState()
+        s = VaultState(view: KeyedTree(tree: FileTree(merged.values.map(\.effectiveMetadata)), access: s.view.access))
         s.clock = keepClock
         s.externalChanges = pending
-        s.tree = FileTree(merged.values.map(\.effectiveMetadata))
         s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
         s.lastSeq = last
-        for m in s.tree.files.values {
+        for m in s.view.tree.files.values {
             if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.atime.stamp, a.mode.stamp) }
         }
     }
@@ -413,22 +346,11 @@ public final class Vault: Sendable {
 
     func apply(_ records: [FileID: StoredFile?], _ s: inout VaultState) {
         for (id, rec) in records {
-            let old = s.tree.file(id)
             if let rec {
-                s.tree.insert(rec.effectiveMetadata)
+                s.view.put(rec.effectiveMetadata)
                 s.versions[id] = (rec.version, rec.contentVersion)
-                if old?.name != rec.metadata.name || old?.parent != rec.metadata.parent { s.names[id] = nil }
-                if old?.access != rec.metadata.access && rec.metadata.isRoot { s.keys[id] = nil }
-                if old?.wrappedKey != rec.metadata.wrappedKey || old?.parent != rec.metadata.parent {
-                    // A moved folder's key is unchanged, but drop the cache entry to re-derive through the new chain.
-                    if old?.wrappedKey != rec.metadata.wrappedKey { s.keys[id] = nil }
-                }
-                if old?.sealedAttributes != rec.metadata.sealedAttributes { s.attrs[id] = nil }
             } else {
-                s.tree.remove(id)
-                s.names[id] = nil
-                s.keys[id] = nil
-                s.attrs[id] = nil
+                s.view.remove(id)
                 s.versions[id] = nil
             }
         }
@@ -480,14 +402,10 @@ public final class Vault: Sendable {
                             s.externalChanges.formUnion(ids)
                         }
                         s.lastSeq = last
-                        var batch = Batch(base: s.tree)
+                        var batch = Batch(base: s.view.tree)
                         let result = try body(&batch, &s, w)
                         try writeDueFolderTimes(&batch, &s, force: false)
-                        let snapshot = s.tree
-                        let changed = try batch.validate(describe: { id in
-                            var c = VaultState(tree: snapshot)
-                            return self.path(id, &c)
-                        })
+                        let changed = try batch.validate(describe: s.view.describe)
                         var pruned: [FileID] = []
                         for m in changed {
                             // A deletion the server never saw is pruned right here, in the same
@@ -505,7 +423,7 @@ public final class Vault: Sendable {
                             // below), so it knows what the row named.
                             try w.put(
                                 StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local,
-                                previousDigest: .some(s.tree.file(m.id)?.contentDigest))
+                                previousDigest: .some(s.view.tree.file(m.id)?.contentDigest))
                         }
                         // Nobody else can log while this transaction is open: the last entry is ours,
                         // or the one read on the way in.
@@ -516,16 +434,9 @@ public final class Vault: Sendable {
                     }
                     s.checkedGroup = group
                     s.pruneCandidates = []
-                    for m in changed {
-                        let old = s.tree.file(m.id)
-                        s.tree.insert(m)
-                        if old?.name != m.name { s.names[m.id] = nil }
-                        if old?.sealedAttributes != m.sealedAttributes { s.attrs[m.id] = nil }
-                    }
+                    for m in changed { s.view.put(m) }
                     for id in pruned {
-                        s.tree.remove(id)
-                        s.names[id] = nil
-                        s.attrs[id] = nil
+                        s.view.remove(id)
                         s.versions[id] = nil
                     }
                     s.lastSeq = lastSeq
@@ -538,8 +449,8 @@ public final class Vault: Sendable {
                     s.pendingFolderTimes = pendingBefore
                     // Operations fill the name and attribute caches as they go; a refused batch may
                     // have left entries for changes that never happened, so start those caches over.
-                    s.names.removeAll(keepingCapacity: true)
-                    s.attrs.removeAll(keepingCapacity: true)
+                    s.view.cache.names.removeAll(keepingCapacity: true)
+                    s.view.cache.attributes.removeAll(keepingCapacity: true)
                     throw error
                 }
             }
@@ -561,14 +472,10 @@ struct PendingFolderTime: Sendable {
 
 /// Everything a vault caches about the tree, guarded by one lock.
 package struct VaultState: Sendable {
-    /// Error messages describe files by path; they are built from a copy of the tree alone (the
-    /// caches are rebuilt on demand), so operations never copy the caches just in case.
-    init(tree: FileTree = FileTree()) { self.tree = tree }
+    init(view: KeyedTree<FileTree>) { self.view = view }
 
-    var tree = FileTree()
-    var keys: [FileID: SymmetricKey] = [:]
-    var names: [FileID: String] = [:]
-    var attrs: [FileID: PosixAttributes] = [:]
+    /// The current tree (local over base) and what was decrypted of it.
+    var view: KeyedTree<FileTree>
     var versions: [FileID: (Int64, Int64)] = [:]
     var clock = HybridTimestamp.zero
     var lastSeq: Int64 = 0

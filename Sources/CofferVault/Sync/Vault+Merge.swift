@@ -16,7 +16,7 @@ extension Vault {
         do {
             return try state.withLock { s in
                 let changed = try store.write { w -> Set<FileID> in
-                    var merge = PullMerge(vault: self, writer: w)
+                    var merge = PullMerge(vault: self, writer: w, view: s.view)
                     let changed = try merge.run(files, &s)
                     try w.setSetting("cursor", Self.bytes(cursor))
                     return changed
@@ -32,22 +32,24 @@ extension Vault {
 struct PullMerge {
     let vault: Vault
     let w: StoreWriter
-    /// The tree as it will be: new base under merged local.
-    var view = FileTree()
+    /// The tree as it will be (new base under merged local), seen with keys: it starts as the
+    /// vault's, with what the vault decrypted of it, and `put` forgets what a pulled record changes.
+    var view: KeyedTree<FileTree>
     var newBase: [FileID: StoredFile] = [:]
     /// Final local records (to sign and store) by id; nil value = no local record.
     var local: [FileID: FileMetadata?] = [:]
     var touched: Set<FileID> = []
-    var memo: [FileID: SymmetricKey] = [:]
+    /// Files this merge made (copies of conflicting or orphaned edits).
+    var created: Set<FileID> = []
 
-    init(vault: Vault, writer: StoreWriter) {
+    init(vault: Vault, writer: StoreWriter, view: KeyedTree<FileTree>) {
         self.vault = vault
         self.w = writer
+        self.view = view
     }
 
     mutating func run(_ files: [RemoteFile], _ s: inout VaultState) throws -> Set<FileID> {
-        let before = s.tree
-        view = s.tree
+        let before = view.tree
         var remote: [FileID: RemoteFile] = [:]
         for f in files { remote[f.signed.metadata.id] = f }
         let remoteMeta = remote.mapValues { $0.signed.metadata }
@@ -80,16 +82,9 @@ struct PullMerge {
             }
         }
         applicable.sort { $0.signed.metadata.id < $1.signed.metadata.id }
-        if ProcessInfo.processInfo.environment["COFFER_DEBUG_MERGE"] != nil {
-            for r in remote.values {
-                print(
-                    "pull[\(vault.deviceID)] \(r.signed.metadata.id) v\(r.version) "
-                        + "del=\(r.signed.metadata.isDeleted) sdel=\(r.serverDeleted) "
-                        + "parent=\(r.signed.metadata.parent) known=\(isKnown(r.signed.metadata.id)) "
-                        + "local=\((try? w.reader.file(r.signed.metadata.id, .local)) != nil)"
-                )
-            }
-        }
+        // Keys of files this device knows come from its own tree, before pulled records can
+        // place them anywhere (even in a cycle that is undone below).
+        for r in applicable where before.file(r.signed.metadata.id) != nil { _ = try? view.key(r.signed.metadata.id) }
 
         var conflicts: [FileID: (base: FileMetadata, local: FileMetadata, remote: FileMetadata)] = [:]
         // Local documents with unsynced content edits that are live before this pull.
@@ -111,25 +106,21 @@ struct PullMerge {
                 let b = oldBase?.effectiveMetadata ?? rEff
                 let (m, conflict) = try mergeRecord(base: b, local: l, remote: rEff, &s)
                 local[id] = m
-                view.insert(m)
+                view.put(m)
                 if conflict { conflicts[id] = (b, l, rEff) }
             } else {
-                view.insert(rEff)
+                view.put(rEff)
             }
         }
-        // Before reading plaintext below, every key in the merged tree must be derivable.
-        memo = [:]
 
         // 1. Content conflicts (they can create files, so they come before path conflicts).
         for (id, c) in conflicts.sorted(by: { $0.key < $1.key }) {
-            try resolveContentConflict(id, c.base, c.local, c.remote, &s, remoteMeta)
+            try resolveContentConflict(id, c.base, c.local, c.remote, &s)
         }
         // Edits to documents deleted elsewhere survive as new files at their old path.
-        for (l, _) in editedLocally where !view.isLive(l.id) {
-            let id = l.id
-            let name = try vault.name(id, &s)
-            let parent = view.isLive(l.parent) ? l.parent : (view.rootID ?? l.parent)
-            try recreate(from: l, name: name, in: parent, &s, remoteMeta)
+        for (l, _) in editedLocally where !view.tree.isLive(l.id) {
+            let parent = view.tree.isLive(l.parent) ? l.parent : (view.tree.rootID ?? l.parent)
+            try recreate(from: l, name: try view.openName(l), in: parent, &s)
         }
         // 2. Cycles: local moves that close a loop with pulled moves are undone.
         try resolveCycles()
@@ -138,7 +129,7 @@ struct PullMerge {
         // knew them). Their content edits were saved above.
         try settleImplicitDeletions()
         // 3. Path conflicts: the locally changed file is renamed name-1.ext, name-2.ext, …
-        try resolvePathConflicts(&s, remoteMeta)
+        try resolvePathConflicts()
 
         // Check, then write: base first (the pulled records), then the local side.
         for stored in newBase.values {
@@ -146,7 +137,7 @@ struct PullMerge {
             if stored.metadata.isRoot { _ = try w.inode(for: stored.metadata.id, fixed: 1) }
         }
         let ids = Array(touched)
-        try Validator.validate(changed: ids, before: { before.file($0) }, in: view)
+        try Validator.validate(changed: ids, before: { before.file($0) }, in: view.tree)
         for id in ids {
             guard let entry = local[id] else { continue }
             let stored = try newBase[id] ?? w.reader.file(id, .base)
@@ -172,7 +163,7 @@ struct PullMerge {
         for (id, entry) in local where entry != nil { ids.append(id) }
         for l in try w.reader.files(.local) where local[l.metadata.id] == nil { ids.append(l.metadata.id) }
         for id in ids.sorted() {
-            guard let m = view.file(id), !m.isRoot, !m.isDeleted, !view.isLive(id) else { continue }
+            guard let m = view.tree.file(id), !m.isRoot, !m.isDeleted, !view.tree.isLive(id) else { continue }
             let base = try newBase[id] ?? w.reader.file(id, .base)
             if base == nil {
                 // Never on the server: drop it (children first are handled by the same rule, as
@@ -189,7 +180,7 @@ struct PullMerge {
                 deleted.name = base.metadata.name
                 deleted.wrappedKey = base.metadata.wrappedKey
                 local[id] = deleted
-                view.insert(deleted)
+                view.put(deleted)
             }
             touched.insert(id)
         }
@@ -225,13 +216,8 @@ struct PullMerge {
         let conflict =
             l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
         if l.sealedAttributes != r.sealedAttributes {
-            let k = try vault.key(l.id, &s)
-            let la = try PosixAttributes(
-                decoding: AEAD.open(
-                    l.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
-            let ra = try PosixAttributes(
-                decoding: AEAD.open(
-                    r.sealedAttributes, key: k, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+            let la = try view.openAttributes(l)
+            let ra = try view.openAttributes(r)
             var ma = PosixAttributes.merge(la, ra)
             ma.size = m.contentDigest == r.contentDigest ? ra.size : la.size
             for stamp in [ra.mode.stamp, ra.uid.stamp, ra.gid.stamp, ra.mtime.stamp, ra.atime.stamp]
@@ -241,7 +227,7 @@ struct PullMerge {
             } else if ma == la {
                 m.sealedAttributes = l.sealedAttributes
             } else {
-                m.sealedAttributes = AEAD.seal(ma.encoded(), key: k, purpose: .attributes, fileID: l.id.bytes)
+                m.sealedAttributes = try view.sealAttributes(ma, of: l.id)
             }
         }
         if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
@@ -250,9 +236,8 @@ struct PullMerge {
 
     // MARK: Content
 
-    mutating func cipher(_ id: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> ContentCipher
-    {
-        ContentCipher(fileID: id, key: try vault.remoteKey(id, remote, &s, &memo))
+    mutating func cipher(_ id: FileID) throws -> ContentCipher {
+        ContentCipher(fileID: id, key: try view.key(id))
     }
 
     func manifest(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> Manifest {
@@ -312,24 +297,13 @@ struct PullMerge {
         return (d, m.size)
     }
 
-    mutating func setAttributes(
-        _ m: inout FileMetadata, _ key: SymmetricKey, _ change: (inout PosixAttributes) -> Void
-    ) throws {
-        var a = try PosixAttributes(
-            decoding: AEAD.open(
-                m.sealedAttributes, key: key, purpose: .attributes, fileID: m.id.bytes, what: "attributes"))
-        change(&a)
-        m.sealedAttributes = AEAD.seal(a.encoded(), key: key, purpose: .attributes, fileID: m.id.bytes)
-    }
-
     /// Text: merged line by line, overlaps between markers. Anything else: remote content under
     /// the name, local content in a new file next to it.
     mutating func resolveContentConflict(
-        _ id: FileID, _ b: FileMetadata, _ l: FileMetadata, _ r: FileMetadata,
-        _ s: inout VaultState, _ remote: [FileID: FileMetadata]
+        _ id: FileID, _ b: FileMetadata, _ l: FileMetadata, _ r: FileMetadata, _ s: inout VaultState
     ) throws {
         guard var m = local[id] ?? nil else { return }
-        let c = try cipher(id, &s, remote)
+        let c = try cipher(id)
         let sizes = (
             try manifest(b.contentDigest, c).size, try manifest(l.contentDigest, c).size,
             try manifest(r.contentDigest, c).size
@@ -345,60 +319,46 @@ struct PullMerge {
                 m.contentDigest = digest
                 let stamp = vault.nextStamp(&s)
                 let t = vault.now()
-                try setAttributes(&m, c.key) { a in
+                try view.changeAttributes(&m) { a in
                     a.size = size
                     a.mtime = Stamped(t, at: stamp)
                     a.ctime = t
                 }
                 local[id] = m
-                view.insert(m)
+                view.put(m)
                 return
             }
         }
         // Binary: the name keeps the remote bytes; the local bytes move to a copy.
         m.contentDigest = r.contentDigest
-        try setAttributes(&m, c.key) { a in a.size = sizes.2 }
+        try view.changeAttributes(&m) { a in a.size = sizes.2 }
         local[id] = m
-        view.insert(m)
-        let name = try nameOf(m, &s, remote)
-        let parent = view.isLive(m.parent) ? m.parent : (view.rootID ?? m.parent)
-        try recreate(from: l, name: name, in: parent, &s, remote)
-    }
-
-    /// The plaintext name of a record as it stands in the merged view.
-    mutating func nameOf(_ m: FileMetadata, _ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws -> String {
-        let pk = try vault.remoteKey(m.parent, remote, &s, &memo)
-        let raw = try AEAD.open(m.name.ciphertext, key: pk, purpose: .name, fileID: m.id.bytes, what: "file name")
-        return String(decoding: raw, as: UTF8.self)
+        view.put(m)
+        let parent = view.tree.isLive(m.parent) ? m.parent : (view.tree.rootID ?? m.parent)
+        try recreate(from: l, name: try view.openName(m), in: parent, &s)
     }
 
     /// Saves a local document version as a brand-new file (new id, new key) in `parent`.
-    mutating func recreate(
-        from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState, _ remote: [FileID: FileMetadata]
-    ) throws {
-        let oldCipher = try cipher(l.id, &s, remote)
+    mutating func recreate(from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState) throws {
         let id = try FileID(random: randomBytes(16))
         let key = SymmetricKey.random()
-        let newCipher = ContentCipher(fileID: id, key: key)
-        let (digest, _) = try copyContent(l.contentDigest, from: oldCipher, to: newCipher)
-        var attrs = try PosixAttributes(
-            decoding: AEAD.open(
-                l.sealedAttributes, key: oldCipher.key, purpose: .attributes, fileID: l.id.bytes, what: "attributes"))
+        let (digest, _) = try copyContent(
+            l.contentDigest, from: try cipher(l.id), to: ContentCipher(fileID: id, key: key))
+        var attrs = try view.openAttributes(l)
         let stamp = vault.nextStamp(&s)
         attrs.mode.stamp = stamp
         attrs.uid.stamp = stamp
         attrs.gid.stamp = stamp
         attrs.mtime.stamp = stamp
         attrs.atime.stamp = stamp
-        let parentKey = try vault.remoteKey(parent, remote, &s, &memo)
         let m = FileMetadata(
-            id: id, type: .document, parent: parent, name: vault.sealName(name, parentKey: parentKey, fileID: id),
-            owner: vault.accountID, wrappedKey: KeyWrap.wrap(key, with: parentKey, fileID: id.bytes),
-            sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+            id: id, type: .document, parent: parent, name: try view.sealName(name, in: parent, of: id),
+            owner: vault.accountID, wrappedKey: try view.wrap(key, of: id, in: parent),
+            sealedAttributes: attrs.sealed(key: key, of: id),
             contentDigest: digest, lastModifiedBy: vault.accountID)
-        memo[id] = key
+        view.cache.keys[id] = key
         local[id] = m
-        view.insert(m)
+        view.put(m)
         touched.insert(id)
         created.insert(id)
     }
@@ -419,7 +379,7 @@ struct PullMerge {
                 undone.name = base.name
                 undone.wrappedKey = base.wrappedKey
                 local[id] = undone
-                view.insert(undone)
+                view.put(undone)
                 touched.insert(id)
                 fixed = true
             }
@@ -429,15 +389,13 @@ struct PullMerge {
 
     func inCycle(_ id: FileID) -> Bool {
         var seen: Set<FileID> = [id]
-        var cursor = view.file(id)
+        var cursor = view.tree.file(id)
         while let c = cursor, !c.isRoot {
             if !seen.insert(c.parent).inserted { return true }
-            cursor = view.file(c.parent)
+            cursor = view.tree.file(c.parent)
         }
         return false
     }
-
-    var created: Set<FileID> = []
 
     /// Files whose name or place comes from this device (created here, or renamed/moved here).
     func isLocallyPlaced(_ id: FileID) throws -> Bool {
@@ -448,31 +406,30 @@ struct PullMerge {
         return base.metadata.parent != m.parent || base.metadata.name.mac != m.name.mac
     }
 
-    mutating func resolvePathConflicts(_ s: inout VaultState, _ remote: [FileID: FileMetadata]) throws {
+    mutating func resolvePathConflicts() throws {
         var candidates: [FileID] = []
         for (id, entry) in local where entry != nil { candidates.append(id) }
         for l in try w.reader.files(.local) where local[l.metadata.id] == nil { candidates.append(l.metadata.id) }
         for id in candidates.sorted() {
-            guard let m = view.file(id), !m.isRoot, view.isLive(id) else { continue }
-            let others = view.childIDs(of: m.parent, nameMAC: m.name.mac).filter {
-                $0 != id && view.file($0).map { !$0.isDeleted } == true
+            guard let m = view.tree.file(id), !m.isRoot, view.tree.isLive(id) else { continue }
+            let others = view.tree.childIDs(of: m.parent, nameMAC: m.name.mac).filter {
+                $0 != id && view.tree.file($0).map { !$0.isDeleted } == true
             }
             guard let other = others.first else { continue }
             // Rename the one placed by this device; if both were, the newer copy.
             let renameMe = try isLocallyPlaced(id) || !(try isLocallyPlaced(other))
             let target = renameMe ? id : other
-            guard var t = view.file(target) else { continue }
-            let name = try nameOf(t, &s, remote)
-            let parentKey = try vault.remoteKey(t.parent, remote, &s, &memo)
+            guard var t = view.tree.file(target) else { continue }
+            let name = try view.openName(t)
             var n = 1
             var candidate = Self.numbered(name, n)
-            while view.liveChild(of: t.parent, nameMAC: NameMAC.mac(name: candidate, parentKey: parentKey)) != nil {
+            while view.tree.liveChild(of: t.parent, nameMAC: try view.nameMAC(candidate, in: t.parent)) != nil {
                 n += 1
                 candidate = Self.numbered(name, n)
             }
-            t.name = vault.sealName(candidate, parentKey: parentKey, fileID: target)
+            t.name = try view.sealName(candidate, in: t.parent, of: target)
             local[target] = t
-            view.insert(t)
+            view.put(t)
             touched.insert(target)
         }
     }

@@ -155,53 +155,19 @@ extension Vault {
         }
     }
 
-    /// The key of a file, following the key chain through pulled records where they are newer.
-    func remoteKey(
-        _ id: FileID, _ remote: [FileID: FileMetadata], _ s: inout VaultState, _ memo: inout [FileID: SymmetricKey]
-    ) throws -> SymmetricKey {
-        if let k = memo[id] { return k }
-        if s.tree.file(id) != nil, let k = try? key(id, &s) {
-            memo[id] = k
-            return k
-        }
-        var chain: [FileMetadata] = []
-        var cursor = id
-        while memo[cursor] == nil {
-            guard let m = remote[cursor] ?? s.tree.file(cursor) else { throw TreeError.orphan(cursor.description) }
-            chain.append(m)
-            if m.isRoot { break }
-            if chain.count > 100_000 { throw TreeError.cycle(id.description) }
-            cursor = m.parent
-            if s.tree.file(cursor) != nil, remote[cursor] == nil, let k = try? key(cursor, &s) { memo[cursor] = k }
-        }
-        for m in chain.reversed() where memo[m.id] == nil {
-            if m.isRoot {
-                guard let entry = m.access.first(where: { $0.account == accountID && !$0.isDeleted }) else {
-                    throw VaultError.corrupt("the root folder has no key for this account")
-                }
-                memo[m.id] = try box.open(sealedKey: entry.sealedKey, fileID: m.id.bytes)
-            } else {
-                guard let pk = memo[m.parent] else { throw TreeError.orphan(m.id.description) }
-                memo[m.id] = try KeyWrap.unwrap(m.wrappedKey, with: pk, fileID: m.id.bytes)
-            }
-        }
-        guard let k = memo[id] else { throw VaultError.corrupt("cannot unwrap the key of \(id)") }
-        return k
-    }
-
     /// Documents whose pulled version names content this device does not have yet.
     public func contentNeeds(_ files: [RemoteFile]) throws -> [ContentNeed] {
-        let remote = Dictionary(
-            files.map { ($0.signed.metadata.id, $0.signed.metadata) }, uniquingKeysWith: { _, b in b })
-        return try state.withLock { s in
-            var memo: [FileID: SymmetricKey] = [:]
+        try state.withLock { s in
+            // Keys follow the key chain through the pulled records, staged over this device's tree.
+            var view = s.view.staged()
+            for f in files { view.put(f.signed.metadata) }
             var out: [ContentNeed] = []
             for f in files where f.signed.metadata.type == .document && !f.serverDeleted && !f.signed.metadata.isDeleted
             {
                 guard let digest = f.signed.metadata.contentDigest else { continue }
                 if try store.read({ try $0.manifest(digest) }) != nil { continue }
                 // An orphan: dropped at apply.
-                guard let k = try? remoteKey(f.signed.metadata.id, remote, &s, &memo) else { continue }
+                guard let k = try? view.key(f.signed.metadata.id) else { continue }
                 out.append(
                     ContentNeed(
                         fileID: f.signed.metadata.id, digest: digest,

@@ -98,5 +98,5 @@ extension Vault {
     static func int64(_ b: [UInt8]) -> Int64 { Int64(bitPattern: b.reduce(UInt64(0)) { ($0 << 8) | UInt64($1) }) }
     static func bytes(_ v: Int64) -> [UInt8] { withUnsafeBytes(of: UInt64(bitPattern: v).bigEndian) { Array($0) } }
 
-    public var hasRoot: Bool { state.withLock { $0.tree.rootID != nil } }
+    public var hasRoot: Bool { state.withLock { $0.view.tree.rootID != nil } }
 }
