@@ -69,11 +69,6 @@ public struct StoreReader {
         }
     }
 
-    /// How many records `side` holds.
-    public func fileCount(_ side: TreeSide) throws -> Int {
-        try with { db in try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM \(side.table)")) ?? 0 }
-    }
-
     /// Whether `side` has a record for `id`, without decoding it.
     public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
         try with { db in

@@ -99,8 +99,7 @@ public final class Vault: Sendable {
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
         let device = UInt32.random(in: 1...UInt32.max)
-        let existing = try store.read { try $0.fileCount(.local) + $0.fileCount(.base) }
-        guard existing == 0 else { throw VaultError.accountExists(dataDirectory) }
+        guard try !store.read({ try $0.hasFiles() }) else { throw VaultError.accountExists(dataDirectory) }
         try store.write { w in
             try w.setSetting("username", Array(name.utf8))
             try w.setSetting("device", withUnsafeBytes(of: device.bigEndian) { Array($0) })
