@@ -162,9 +162,8 @@ public final class CofferFileSystem: FileSystemOperations {
     // MARK: Lifecycle
 
     public func initialize(connection: ConnectionInfo) {
-        log(
-            "mounted: protocol \(connection.protocolMajor).\(connection.protocolMinor), max write \(connection.maxWrite)"
-        )
+        let version = "\(connection.protocolMajor).\(connection.protocolMinor)"
+        log("mounted: protocol \(version), max write \(connection.maxWrite)")
         onReady?()
     }
 
@@ -316,8 +315,8 @@ final class OperationStats: Sendable {
         var out = "operation CPU (total \(total / 1_000_000) ms):"
         for (name, v) in rows {
             let op = name.split(separator: "(").first.map(String.init) ?? name
-            out +=
-                "\n  \(op): \(v.count) calls, \(v.nanoseconds / 1_000_000) ms, \(v.nanoseconds / Int64(max(1, v.count)) / 1000) µs each"
+            let each = v.nanoseconds / Int64(max(1, v.count)) / 1000
+            out += "\n  \(op): \(v.count) calls, \(v.nanoseconds / 1_000_000) ms, \(each) µs each"
         }
         return out
     }
