@@ -24,12 +24,9 @@ let package = Package(
         .systemLibrary(name: "CZstd", pkgConfig: "libzstd", providers: [.apt(["libzstd-dev"])]),
         .systemLibrary(name: "COpenSSL", pkgConfig: "libcrypto", providers: [.apt(["libssl-dev"])]),
         .systemLibrary(name: "CFuse", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
-        // FUSE over io_uring beside libfuse 3.14 (which cannot speak it): rings, their threads,
-        // replies routed back into ring entries. C, because it lives in libfuse's callbacks.
-        .target(
-            name: "CFuseURing", dependencies: ["CFuse"],
-            cSettings: [.headerSearchPath("../CFuse")],
-            linkerSettings: [.linkedLibrary("uring"), .linkedLibrary("fuse3")]),
+        // One reader of /dev/fuse at a time, spinning before it sleeps. C, because it runs inside
+        // libfuse's I/O callbacks.
+        .target(name: "CFuseReader", dependencies: ["CFuse"], linkerSettings: [.linkedLibrary("fuse3")]),
 
         // Cryptography over libsodium (keys, AEAD, wrapping, names, signatures, recovery phrase),
         // with libcrypto for the bulk: large AEAD inputs and HMAC-SHA-256 (`Bulk`).
@@ -47,8 +44,11 @@ let package = Package(
             ]),
         // The decrypted file tree a user works with: paths, operations, content I/O.
         .target(name: "CofferVault", dependencies: ["CofferCrypto", "CofferModel", "CofferContent", "CofferStore"]),
+        // The libfuse3 low-level bridge: operations table, session, conversions, signals. Knows
+        // nothing of Coffer.
+        .target(name: "CofferFuse", dependencies: ["CFuse", "CFuseReader"]),
         // The FUSE daemon's filesystem: low-level operations over a vault.
-        .target(name: "CofferFS", dependencies: ["CFuse", "CFuseURing", "CofferVault", "CofferModel"]),
+        .target(name: "CofferFS", dependencies: ["CofferFuse", "CFuse", "CofferVault", "CofferModel"]),
         // The client–server wire format and request signing, shared by both sides.
         .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
         // The client side of sync: signed calls to the server, the sync routine, the scheduler.
@@ -119,7 +119,9 @@ let package = Package(
                 "CofferSync", "CofferVault", "CofferModel", "CofferCrypto", "CofferServerCore", "CofferStore",
                 "CofferTestSupport",
             ]),
-        .testTarget(name: "CofferFSBridgeTests", dependencies: ["CofferFS", "CofferVault", "CofferTestSupport"]),
+        .testTarget(
+            name: "CofferFSBridgeTests",
+            dependencies: ["CofferFuse", "CFuseReader", "CofferFS", "CofferVault", "CofferTestSupport"]),
 
         // Fuzzing (docs/ARCHITECTURE.md, "Fuzzing"): every decoder of bytes from the network or the
         // disk. `scripts/fuzz` builds it with libFuzzer (`-sanitize=fuzzer -DCOFFER_FUZZING`, scratch

@@ -1,3 +1,4 @@
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -11,8 +12,12 @@ extension CofferFileSystem {
             let folder = try folderID(inode)
             let self_ = try vault.node(folder)
             let parentNode = self_.isRoot ? self_ : try vault.node(self_.parent)
-            var entries = [DirectorySnapshotEntry(name: ".", node: self_), DirectorySnapshotEntry(name: "..", node: parentNode)]
-            for child in try vault.children(of: folder) { entries.append(DirectorySnapshotEntry(name: child.name, node: child)) }
+            var entries = [
+                DirectorySnapshotEntry(name: ".", node: self_), DirectorySnapshotEntry(name: "..", node: parentNode),
+            ]
+            for child in try vault.children(of: folder) {
+                entries.append(DirectorySnapshotEntry(name: child.name, node: child))
+            }
             let fh = handles.withLock { t -> UInt64 in
                 let fh = t.allocate()
                 t.directories[fh] = entries
@@ -22,7 +27,9 @@ extension CofferFileSystem {
         }
     }
 
-    public func readdir(inode: InodeNumber, handle fh: UInt64, offset: Int64, maxEntries: Int, withAttributes: Bool) throws -> [DirectoryEntry] {
+    public func readdir(
+        inode: InodeNumber, handle fh: UInt64, offset: Int64, maxEntries: Int, withAttributes: Bool
+    ) throws -> [DirectoryEntry] {
         try op {
             guard let entries = handles.withLock({ $0.directories[fh] }) else { throw FSError.badHandle }
             guard offset >= 0 else { throw FSError.invalid }
@@ -40,7 +47,9 @@ extension CofferFileSystem {
                     inodes.addLookup(ino)
                     inodes.remember(ino, parent: e.node.parent, name: e.name)
                 }
-                out.append(DirectoryEntry(name: e.name, inode: ino, attributes: attributes(e.node), nextOffset: Int64(index + 1)))
+                out.append(
+                    DirectoryEntry(
+                        name: e.name, inode: ino, attributes: attributes(e.node), nextOffset: Int64(index + 1)))
                 index += 1
             }
             return out
@@ -54,7 +63,7 @@ extension CofferFileSystem {
     public func fsyncdir(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {
         try op {
             try vault.flushFolderTimes()
-            try vault.store.makeDurable()
+            try vault.makeDurable()
         }
     }
 
@@ -64,10 +73,11 @@ extension CofferFileSystem {
         var s = statvfs()
         guard statvfs(vault.dataDirectory, &s) == 0 else { throw FSError.io }
         let files = UInt64(vault.fileCount)
-        return FileSystemStatistics(blockSize: UInt64(s.f_bsize), fragmentSize: UInt64(s.f_frsize),
-                                    totalBlocks: UInt64(s.f_blocks), freeBlocks: UInt64(s.f_bfree),
-                                    availableBlocks: UInt64(s.f_bavail), totalFiles: files + 1_000_000_000,
-                                    freeFiles: 1_000_000_000, availableFiles: 1_000_000_000,
-                                    maximumNameLength: UInt64(FileName.maxBytes))
+        return FileSystemStatistics(
+            blockSize: UInt64(s.f_bsize), fragmentSize: UInt64(s.f_frsize),
+            totalBlocks: UInt64(s.f_blocks), freeBlocks: UInt64(s.f_bfree),
+            availableBlocks: UInt64(s.f_bavail), totalFiles: files + 1_000_000_000,
+            freeFiles: 1_000_000_000, availableFiles: 1_000_000_000,
+            maximumNameLength: UInt64(FileName.maxBytes))
     }
 }

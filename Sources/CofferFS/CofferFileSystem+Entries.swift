@@ -1,3 +1,4 @@
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -42,18 +43,23 @@ extension CofferFileSystem {
             let (n, unlinked) = try node(inode)
             let a = attributes(n, unlinked: unlinked)
             let wanted = UInt32(mask) & 0o7
-            guard wanted != 0 else { return } // F_OK: it exists
+            guard wanted != 0 else { return }  // F_OK: it exists
             let isFolder = a.mode & UInt32(S_IFMT) == UInt32(S_IFDIR)
             if context.uid == 0 {
-                guard wanted & UInt32(X_OK) == 0 || isFolder || a.mode & 0o111 != 0 else { throw FSError.permissionDenied }
+                guard wanted & UInt32(X_OK) == 0 || isFolder || a.mode & 0o111 != 0 else {
+                    throw FSError.permissionDenied
+                }
                 return
             }
-            let granted = context.uid == a.uid ? (a.mode >> 6) & 0o7 : context.gid == a.gid ? (a.mode >> 3) & 0o7 : a.mode & 0o7
+            let granted =
+                context.uid == a.uid ? (a.mode >> 6) & 0o7 : context.gid == a.gid ? (a.mode >> 3) & 0o7 : a.mode & 0o7
             guard wanted & ~granted == 0 else { throw FSError.permissionDenied }
         }
     }
 
-    public func setattr(inode: InodeNumber, changes: AttributeChanges, handle: UInt64?, context: RequestContext) throws -> Attributes {
+    public func setattr(
+        inode: InodeNumber, changes: CofferFuse.AttributeChanges, handle: UInt64?, context: RequestContext
+    ) throws -> Attributes {
         try op {
             let (n, unlinked) = try node(inode)
             if let size = changes.size {
@@ -98,8 +104,12 @@ extension CofferFileSystem {
             // rides along with the content commit at close, like the mtime above; the kernel
             // sees the new values at once (the vault reports pending ones).
             if vc.atime == nil, vc.mtime == nil, vc.mode != nil || vc.uid != nil || vc.gid != nil,
-               let doc = openDocumentHandle(for: n.id), doc.setPendingOwnership(mode: vc.mode, uid: vc.uid, gid: vc.gid) {
-                vc.mode = nil; vc.uid = nil; vc.gid = nil
+                let doc = openDocumentHandle(for: n.id),
+                doc.setPendingOwnership(mode: vc.mode, uid: vc.uid, gid: vc.gid)
+            {
+                vc.mode = nil
+                vc.uid = nil
+                vc.gid = nil
             }
             if !vc.isEmpty {
                 try vault.setAttributes(n.id, vc)
@@ -110,7 +120,7 @@ extension CofferFileSystem {
 
     /// A file unlinked while open has no record to change, but its descriptors still see
     /// fchmod, fchown and futimens, as on a local filesystem: the snapshot they read changes.
-    func setUnlinkedAttributes(_ n: Node, _ changes: AttributeChanges) throws -> Attributes {
+    func setUnlinkedAttributes(_ n: Node, _ changes: CofferFuse.AttributeChanges) throws -> Attributes {
         let now = FileTime.now()
         let node = try changeUnlinked(n.id) { a in
             if let mode = changes.mode { a.mode.value = mode & 0o7777 }
@@ -139,11 +149,15 @@ extension CofferFileSystem {
 
     /// Regular files may be made with mknod; device nodes, FIFOs and sockets cannot be synced to
     /// another machine meaningfully, so they are refused with EPERM (see docs/FILESYSTEM.md).
-    public func mknod(parent: InodeNumber, name: String, mode: UInt32, device: UInt64, context: RequestContext) throws -> Entry {
+    public func mknod(
+        parent: InodeNumber, name: String, mode: UInt32, device: UInt64, context: RequestContext
+    ) throws -> Entry {
         try op {
             guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
             let folder = try folderID(parent)
-            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid, gid: groupFor(folder, context))
+            let node = try createNode(
+                in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid,
+                gid: groupFor(folder, context))
             return try entry(node)
         }
     }
@@ -154,8 +168,9 @@ extension CofferFileSystem {
             // In a set-group-ID folder a new folder is set-group-ID too, so the rule carries on
             // down the tree (`inode_init_owner`, which a FUSE filesystem must do itself).
             let inherits = setGroupIDFolder(folder) != nil
-            let node = try createNode(in: folder, name: name, type: .folder, mode: mode & 0o7777 | (inherits ? 0o2000 : 0),
-                                      uid: context.uid, gid: groupFor(folder, context))
+            let node = try createNode(
+                in: folder, name: name, type: .folder, mode: mode & 0o7777 | (inherits ? 0o2000 : 0),
+                uid: context.uid, gid: groupFor(folder, context))
             return try entry(node)
         }
     }
@@ -194,11 +209,13 @@ extension CofferFileSystem {
         guard node.type == .document else { return }
         let ino = inodes.knownInode(for: node.id)
         let referenced = ino.map { inodes.isReferenced($0) } ?? false
-        let keep = referenced && (racingOpens || handles.withLock { t in t.files.values.contains(where: { $0.document.id == node.id }) })
+        let keep =
+            referenced
+            && (racingOpens || handles.withLock { t in t.files.values.contains(where: { $0.document.id == node.id }) })
         let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in
             let open = t.files.values.contains(where: { $0.document.id == node.id })
-            if open || zombie != nil { t.unlinkedNodes[node.id] = Self.changed(node) } // its ctime moves
+            if open || zombie != nil { t.unlinkedNodes[node.id] = Self.changed(node) }  // its ctime moves
             guard let zombie, let ino else { return nil }
             if t.zombies[ino] != nil { return zombie }
             t.zombies[ino] = zombie
@@ -228,12 +245,16 @@ extension CofferFileSystem {
     public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try op {
             let folder = try folderID(parent)
-            let node = try createNode(in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context), symlinkTarget: target)
+            let node = try createNode(
+                in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context),
+                symlinkTarget: target)
             return try entry(node)
         }
     }
 
-    public func rename(parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, flags: RenameFlags) throws {
+    public func rename(
+        parent: InodeNumber, name: String, newParent: InodeNumber, newName: String, flags: RenameFlags
+    ) throws {
         try op {
             if newName.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
             let from = try folderID(parent)

@@ -1,3 +1,4 @@
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -17,7 +18,11 @@ extension CofferFileSystem {
             let found: (Node, unlinked: Bool)
             do { found = try node(inode) } catch let e as FSError where e.errno == ENOENT { throw FSError(ESTALE) }
             let (n, unlinked) = found
-            if unlinked && handles.withLock({ $0.zombies[inode] == nil && !$0.files.values.contains(where: { $0.document.id == n.id }) }) {
+            if unlinked
+                && handles.withLock({
+                    $0.zombies[inode] == nil && !$0.files.values.contains(where: { $0.document.id == n.id })
+                })
+            {
                 throw FSError(ESTALE)
             }
             if n.type == .folder { throw FSError.isDirectory }
@@ -37,13 +42,10 @@ extension CofferFileSystem {
                 do {
                     try doc.truncate(to: 0, touchingTimes: true)
                     if !writable { try doc.flush() }
-                    // As the VFS's truncate does for a caller without CAP_FSETID (the kernel
-                    // says which). Reached only for a file that existed: `create` opens the
-                    // existing file through here, a new one not.
-                    if context.dropsSetIDBits, let mode = modeDroppingSetIDBits(n.mode, callerMayKeepSetGID: { context.mayKeepSetGID(ofGroup: n.attributes.gid.value) }) {
-                        _ = try setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: nil, context: context)
-                    }
-                } catch { try? vault.release(doc); throw error }
+                } catch {
+                    try? vault.release(doc)
+                    throw error
+                }
             }
             return register(inode: inode, document: doc, flags: flags)
         }
@@ -52,8 +54,9 @@ extension CofferFileSystem {
     func register(inode: InodeNumber, document: OpenDocument, flags: Int32) -> OpenReply {
         let fh = handles.withLock { t -> UInt64 in
             let fh = t.allocate()
-            t.files[fh] = OpenFileHandle(inode: inode, document: document, append: flags & O_APPEND != 0,
-                                     writable: flags & O_ACCMODE != O_RDONLY)
+            t.files[fh] = OpenFileHandle(
+                inode: inode, document: document, append: flags & O_APPEND != 0,
+                writable: flags & O_ACCMODE != O_RDONLY)
             return fh
         }
         // The page cache stays valid across opens: every change made behind the kernel's back
@@ -66,7 +69,9 @@ extension CofferFileSystem {
         return OpenReply(handle: fh, keepCache: true, noFlush: flags & O_ACCMODE == O_RDONLY)
     }
 
-    public func create(parent: InodeNumber, name: String, mode: UInt32, flags: Int32, context: RequestContext) throws -> (Entry, OpenReply) {
+    public func create(
+        parent: InodeNumber, name: String, mode: UInt32, flags: Int32, context: RequestContext
+    ) throws -> (Entry, OpenReply) {
         try op {
             if name.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
             let folder = try folderID(parent)
@@ -75,8 +80,9 @@ extension CofferFileSystem {
                 let e = try entry(existing)
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
-            let node = try createNode(in: folder, name: name, type: .document, mode: mode & 0o7777,
-                                      uid: context.uid, gid: groupFor(folder, context))
+            let node = try createNode(
+                in: folder, name: name, type: .document, mode: mode & 0o7777,
+                uid: context.uid, gid: groupFor(folder, context))
             let e = try entry(node)
             let doc = try vault.openDocument(node.id)
             return (e, register(inode: e.inode, document: doc, flags: flags))
@@ -95,14 +101,17 @@ extension CofferFileSystem {
         }
     }
 
-    public func readPieces(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) throws -> [ArraySlice<UInt8>] {
+    public func readPieces(
+        inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int
+    ) throws -> [ArraySlice<UInt8>] {
         try op {
             guard offset >= 0 else { throw FSError.invalid }
             return try handle(fh).document.readPieces(offset: UInt64(offset), count: size)
         }
     }
 
-    public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int {
+    public func write(inode: InodeNumber, handle fh: UInt64, offset: Int64, data: UnsafeRawBufferPointer) throws -> Int
+    {
         try op {
             let h = try handle(fh)
             guard h.writable else { throw FSError.badHandle }
@@ -122,42 +131,27 @@ extension CofferFileSystem {
         }
     }
 
-    /// The answer for a handle the bridge asks about before a short request (`closeMayTakeLong`
-    /// and its kin): `decide` sees the handle if the table is free. A busy table answers true
-    /// (do not wait for it here), an unknown handle false (the request fails at once).
-    private func mayTakeLong(_ fh: UInt64, _ decide: (OpenFileHandle) -> Bool) -> Bool {
-        switch handles.withLockIfAvailable({ $0.files[fh] }) {
-        case .none: return true
-        case .some(nil): return false
-        case .some(let h?): return decide(h)
+    /// Closing, reading or writing a small file takes microseconds; a large buffer to commit, a
+    /// spill still running, a chunk to read back or from a pack file, or a busy lock can take
+    /// much longer (`OpenDocument.mayTakeLong`). A busy handle table answers true (do not wait
+    /// for it here); an unknown handle, or a request the handle may not make, false (it fails
+    /// at once).
+    public func mayTakeLong(_ request: ShortRequest, inode: InodeNumber, handle fh: UInt64) -> Bool {
+        guard let found = handles.withLockIfAvailable({ $0.files[fh] }) else { return true }
+        guard let h = found else { return false }
+        switch request {
+        case .flush:
+            // A read-only handle's flush does nothing.
+            return h.writable && h.document.mayTakeLong(.commit)
+        case .release:
+            // May be the document's last, and commit what other handles wrote.
+            return h.document.mayTakeLong(.commit)
+        case .read(let offset, let size):
+            return offset >= 0 && h.document.mayTakeLong(.read(offset: UInt64(offset), count: size))
+        case .write(let offset, let count):
+            return h.writable && offset >= 0
+                && h.document.mayTakeLong(.write(offset: UInt64(offset), count: count, appending: h.append))
         }
-    }
-
-    /// Closing a small file commits it within a few dozen microseconds; a large buffer, a spill
-    /// still running or a busy lock can take much longer.
-    public func closeMayTakeLong(inode: InodeNumber, handle fh: UInt64, releasing: Bool) -> Bool {
-        mayTakeLong(fh) { h in
-            // A read-only handle's flush does nothing; its release may be the document's last
-            // and commit what other handles wrote.
-            (h.writable || releasing) && h.document.commitMayTakeLong
-        }
-    }
-
-    /// A write into the buffer returns within microseconds; one that patches a chunk it must
-    /// read back, spills, or waits for the document's lock may take much longer. A write the
-    /// handle may not make, or at a negative offset, is refused at once.
-    public func writeMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, count: Int) -> Bool {
-        mayTakeLong(fh) { h in
-            h.writable && offset >= 0
-                && h.document.writeMayTakeLong(offset: UInt64(offset), count: count, appending: h.append)
-        }
-    }
-
-    /// A read of buffered, cached or row-sized chunks returns within microseconds; one that
-    /// loads a large chunk from a pack file, waits for the store's writer or for the
-    /// document's lock may take much longer.
-    public func readMayTakeLong(inode: InodeNumber, handle fh: UInt64, offset: Int64, size: Int) -> Bool {
-        mayTakeLong(fh) { h in offset >= 0 && h.document.readMayTakeLong(offset: UInt64(offset), count: size) }
     }
 
     public func fsync(inode: InodeNumber, handle fh: UInt64, dataOnly: Bool) throws {
@@ -166,14 +160,17 @@ extension CofferFileSystem {
 
     public func release(inode: InodeNumber, handle fh: UInt64, flags: Int32) throws {
         try op {
-            guard let h = handles.withLock({ t -> OpenFileHandle? in
-                let h = t.files.removeValue(forKey: fh)
-                if let h, !t.files.values.contains(where: { $0.document.id == h.document.id }),
-                   !t.zombies.values.contains(where: { $0.id == h.document.id }) {
-                    t.unlinkedNodes[h.document.id] = nil
-                }
-                return h
-            }) else { return }
+            guard
+                let h = handles.withLock({ t -> OpenFileHandle? in
+                    let h = t.files.removeValue(forKey: fh)
+                    if let h, !t.files.values.contains(where: { $0.document.id == h.document.id }),
+                        !t.zombies.values.contains(where: { $0.id == h.document.id })
+                    {
+                        t.unlinkedNodes[h.document.id] = nil
+                    }
+                    return h
+                })
+            else { return }
             try vault.release(h.document)
         }
     }

@@ -1,3 +1,4 @@
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -13,8 +14,12 @@ extension CofferFileSystem {
             if name.utf8.count > 255 { throw FSError(ERANGE) }
             if value.count > 64 * 1024 { throw FSError(E2BIG) }
             let (n, unlinked) = try node(inode)
-            if unlinked { return try setUnlinkedXattr(n, name, value, create: flags.contains(.create), replace: flags.contains(.replace)) }
-            try vault.setXattr(n.id, name: name, value: value, create: flags.contains(.create), replace: flags.contains(.replace))
+            if unlinked {
+                return try setUnlinkedXattr(
+                    n, name, value, create: flags.contains(.create), replace: flags.contains(.replace))
+            }
+            try vault.setXattr(
+                n.id, name: name, value: value, create: flags.contains(.create), replace: flags.contains(.replace))
         }
     }
 

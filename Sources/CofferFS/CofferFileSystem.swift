@@ -1,3 +1,4 @@
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -33,9 +34,15 @@ public final class CofferFileSystem: FileSystemOperations {
         set { hooks.withLock { $0.beforeDestroy = newValue } }
     }
 
-    public init(vault: Vault, log: @escaping @Sendable (String) -> Void = { _ in }) throws {
+    /// `measuringOperations`: account the CPU time of each operation and log it at unmount.
+    public init(
+        vault: Vault, measuringOperations: Bool = false, log: @escaping @Sendable (String) -> Void = { _ in }
+    )
+        throws
+    {
         self.vault = vault
         self.log = log
+        self.stats = measuringOperations ? OperationStats() : nil
         self.inodes = try InodeTable(vault: vault)
     }
 
@@ -52,9 +59,9 @@ public final class CofferFileSystem: FileSystemOperations {
         }
     }
 
-    /// Per-operation CPU accounting, on when `COFFER_FS_STATS` is set (written to the log at
-    /// unmount): where the daemon's time goes, without a profiler.
-    let stats: OperationStats? = getenv("COFFER_FS_STATS") != nil ? OperationStats() : nil
+    /// Per-operation CPU accounting (`coffer mount -o stats`, written to the log at unmount):
+    /// where the daemon's time goes, without a profiler.
+    let stats: OperationStats?
 
     /// Runs an operation body, translating errors.
     func op<T>(_ name: StaticString = #function, _ body: () throws -> T) throws -> T {
@@ -83,12 +90,18 @@ public final class CofferFileSystem: FileSystemOperations {
         // An unlinked open document keeps changing through its handles; its snapshot does not.
         let open = unlinked && node.type == .document ? openDocumentHandle(for: node.id) : nil
         let size = open?.currentSize ?? node.size
-        var mtimeValue = a.mtime.value, ctimeValue = a.ctime
+        var mtimeValue = a.mtime.value
+        var ctimeValue = a.ctime
         // Written since its snapshot last changed: the write's time is its mtime and ctime.
-        if let written = open?.lastContentChange, written > ctimeValue { mtimeValue = written; ctimeValue = written }
-        return Attributes(mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
-                          blocks: (size + 511) / 512, blockSize: 128 * 1024,
-                          accessTime: FileTime(a.atime.value), modificationTime: FileTime(mtimeValue), changeTime: FileTime(ctimeValue))
+        if let written = open?.lastContentChange, written > ctimeValue {
+            mtimeValue = written
+            ctimeValue = written
+        }
+        return Attributes(
+            mode: node.mode, linkCount: unlinked ? 0 : node.linkCount, uid: a.uid.value, gid: a.gid.value, size: size,
+            blocks: (size + 511) / 512, blockSize: 128 * 1024,
+            accessTime: FileTime(a.atime.value), modificationTime: FileTime(mtimeValue),
+            changeTime: FileTime(ctimeValue))
     }
 
     /// Changes the snapshot of a file that lost its name while held (`unlinkedNodes`): it has
@@ -113,10 +126,13 @@ public final class CofferFileSystem: FileSystemOperations {
     }
 
     /// Creates a file through the vault and learns its inode from the same transaction.
-    func createNode(in folder: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32, gid: UInt32,
-                    symlinkTarget: String? = nil) throws -> Node {
-        let (node, ino) = try vault.createWithInode(in: folder, name: name, type: type, mode: mode, uid: uid, gid: gid,
-                                                    symlinkTarget: symlinkTarget)
+    func createNode(
+        in folder: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32, gid: UInt32,
+        symlinkTarget: String? = nil
+    ) throws -> Node {
+        let (node, ino) = try vault.createWithInode(
+            in: folder, name: name, type: type, mode: mode, uid: uid, gid: gid,
+            symlinkTarget: symlinkTarget)
         inodes.learn(ino, for: node.id)
         return node
     }
@@ -146,7 +162,8 @@ public final class CofferFileSystem: FileSystemOperations {
     // MARK: Lifecycle
 
     public func initialize(connection: ConnectionInfo) {
-        log("mounted: protocol \(connection.protocolMajor).\(connection.protocolMinor), max write \(connection.maxWrite)")
+        let version = "\(connection.protocolMajor).\(connection.protocolMinor)"
+        log("mounted: protocol \(version), max write \(connection.maxWrite)")
         onReady?()
     }
 
@@ -163,7 +180,7 @@ public final class CofferFileSystem: FileSystemOperations {
         let docs = handles.withLock { t in t.files.values.map(\.document) }
         for d in docs { do { try d.flush() } catch { log("flush failed at unmount: \(error)") } }
         do { try vault.flushFolderTimes() } catch { log("writing folder times failed at unmount: \(error)") }
-        do { try vault.store.makeDurable() } catch { log("sync failed at unmount: \(error)") }
+        do { try vault.makeDurable() } catch { log("sync failed at unmount: \(error)") }
     }
 }
 
@@ -213,9 +230,12 @@ final class InodeTable: Sendable {
 
     init(vault: Vault) throws {
         self.vault = vault
-        let all = try vault.store.read { try $0.allInodes() }
+        let all = try vault.allInodes()
         state.withLock { s in
-            for (ino, id) in all { s.byInode[ino] = id; s.byID[id] = ino }
+            for (ino, id) in all {
+                s.byInode[ino] = id
+                s.byID[id] = ino
+            }
             let root = vault.rootID
             s.byInode[1] = root
             s.byID[root] = 1
@@ -224,7 +244,7 @@ final class InodeTable: Sendable {
 
     func fileID(_ ino: InodeNumber) -> FileID? {
         if let id = state.withLock({ $0.byInode[ino] }) { return id }
-        guard let id = try? vault.store.readOne({ try $0.fileID(ofInode: ino) }) else { return nil }
+        guard let id = try? vault.fileID(ofInode: ino) else { return nil }
         learn(ino, for: id)
         return id
     }
@@ -234,7 +254,7 @@ final class InodeTable: Sendable {
         // Files created through the mount are learned at their create (`createNode`). One
         // another process created already has its inode row: read it without opening a write.
         // Files that arrived by sync get theirs here.
-        let ino = try vault.store.readOne { try $0.inode(of: id) } ?? vault.store.write { w in try w.inode(for: id) }
+        let ino = try vault.inode(of: id)
         learn(ino, for: id)
         return ino
     }
@@ -243,7 +263,10 @@ final class InodeTable: Sendable {
 
     /// Records which inode a file has (assigned by the store, never changed).
     func learn(_ ino: InodeNumber, for id: FileID) {
-        state.withLock { s in s.byInode[ino] = id; s.byID[id] = ino }
+        state.withLock { s in
+            s.byInode[ino] = id
+            s.byID[id] = ino
+        }
     }
 
     func addLookup(_ ino: InodeNumber) { state.withLock { $0.lookups[ino, default: 0] += 1 } }
@@ -253,7 +276,12 @@ final class InodeTable: Sendable {
     func forget(_ ino: InodeNumber, _ n: UInt64) -> Bool {
         state.withLock { s in
             let left = (s.lookups[ino] ?? 0) > n ? (s.lookups[ino] ?? 0) - n : 0
-            if left == 0 { s.lookups[ino] = nil; s.names[ino] = nil } else { s.lookups[ino] = left }
+            if left == 0 {
+                s.lookups[ino] = nil
+                s.names[ino] = nil
+            } else {
+                s.lookups[ino] = left
+            }
             return left == 0
         }
     }
@@ -287,7 +315,8 @@ final class OperationStats: Sendable {
         var out = "operation CPU (total \(total / 1_000_000) ms):"
         for (name, v) in rows {
             let op = name.split(separator: "(").first.map(String.init) ?? name
-            out += "\n  \(op): \(v.count) calls, \(v.nanoseconds / 1_000_000) ms, \(v.nanoseconds / Int64(max(1, v.count)) / 1000) µs each"
+            let each = v.nanoseconds / Int64(max(1, v.count)) / 1000
+            out += "\n  \(op): \(v.count) calls, \(v.nanoseconds / 1_000_000) ms, \(each) µs each"
         }
         return out
     }

@@ -1,4 +1,5 @@
 import CFuse
+import CofferFuse
 import CofferModel
 import CofferVault
 import Foundation
@@ -118,50 +119,34 @@ public enum MountService {
         uid != 0 || options.contains { ["allow_other", "allow_root", "default_permissions"].contains($0) }
     }
 
-    /// `coffer mount -o io_uring`: take requests over io_uring where the kernel offers it
-    /// (also `COFFER_IO_URING=1` in the environment).
-    public static let ioURingOption = "io_uring"
-    /// `coffer mount -o io_uring_threads=N`: the same, with N threads per CPU (default 4).
-    public static let ioURingThreadsOption = "io_uring_threads"
+    /// `coffer mount -o stats`: log, at unmount, the CPU time spent in each FUSE operation.
+    public static let statsOption = "stats"
 
     /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
     /// the kernel has the mount.
     /// `services`, if given, starts background work (the sync scheduler) once serving; it gets a
     /// function that tells the kernel about changed files and returns a function that stops it.
-    public static func serve(vault: Vault, mountPoint: String, options: [String], logger: FileLogger,
-                             services: (@Sendable (_ changed: @escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil,
-                             ready: @escaping @Sendable () -> Void) throws {
+    public static func serve(
+        vault: Vault, mountPoint: String, options: [String], logger: FileLogger,
+        services: (@Sendable (_ changed: @escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil,
+        ready: @escaping @Sendable () -> Void
+    ) throws {
         let log: @Sendable (String) -> Void = { logger.log($0) }
         keepChunkBuffersMapped()
-        let fs = try CofferFileSystem(vault: vault, log: log)
         let requested = options.flatMap { $0.split(separator: ",").map(String.init) }
-        // Coffer's own options, not libfuse's: take requests over io_uring where the kernel
-        // offers it. Off by default: it speeds up callers that wait on one small request after
-        // another (untar) and slows reading many files (docs/FILESYSTEM.md, "Transport").
-        let ringThreads = requested.lazy.compactMap { option -> Int? in
-            guard option.hasPrefix(Self.ioURingThreadsOption + "=") else { return nil }
-            return Int(option.dropFirst(Self.ioURingThreadsOption.count + 1))
-        }.first
-        let useIOURing = ringThreads.map { $0 > 0 } ?? (requested.contains(Self.ioURingOption)
-            || ProcessInfo.processInfo.environment["COFFER_IO_URING"] == "1")
+        // Coffer's own option, not libfuse's.
+        let fs = try CofferFileSystem(vault: vault, measuringOperations: requested.contains(Self.statsOption), log: log)
         var mountOptions = ["fsname=coffer", "subtype=coffer"]
-        if Self.kernelChecksPermissions(uid: getuid(), options: requested) { mountOptions.append("default_permissions") }
-        mountOptions += requested.filter {
-            $0 != "default_permissions" && $0 != Self.ioURingOption && !$0.hasPrefix(Self.ioURingThreadsOption + "=")
+        if Self.kernelChecksPermissions(uid: getuid(), options: requested) {
+            mountOptions.append("default_permissions")
         }
-        var configuration = FuseSession.Configuration(mountOptions: mountOptions)
-        configuration.ioUringThreadsPerQueue = useIOURing ? max(1, min(ringThreads ?? 4, 64)) : 0
+        mountOptions += requested.filter { $0 != "default_permissions" && $0 != Self.statsOption }
+        let configuration = FuseSession.Configuration(mountOptions: mountOptions)
         let session = FuseSession(mountPoint: mountPoint, operations: fs, configuration: configuration)
         fs.onReady = {
             ready()
             // Off the FUSE thread: finding the mount's device asks this very filesystem.
-            let t = Thread {
-                ReadAhead.raise(at: mountPoint, log: log)
-                // That request came after the INIT reply, which settled the transport.
-                log(session.usesIOURing
-                    ? "requests travel over io_uring, \(session.configuration.ioUringThreadsPerQueue) threads per CPU"
-                    : "requests travel over /dev/fuse" + (useIOURing ? " (the kernel did not offer io_uring)" : ""))
-            }
+            let t = Thread { ReadAhead.raise(at: mountPoint, log: log) }
             t.name = "coffer-readahead"
             t.start()
         }
@@ -176,9 +161,9 @@ public enum MountService {
         }
         watcher.start()
         // Many small operations (untar, git) share SQLite commits; fsync and unmount still make
-        // everything durable first (see Store.enableGroupCommit).
-        vault.store.enableGroupCommit()
-        defer { try? vault.store.disableGroupCommit() }
+        // everything durable first (see Vault.enableGroupCommit).
+        vault.enableGroupCommit()
+        defer { try? vault.disableGroupCommit() }
         // A folder's record is rewritten once per burst, not for every entry added or removed
         // (the watcher writes what is pending every tick; unmount writes the rest).
         vault.coalesceFolderTimes(true)
@@ -190,10 +175,8 @@ public enum MountService {
         } catch {
             throw MountError("cannot mount at \(mountPoint): \(error)")
         }
-        // A request that blocked for 10 ms or more while holding the reader (see CFuse/shim.h):
-        // worth knowing when looking into a slow mount.
-        let overRings = session.ioUringRequests
-        if overRings > 0 { log("\(overRings) requests were served over io_uring") }
+        // A request that blocked for 10 ms or more while holding the reader (see
+        // CFuseReader/fuse_reader.c): worth knowing when looking into a slow mount.
         let takeovers = session.readerTakeovers
         if takeovers > 0 { log("reading was taken over from a worker stuck in a request \(takeovers) times") }
     }
@@ -217,10 +200,14 @@ enum ReadAhead {
         let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & ~UInt64(0xfff))
         let minor = (dev & 0xff) | ((dev >> 12) & ~UInt64(0xff))
         let path = "/sys/class/bdi/\(major):\(minor)/read_ahead_kb"
-        guard let current = (try? String(contentsOfFile: path, encoding: .utf8)).flatMap({ Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) }) else {
+        guard
+            let current = (try? String(contentsOfFile: path, encoding: .utf8)).flatMap({
+                Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+            })
+        else {
             return
         }
-        guard current < kilobytes else { return } // never lower what someone chose
+        guard current < kilobytes else { return }  // never lower what someone chose
         do {
             try "\(kilobytes)".write(toFile: path, atomically: false, encoding: .utf8)
             log("read-ahead raised from \(current) to \(kilobytes) KiB (\(path))")

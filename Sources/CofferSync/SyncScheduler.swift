@@ -44,7 +44,7 @@ public final class SyncScheduler: Sendable {
 
     private func loop() {
         defer { finished.withLock { $0 = true } }
-        var lastSeq = (try? engine.vault.store.read { try $0.lastChange() }) ?? 0
+        var lastSeq = (try? engine.vault.lastChange()) ?? 0
         var lastLocalChange = Date.distantPast
         var lastSync = Date.distantPast
         var failures = 0
@@ -52,12 +52,12 @@ public final class SyncScheduler: Sendable {
         var seenNudges = 0
         while !stopped.load(ordering: .relaxed) {
             usleep(100_000)
-            let seq = (try? engine.vault.store.read { try $0.lastChange() }) ?? lastSeq
+            let seq = (try? engine.vault.lastChange()) ?? lastSeq
             if seq != lastSeq {
                 lastSeq = seq
                 lastLocalChange = Date()
             }
-            let pending = (try? engine.vault.store.hasLocalChanges()) ?? false
+            let pending = (try? engine.vault.hasPendingLocalChanges()) ?? false
             let now = Date()
             let n = nudges.load(ordering: .relaxed)
             let quiet = now.timeIntervalSince(lastLocalChange) >= quietPeriod
@@ -67,7 +67,7 @@ public final class SyncScheduler: Sendable {
             do {
                 let report = try runBlocking { [engine] in try await engine.sync() }
                 lastSync = Date()
-                lastSeq = (try? engine.vault.store.read { try $0.lastChange() }) ?? lastSeq
+                lastSeq = (try? engine.vault.lastChange()) ?? lastSeq
                 failures = 0
                 nextAttempt = Date()
                 if !report.changed.isEmpty { onChange(report.changed) }

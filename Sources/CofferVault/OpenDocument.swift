@@ -453,49 +453,52 @@ public final class OpenDocument: Sendable {
     /// Waits until no background spill is running (tests use it to observe stored chunks).
     func waitForSpills() { spills.wait() }
 
-    /// Whether `flush` may block for long: it has a megabyte or more to seal, a large manifest to
-    /// assemble, or must wait for a spill or for another thread holding this document. A guess
-    /// that never blocks, for the FUSE reader (see `FileSystemOperations.closeMayTakeLong`).
-    public var commitMayTakeLong: Bool {
-        state.withLockIfAvailable { s in
-            s.modified && (s.dirtyBytes >= 1 << 20 || s.spillInFlight || !s.sealing.isEmpty || s.refs.count >= 256)
-        } ?? true
+    /// What a caller is about to do with the document, for `mayTakeLong`.
+    public enum Access: Sendable, Equatable {
+        /// `flush`: commit what is buffered.
+        case commit
+        case read(offset: UInt64, count: Int)
+        /// `write`, at the end of the file with `appending`.
+        case write(offset: UInt64, count: Int, appending: Bool)
     }
 
-    /// Whether `write` of `count` bytes at `offset` (at the end of the file with `appending`)
-    /// may block for long: it would start or wait for a spill, read a committed chunk back from
-    /// the store to patch it, or wait for another thread holding this document. A guess that
-    /// never blocks, for the FUSE reader (see `FileSystemOperations.writeMayTakeLong`); untar's
-    /// writes (new files, a record of tar's buffer at a time) answer false.
-    public func writeMayTakeLong(offset: UInt64, count: Int, appending: Bool) -> Bool {
-        guard count > 0 else { return false }
+    /// Whether `access` may block for long. A guess that never blocks, for the FUSE reader
+    /// (`FileSystemOperations.mayTakeLong`): closing, reading or writing a small file answers
+    /// false. Any access waiting for another thread holding this document answers true.
+    /// - commit: a megabyte or more to seal, a large manifest to assemble, or a spill to wait for;
+    /// - write: it would start or wait for a spill, or read a committed chunk back from the store
+    ///   to patch it (untar's writes, new files a record of tar's buffer at a time, do not);
+    /// - read: a chunk it must load may live in a pack file (a read from disk of up to 256 KiB),
+    ///   or the store's reads wait for its writer (a group is open); a chunk small enough to live
+    ///   in a store row (md5sum of a source tree: nearly every file) is one query.
+    public func mayTakeLong(_ access: Access) -> Bool {
+        switch access {
+        case .read(_, let count), .write(_, let count, _): if count <= 0 { return false }
+        case .commit: break
+        }
         return state.withLockIfAvailable { s in
-            if s.spillInFlight || s.dirtyBytes + count > Vault.writeBufferLimit { return true }
-            let start = appending ? s.size : offset
-            let (end, overflow) = start.addingReportingOverflow(UInt64(count))
-            if overflow { return true }
-            let sizeAfter = max(s.size, end)
-            // As `write` decides: a chunk it overwrites whole is built from the new bytes; any
-            // other needs its current plaintext, from a buffer, the cache or the store.
-            return ChunkSpans(from: start, to: end, chunkSize: s.chunkSize).contains { index, within, take in
-                !(within == 0 && take == s.expectedLength(index, size: sizeAfter)) && s.refToLoad(index) != nil
+            switch access {
+            case .commit:
+                return s.modified
+                    && (s.dirtyBytes >= 1 << 20 || s.spillInFlight || !s.sealing.isEmpty || s.refs.count >= 256)
+            case .write(let offset, let count, let appending):
+                if s.spillInFlight || s.dirtyBytes + count > Vault.writeBufferLimit { return true }
+                let start = appending ? s.size : offset
+                let (end, overflow) = start.addingReportingOverflow(UInt64(count))
+                if overflow { return true }
+                let sizeAfter = max(s.size, end)
+                // As `write` decides: a chunk it overwrites whole is built from the new bytes; any
+                // other needs its current plaintext, from a buffer, the cache or the store.
+                return ChunkSpans(from: start, to: end, chunkSize: s.chunkSize).contains { index, within, take in
+                    !(within == 0 && take == s.expectedLength(index, size: sizeAfter)) && s.refToLoad(index) != nil
+                }
+            case .read(let offset, let count):
+                guard offset < s.size else { return false }
+                let loads = ChunkSpans(from: offset, to: min(s.size, offset &+ UInt64(count)), chunkSize: s.chunkSize)
+                    .compactMap { index, _, _ in s.refToLoad(index) }
+                return loads.contains { Int($0.length) > Self.deferredSealingLimit }
+                    || (!loads.isEmpty && vault.store.readsGoThroughWriter)
             }
-        } ?? true
-    }
-
-    /// Whether `readPieces` of `count` bytes at `offset` may block for long: a chunk it must
-    /// load may live in a pack file (a read from disk of up to 256 KiB), the store's reads wait
-    /// for its writer (a group is open), or another thread holds this document. A chunk small
-    /// enough to live in a store row (md5sum of a source tree: nearly every file) is one query.
-    /// A guess that never blocks, for the FUSE reader (see `FileSystemOperations.readMayTakeLong`).
-    public func readMayTakeLong(offset: UInt64, count: Int) -> Bool {
-        guard count > 0 else { return false }
-        return state.withLockIfAvailable { s in
-            guard offset < s.size else { return false }
-            let loads = ChunkSpans(from: offset, to: min(s.size, offset &+ UInt64(count)), chunkSize: s.chunkSize)
-                .compactMap { index, _, _ in s.refToLoad(index) }
-            return loads.contains { Int($0.length) > Self.deferredSealingLimit }
-                || (!loads.isEmpty && vault.store.readsGoThroughWriter)
         } ?? true
     }
 

@@ -16,7 +16,7 @@ import Synchronization
 /// change log inside its write transaction, so validation always sees the latest tree.
 public final class Vault: Sendable {
     public let dataDirectory: String
-    public let store: Store
+    let store: Store
     package let secret: AccountSecret
     package let signing: SigningKeyPair
     package let box: BoxKeyPair

@@ -1,9 +1,12 @@
 import CofferFS
-import CofferVault
+import CofferFuse
 import Foundation
 import Testing
+
+@testable import CofferVault
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `CofferFileSystem`'s operations called directly on a real vault, for what a test through a
@@ -28,8 +31,9 @@ import Glibc
 
     /// Creates, writes and closes a file, and lets the kernel forget it, as `echo > name` would.
     func file(_ fs: CofferFileSystem, _ name: String, _ bytes: [UInt8]) throws {
-        let (entry, reply) = try fs.create(parent: FuseRootInode, name: name, mode: UInt32(S_IFREG) | 0o644,
-                                           flags: O_WRONLY | O_CREAT, context: context)
+        let (entry, reply) = try fs.create(
+            parent: FuseRootInode, name: name, mode: UInt32(S_IFREG) | 0o644,
+            flags: O_WRONLY | O_CREAT, context: context)
         #expect(try fs.write(inode: entry.inode, handle: reply.handle, offset: 0, data: bytes) == bytes.count)
         try fs.flush(inode: entry.inode, handle: reply.handle, lockOwner: 0)
         try fs.release(inode: entry.inode, handle: reply.handle, flags: O_WRONLY)
@@ -58,7 +62,10 @@ import Glibc
     }
 
     func isStale(_ body: () throws -> Void) -> Bool {
-        do { try body(); return false } catch let e as FSError { return e.errno == ESTALE } catch { return false }
+        do {
+            try body()
+            return false
+        } catch let e as FSError { return e.errno == ESTALE } catch { return false }
     }
 
     /// An editor's save renames a new file over the one another process is opening: the open
@@ -68,7 +75,8 @@ import Glibc
         let f = try Fixture()
         let fs = f.fs
         let looked = try oldAndNew(fs, "notes.txt")
-        try fs.rename(parent: FuseRootInode, name: "notes.txt.new", newParent: FuseRootInode, newName: "notes.txt", flags: [])
+        try fs.rename(
+            parent: FuseRootInode, name: "notes.txt.new", newParent: FuseRootInode, newName: "notes.txt", flags: [])
         #expect(try contents(fs, looked.inode) == Array("old".utf8))
         // The name leads to the new file; the old inode stays openable until the kernel forgets it.
         let now = try fs.lookup(parent: FuseRootInode, name: "notes.txt")
@@ -76,8 +84,9 @@ import Glibc
         #expect(try contents(fs, now.inode) == Array("new".utf8))
         fs.forget(inode: now.inode, lookups: 1)
         fs.forget(inode: looked.inode, lookups: 1)
-        #expect(isStale { _ = try fs.open(inode: looked.inode, flags: O_RDONLY, context: self.context) },
-                "an inode the kernel forgot after its file was replaced")
+        #expect(
+            isStale { _ = try fs.open(inode: looked.inode, flags: O_RDONLY, context: self.context) },
+            "an inode the kernel forgot after its file was replaced")
     }
 
     /// An open racing an unlink answers ESTALE, so the kernel looks the name up again and
@@ -114,28 +123,41 @@ import Glibc
     /// What the bridge asks before a small write: one into the buffer (a new file, a chunk the
     /// write covers whole, one already buffered) does not take long; one that patches committed
     /// content it must read back from the store does, and so does one that fills the buffer.
-    @Test func writeMayTakeLongFollowsWhatTheWriteWillDo() throws {
+    @Test func aWriteMayTakeLongAsTheWriteWillDo() throws {
         let f = try Fixture()
         let fs = f.fs
         let inode = try created(fs, "f", [])
         var writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: 4096), "a new file")
+        #expect(!fs.mayTakeLong(.write(offset: 0, count: 4096), inode: inode, handle: writer.handle), "a new file")
         _ = try fs.write(inode: inode, handle: writer.handle, offset: 0, data: [UInt8](repeating: 1, count: 10_000))
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 100, count: 50), "a buffered chunk")
-        #expect(fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: Vault.writeBufferLimit), "a full buffer")
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: 987_654, offset: 0, count: 10), "an unknown handle")
+        #expect(
+            !fs.mayTakeLong(.write(offset: 100, count: 50), inode: inode, handle: writer.handle), "a buffered chunk")
+        #expect(
+            fs.mayTakeLong(.write(offset: 0, count: Vault.writeBufferLimit), inode: inode, handle: writer.handle),
+            "a full buffer")
+        #expect(!fs.mayTakeLong(.write(offset: 0, count: 10), inode: inode, handle: 987_654), "an unknown handle")
         try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
         try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
 
         // Reopened with nothing buffered or cached: patching the committed chunk reads it back.
         writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
-        #expect(fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 100, count: 50), "a patch of committed content")
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 0, count: 10_000), "the whole chunk overwritten")
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 1 << 20, count: 10), "past the end, a gap of zeros")
+        #expect(
+            fs.mayTakeLong(.write(offset: 100, count: 50), inode: inode, handle: writer.handle),
+            "a patch of committed content")
+        #expect(
+            !fs.mayTakeLong(.write(offset: 0, count: 10_000), inode: inode, handle: writer.handle),
+            "the whole chunk overwritten")
+        #expect(
+            !fs.mayTakeLong(.write(offset: 1 << 20, count: 10), inode: inode, handle: writer.handle),
+            "past the end, a gap of zeros")
         let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: reader.handle, offset: 100, count: 50), "a read-only handle is refused at once")
+        #expect(
+            !fs.mayTakeLong(.write(offset: 100, count: 50), inode: inode, handle: reader.handle),
+            "a read-only handle is refused at once")
         _ = try fs.write(inode: inode, handle: writer.handle, offset: 100, data: [UInt8](repeating: 2, count: 50))
-        #expect(!fs.writeMayTakeLong(inode: inode, handle: writer.handle, offset: 200, count: 50), "the chunk is buffered now")
+        #expect(
+            !fs.mayTakeLong(.write(offset: 200, count: 50), inode: inode, handle: writer.handle),
+            "the chunk is buffered now")
         try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
         try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
         try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
@@ -147,7 +169,7 @@ import Glibc
     /// What the bridge asks before a small read: a chunk small enough for a store row is one
     /// query and does not take long, unless the store's reads wait for its writer (a group
     /// transaction is open); a large chunk, which lives in a pack file, may.
-    @Test func readMayTakeLongFollowsWhereTheChunksLive() throws {
+    @Test func aReadMayTakeLongAsWhereItsChunksLive() throws {
         let f = try Fixture()
         let fs = f.fs
         let small = try created(fs, "small", [UInt8](repeating: 4, count: 5000))
@@ -155,48 +177,51 @@ import Glibc
         let large = try created(fs, "large", (0..<200_000).map { _ in UInt8.random(in: 0...255) })
         let s = try fs.open(inode: small, flags: O_RDONLY, context: context)
         let l = try fs.open(inode: large, flags: O_RDWR, context: context)
-        #expect(!fs.readMayTakeLong(inode: small, handle: s.handle, offset: 0, size: 8192), "a row-sized chunk")
-        #expect(fs.readMayTakeLong(inode: large, handle: l.handle, offset: 0, size: 8192), "a chunk in a pack file")
-        #expect(!fs.readMayTakeLong(inode: large, handle: l.handle, offset: 300_000, size: 8192), "past the end")
-        #expect(!fs.readMayTakeLong(inode: small, handle: 987_654, offset: 0, size: 10), "an unknown handle")
-        #expect(try fs.read(inode: small, handle: s.handle, offset: 0, size: 8192) == [UInt8](repeating: 4, count: 5000))
+        #expect(!fs.mayTakeLong(.read(offset: 0, size: 8192), inode: small, handle: s.handle), "a row-sized chunk")
+        #expect(fs.mayTakeLong(.read(offset: 0, size: 8192), inode: large, handle: l.handle), "a chunk in a pack file")
+        #expect(!fs.mayTakeLong(.read(offset: 300_000, size: 8192), inode: large, handle: l.handle), "past the end")
+        #expect(!fs.mayTakeLong(.read(offset: 0, size: 10), inode: small, handle: 987_654), "an unknown handle")
+        #expect(
+            try fs.read(inode: small, handle: s.handle, offset: 0, size: 8192) == [UInt8](repeating: 4, count: 5000))
         _ = try fs.read(inode: large, handle: l.handle, offset: 0, size: 8192)
-        #expect(!fs.readMayTakeLong(inode: large, handle: l.handle, offset: 8192, size: 8192), "the chunk is cached now")
+        #expect(
+            !fs.mayTakeLong(.read(offset: 8192, size: 8192), inode: large, handle: l.handle), "the chunk is cached now")
         try fs.release(inode: small, handle: s.handle, flags: O_RDONLY)
         try fs.release(inode: large, handle: l.handle, flags: O_RDWR)
 
         // With a group open (a write since, in the daemon's group-commit mode), reads of the
         // store go through the writer's connection, behind whatever it is running.
-        let store = fs.vault.store
-        store.enableGroupCommit(window: 60, longest: 60)
-        defer { try? store.disableGroupCommit() }
+        fs.vault.enableGroupCommit(window: 60, longest: 60)
+        defer { try? fs.vault.disableGroupCommit() }
         _ = try created(fs, "other", [9])
-        #expect(store.readsGoThroughWriter)
+        #expect(fs.vault.store.readsGoThroughWriter)
         let again = try fs.open(inode: small, flags: O_RDONLY, context: context)
-        #expect(fs.readMayTakeLong(inode: small, handle: again.handle, offset: 0, size: 8192), "a row-sized chunk, through the writer")
+        #expect(
+            fs.mayTakeLong(.read(offset: 0, size: 8192), inode: small, handle: again.handle),
+            "a row-sized chunk, through the writer")
         try fs.release(inode: small, handle: again.handle, flags: O_RDONLY)
     }
 
     /// What the bridge asks before a flush or release: a close with a megabyte buffered may
     /// take long, one with a few bytes or none does not, and a read-only handle's flush never
     /// does (it commits nothing), while its release may be the last and commit others' writes.
-    @Test func closeMayTakeLongFollowsWhatTheCloseWillCommit() throws {
+    @Test func aCloseMayTakeLongAsWhatItWillCommit() throws {
         let f = try Fixture()
         let fs = f.fs
         try file(fs, "big", [])
         let inode = try fs.lookup(parent: FuseRootInode, name: "big").inode
         let writer = try fs.open(inode: inode, flags: O_WRONLY, context: context)
         let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)
-        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "nothing written")
+        #expect(!fs.mayTakeLong(.flush, inode: inode, handle: writer.handle), "nothing written")
         _ = try fs.write(inode: inode, handle: writer.handle, offset: 0, data: Array("small".utf8))
-        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "a few bytes")
+        #expect(!fs.mayTakeLong(.flush, inode: inode, handle: writer.handle), "a few bytes")
         _ = try fs.write(inode: inode, handle: writer.handle, offset: 5, data: [UInt8](repeating: 7, count: 1 << 20))
-        #expect(fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: false), "a megabyte buffered")
-        #expect(!fs.closeMayTakeLong(inode: inode, handle: reader.handle, releasing: false), "a read-only flush")
-        #expect(fs.closeMayTakeLong(inode: inode, handle: reader.handle, releasing: true), "a release that may commit")
-        #expect(!fs.closeMayTakeLong(inode: inode, handle: 987_654, releasing: true), "an unknown handle")
+        #expect(fs.mayTakeLong(.flush, inode: inode, handle: writer.handle), "a megabyte buffered")
+        #expect(!fs.mayTakeLong(.flush, inode: inode, handle: reader.handle), "a read-only flush")
+        #expect(fs.mayTakeLong(.release, inode: inode, handle: reader.handle), "a release that may commit")
+        #expect(!fs.mayTakeLong(.release, inode: inode, handle: 987_654), "an unknown handle")
         try fs.flush(inode: inode, handle: writer.handle, lockOwner: 0)
-        #expect(!fs.closeMayTakeLong(inode: inode, handle: writer.handle, releasing: true), "flushed")
+        #expect(!fs.mayTakeLong(.release, inode: inode, handle: writer.handle), "flushed")
         try fs.release(inode: inode, handle: writer.handle, flags: O_WRONLY)
         try fs.release(inode: inode, handle: reader.handle, flags: O_RDONLY)
         #expect(try contents(fs, inode).prefix(5) == Array("small".utf8)[...])
@@ -209,8 +234,9 @@ import Glibc
     @Test func readOnlyHandlesAskForNoFlush() throws {
         let f = try Fixture()
         let fs = f.fs
-        let (entry, created) = try fs.create(parent: FuseRootInode, name: "f", mode: UInt32(S_IFREG) | 0o644,
-                                             flags: O_WRONLY | O_CREAT, context: context)
+        let (entry, created) = try fs.create(
+            parent: FuseRootInode, name: "f", mode: UInt32(S_IFREG) | 0o644,
+            flags: O_WRONLY | O_CREAT, context: context)
         #expect(!created.noFlush)
         let inode = entry.inode
         let reader = try fs.open(inode: inode, flags: O_RDONLY, context: context)

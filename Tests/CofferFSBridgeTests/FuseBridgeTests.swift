@@ -1,11 +1,12 @@
 import CFuse
-import CofferFS
-import enum CofferTestSupport.FuseIOURingSwitch
+import CFuseReader
+import CofferFuse
 import Foundation
 import Synchronization
 import Testing
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Real mounts: these need /dev/fuse and permission to mount (root, or
@@ -16,71 +17,20 @@ struct FuseBridgeTests {
     static let options = ["default_permissions", "fsname=cofferbridgetest", "subtype=coffer"]
 
     @Test func filesDirectoriesRenameXattrsWithReaddirPlus() throws {
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, readdirPlus: .always, handleSignals: false, ioUringThreadsPerQueue: 0))
+        let mount = try MountHarness(
+            configuration: .init(
+                mountOptions: Self.options, readdirPlus: .always, handleSignals: false))
         defer { mount.cleanUp() }
         try mount.start()
 
         let connection = try #require(mount.session.connection)
-        #expect(connection.atomicOpenTruncate)
+        #expect(!connection.atomicOpenTruncate)
         #expect(connection.readdirPlus)
         #expect(!connection.readdirPlusAuto)
         #expect(!connection.writebackCache)
         #expect(!connection.posixLocks)
         #expect(connection.maxWrite == 1 << 20)
-        #expect(!mount.session.usesIOURing)
         try exerciseEverything(mount)
-        #expect(mount.session.ioUringRequests == 0)
-    }
-
-    /// The same, with every request after INIT served through FUSE over io_uring
-    /// (`CFuseURing`), plus requests sent from both CPUs at once so each CPU's queue serves.
-    @Test(.enabled(if: FuseIOURingSwitch.available)) func everythingOverIOURing() throws {
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, readdirPlus: .always, handleSignals: false, ioUringThreadsPerQueue: 4))
-        defer { mount.cleanUp() }
-        try FuseIOURingSwitch.mountOverRings(mount)
-        #expect(mount.session.usesIOURing)
-        let first = mount.session.ioUringRequests
-        #expect(first > 0)
-
-        try fromEveryCPU(mount)
-        mount.filesystem.state.withLock { $0.renameFlagsSeen = [] }
-        try exerciseEverything(mount)
-        #expect(mount.session.ioUringRequests > first + 1500, "\(mount.session.ioUringRequests) served over the rings")
-    }
-
-    /// Creates, writes, reads, renames and removes files from one thread pinned to each CPU at
-    /// the same time.
-    func fromEveryCPU(_ mount: MountHarness) throws {
-        let cpus = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
-        let failures = Mutex<[String]>([])
-        let done = DispatchSemaphore(value: 0)
-        for cpu in 0..<cpus {
-            Thread {
-                _ = coffer_pin_thread_to_cpu(Int32(cpu))
-                do {
-                    try posix("mkdir") { mkdir(mount.path("cpu\(cpu)"), 0o755) }
-                    for i in 0..<100 {
-                        let bytes = (0..<(i * 97 % 5000)).map { UInt8(truncatingIfNeeded: $0 &+ i &+ cpu) }
-                        let path = mount.path("cpu\(cpu)/f\(i)")
-                        try writeFile(path, bytes)
-                        guard try readFile(path) == bytes else { throw POSIXFailure(call: "read back \(path)", errno: EIO) }
-                        try posix("rename") { rename(path, path + ".moved") }
-                    }
-                    guard try listDirectory(mount.path("cpu\(cpu)")).count == 102 else {
-                        throw POSIXFailure(call: "list cpu\(cpu)", errno: EIO)
-                    }
-                    for i in 0..<100 { try posix("unlink") { unlink(mount.path("cpu\(cpu)/f\(i).moved")) } }
-                    try posix("rmdir") { rmdir(mount.path("cpu\(cpu)")) }
-                } catch {
-                    failures.withLock { $0.append("cpu \(cpu): \(error)") }
-                }
-                done.signal()
-            }.start()
-        }
-        for _ in 0..<cpus { #expect(done.wait(timeout: .now() + 60) == .success) }
-        #expect(failures.withLock { $0 } == [])
     }
 
     /// What `filesDirectoriesRenameXattrsWithReaddirPlus` checks, on a started mount; ends it.
@@ -106,7 +56,7 @@ struct FuseBridgeTests {
         #expect(holed.count == 21)
         #expect(holed[12..<20].allSatisfy { $0 == 0 })
 
-        // O_TRUNC arrives inside open (atomic truncation), O_APPEND appends.
+        // O_TRUNC truncates (a setattr after the open), O_APPEND appends.
         try writeFile(mount.path("dir/a.txt"), Array("abc".utf8))
         #expect(try readFile(mount.path("dir/a.txt")) == Array("abc".utf8))
         try writeFile(mount.path("dir/a.txt"), Array("def".utf8), flags: O_WRONLY | O_APPEND)
@@ -122,8 +72,10 @@ struct FuseBridgeTests {
         #expect(try statPath(mount.path("big.bin")).st_size == 100)
         try posix("chmod") { chmod(mount.path("big.bin"), 0o600) }
         #expect(try statPath(mount.path("big.bin")).st_mode & 0o7777 == 0o600)
-        var times = [timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789),
-                     timespec(tv_sec: 1_200_000_000, tv_nsec: 987_654_321)]
+        var times = [
+            timespec(tv_sec: 1_000_000_000, tv_nsec: 123_456_789),
+            timespec(tv_sec: 1_200_000_000, tv_nsec: 987_654_321),
+        ]
         try posix("utimensat") { utimensat(AT_FDCWD, mount.path("big.bin"), &times, 0) }
         var st = try statPath(mount.path("big.bin"))
         #expect(st.st_atim.tv_sec == 1_000_000_000 && st.st_atim.tv_nsec == 123_456_789)
@@ -150,16 +102,20 @@ struct FuseBridgeTests {
         #expect(posixErrno { access(mount.path("dir/a.txt"), F_OK) } == ENOENT)
         #expect(try readFile(mount.path("dir/b.txt")) == Array("abcdef".utf8))
         try writeFile(mount.path("dir/c.txt"), Array("ccc".utf8))
-        #expect(posixErrno {
-            coffer_renameat2(AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_noreplace())
-        } == EEXIST)
+        #expect(
+            posixErrno {
+                coffer_renameat2(
+                    AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_noreplace())
+            } == EEXIST)
         try posix("renameat2 exchange") {
-            coffer_renameat2(AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_exchange())
+            coffer_renameat2(
+                AT_FDCWD, mount.path("dir/b.txt"), AT_FDCWD, mount.path("dir/c.txt"), coffer_rename_exchange())
         }
         #expect(try readFile(mount.path("dir/b.txt")) == Array("ccc".utf8))
         #expect(try readFile(mount.path("dir/c.txt")) == Array("abcdef".utf8))
         try posix("renameat2 noreplace") {
-            coffer_renameat2(AT_FDCWD, mount.path("dir/c.txt"), AT_FDCWD, mount.path("dir/d.txt"), coffer_rename_noreplace())
+            coffer_renameat2(
+                AT_FDCWD, mount.path("dir/c.txt"), AT_FDCWD, mount.path("dir/d.txt"), coffer_rename_noreplace())
         }
         // The failed RENAME_NOREPLACE never reached us: the kernel knew the
         // target existed from its dentry cache.
@@ -183,8 +139,12 @@ struct FuseBridgeTests {
         // Extended attributes, including the size probe and ERANGE.
         let value = Array("some value".utf8)
         try posix("setxattr") { setxattr(mount.path("dir/b.txt"), "user.test", value, value.count, 0) }
-        #expect(posixErrno { setxattr(mount.path("dir/b.txt"), "user.test", value, value.count, Int32(XATTR_CREATE)) } == EEXIST)
-        #expect(posixErrno { setxattr(mount.path("dir/b.txt"), "user.none", value, value.count, Int32(XATTR_REPLACE)) } == ENODATA)
+        #expect(
+            posixErrno { setxattr(mount.path("dir/b.txt"), "user.test", value, value.count, Int32(XATTR_CREATE)) }
+                == EEXIST)
+        #expect(
+            posixErrno { setxattr(mount.path("dir/b.txt"), "user.none", value, value.count, Int32(XATTR_REPLACE)) }
+                == ENODATA)
         #expect(try posix("getxattr probe") { getxattr(mount.path("dir/b.txt"), "user.test", nil, 0) } == value.count)
         var small = [UInt8](repeating: 0, count: 3)
         #expect(posixErrno { getxattr(mount.path("dir/b.txt"), "user.test", &small, small.count) } == ERANGE)
@@ -196,7 +156,10 @@ struct FuseBridgeTests {
         #expect(listSize == "user.other\0user.test\0".utf8.count)
         #expect(posixErrno { listxattr(mount.path("dir/b.txt"), &small, small.count) } == ERANGE)
         let listed2 = try posix("listxattr") { listxattr(mount.path("dir/b.txt"), &buffer, buffer.count) }
-        #expect(buffer[..<listed2].split(separator: 0).map { String(decoding: $0, as: UTF8.self) } == ["user.other", "user.test"])
+        #expect(
+            buffer[..<listed2].split(separator: 0).map { String(decoding: $0, as: UTF8.self) } == [
+                "user.other", "user.test",
+            ])
         try posix("removexattr") { removexattr(mount.path("dir/b.txt"), "user.test") }
         #expect(posixErrno { getxattr(mount.path("dir/b.txt"), "user.test", nil, 0) } == ENODATA)
 
@@ -217,7 +180,9 @@ struct FuseBridgeTests {
         #expect(posixErrno { rmdir(mount.path("dir")) } == ENOTEMPTY)
         #expect(posixErrno { unlink(mount.path("dir")) } == EISDIR)
         for name in names { try posix("unlink") { unlink(mount.path("many/" + name)) } }
-        for path in ["dir/b.txt", "hard", "link", "big.bin"] { try posix("unlink \(path)") { unlink(mount.path(path)) } }
+        for path in ["dir/b.txt", "hard", "link", "big.bin"] {
+            try posix("unlink \(path)") { unlink(mount.path(path)) }
+        }
         try posix("rmdir") { rmdir(mount.path("dir")) }
         try posix("rmdir many") { rmdir(mount.path("many")) }
         #expect(try listDirectory(mount.path("")).sorted() == [".", ".."])
@@ -239,18 +204,28 @@ struct FuseBridgeTests {
     /// `hold`, and checks that the calls in `meanwhile` (each 0 or an errno) are all answered
     /// within `limit` seconds; then lets the held request finish and checks it succeeded. On
     /// threads, so a regression shows as a failure after a timeout, not a hang.
-    func expectServedWhileHeld(_ hold: RequestHold, _ what: String, limit: Double,
-                               start: @escaping @Sendable () -> Int32,
-                               meanwhile: @escaping @Sendable () -> [Int32]) {
+    func expectServedWhileHeld(
+        _ hold: RequestHold, _ what: String, limit: Double,
+        start: @escaping @Sendable () -> Int32,
+        meanwhile: @escaping @Sendable () -> [Int32]
+    ) {
         hold.hold()
         let heldResult = Mutex<Int32>(-1)
         let heldDone = DispatchSemaphore(value: 0)
-        Thread { let rc = start(); heldResult.withLock { $0 = rc }; heldDone.signal() }.start()
+        Thread {
+            let rc = start()
+            heldResult.withLock { $0 = rc }
+            heldDone.signal()
+        }.start()
         #expect(hold.awaitHandler(), "the \(what) reached its handler")
 
         let results = Mutex<[Int32]>([])
         let served = DispatchSemaphore(value: 0)
-        Thread { let r = meanwhile(); results.withLock { $0 = r }; served.signal() }.start()
+        Thread {
+            let r = meanwhile()
+            results.withLock { $0 = r }
+            served.signal()
+        }.start()
         let inTime = served.wait(timeout: .now() + limit) == .success
         #expect(inTime, "requests were not served while the \(what) was held")
         #expect(heldDone.wait(timeout: .now()) == .timedOut, "the \(what) is still held")
@@ -263,17 +238,12 @@ struct FuseBridgeTests {
 
     /// A mount whose reader is never taken over within a test's time (so only handing on can
     /// serve other requests while one is held), with a file "held" open for writing.
-    func mountWithOpenFile(overIOURing: Bool = false) throws -> (MountHarness, Int32) {
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000,
-            ioUringThreadsPerQueue: overIOURing ? 4 : 0))
+    func mountWithOpenFile() throws -> (MountHarness, Int32) {
+        let mount = try MountHarness(
+            configuration: .init(
+                mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
         do {
-            if overIOURing {
-                try FuseIOURingSwitch.mountOverRings(mount)
-                guard mount.session.usesIOURing else { throw POSIXFailure(call: "io_uring not granted", errno: ENOTSUP) }
-            } else {
-                try mount.start()
-            }
+            try mount.start()
             try writeFile(mount.path("held"), [1, 2, 3])
             return (mount, try posix("open") { open(mount.path("held"), O_WRONLY | O_CLOEXEC) })
         } catch {
@@ -282,28 +252,21 @@ struct FuseBridgeTests {
         }
     }
 
-    /// One worker at a time reads requests (`coffer_fuse_use_spinning_reader`), keeping that
-    /// right while it handles a short request. Before a long one it must hand it on, or every
-    /// other request would wait: here an fsync stays in its handler while a mkdir, a create and
-    /// a stat are served.
+    /// One worker at a time reads requests (`CFuseReader`), keeping that right while it handles
+    /// a short request. Before a long one it must hand it on, or every other request would
+    /// wait: here an fsync stays in its handler while a mkdir, a create and a stat are served.
     @Test func shortRequestsAreServedWhileALongOneRuns() throws {
-        try shortRequestsServedWhileAnFsyncIsHeld(overIOURing: false)
-    }
-
-    /// Over io_uring each ring thread has one entry: an fsync held in one thread's handler
-    /// leaves the CPU's other threads to serve.
-    @Test(.enabled(if: FuseIOURingSwitch.available)) func shortRequestsAreServedOverIOURingWhileALongOneRuns() throws {
-        try shortRequestsServedWhileAnFsyncIsHeld(overIOURing: true)
-    }
-
-    func shortRequestsServedWhileAnFsyncIsHeld(overIOURing: Bool) throws {
-        let (mount, fd) = try mountWithOpenFile(overIOURing: overIOURing)
+        let (mount, fd) = try mountWithOpenFile()
         defer { mount.cleanUp() }
         defer { close(fd) }
-        expectServedWhileHeld(mount.filesystem.fsyncHold, "fsync", limit: 10, start: { Glibc.fsync(fd) == 0 ? 0 : errno }) {
-            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
-             (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
-             (try? statPath(mount.path("created-meanwhile"))) != nil ? 0 : ENOENT]
+        expectServedWhileHeld(
+            mount.filesystem.fsyncHold, "fsync", limit: 10, start: { Glibc.fsync(fd) == 0 ? 0 : errno }
+        ) {
+            [
+                mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+                (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
+                (try? statPath(mount.path("created-meanwhile"))) != nil ? 0 : ENOENT,
+            ]
         }
     }
 
@@ -313,10 +276,14 @@ struct FuseBridgeTests {
     @Test func aCloseThatMayTakeLongHandsOnReading() throws {
         let (mount, fd) = try mountWithOpenFile()
         defer { mount.cleanUp() }
-        expectServedWhileHeld(mount.filesystem.flushHold, "close", limit: 10, start: { Glibc.close(fd) == 0 ? 0 : errno }) {
-            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
-             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
-             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        expectServedWhileHeld(
+            mount.filesystem.flushHold, "close", limit: 10, start: { Glibc.close(fd) == 0 ? 0 : errno }
+        ) {
+            [
+                mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+                (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+                (try? listDirectory(mount.path(""))) != nil ? 0 : EIO,
+            ]
         }
         // With nothing held, closes are short again and the session keeps serving.
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8(i)]) }
@@ -331,12 +298,18 @@ struct FuseBridgeTests {
         let (mount, fd) = try mountWithOpenFile()
         defer { mount.cleanUp() }
         defer { close(fd) }
-        expectServedWhileHeld(mount.filesystem.writeHold, "write", limit: 10, start: {
-            [UInt8](repeating: 5, count: 4096).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) } == 4096 ? 0 : errno
-        }) {
-            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
-             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
-             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        expectServedWhileHeld(
+            mount.filesystem.writeHold, "write", limit: 10,
+            start: {
+                [UInt8](repeating: 5, count: 4096).withUnsafeBytes { pwrite(fd, $0.baseAddress, $0.count, 0) } == 4096
+                    ? 0 : errno
+            }
+        ) {
+            [
+                mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+                (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+                (try? listDirectory(mount.path(""))) != nil ? 0 : EIO,
+            ]
         }
         // With nothing held, small writes are short again and the session keeps serving.
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8](repeating: UInt8(i), count: 20_000)) }
@@ -346,9 +319,9 @@ struct FuseBridgeTests {
     /// A read of up to 128 KiB is a short request as well (`readMayTakeLong` decides when it
     /// hands on): here a small read stays in its handler while other requests are served.
     @Test func aSmallReadThatMayTakeLongHandsOnReading() throws {
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000,
-            ioUringThreadsPerQueue: 0))
+        let mount = try MountHarness(
+            configuration: .init(
+                mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, stallMicroseconds: 60_000_000))
         defer { mount.cleanUp() }
         try mount.start()
         try writeFile(mount.path("small"), [UInt8](repeating: 3, count: 5000))
@@ -356,14 +329,19 @@ struct FuseBridgeTests {
         // reaches the handler whatever the page cache holds.
         let fd = try posix("open") { open(mount.path("small"), O_RDONLY | 0o40000 | O_CLOEXEC) }
         defer { close(fd) }
-        expectServedWhileHeld(mount.filesystem.readHold, "read", limit: 10, start: {
-            let buffer = UnsafeMutableRawPointer.allocate(byteCount: 8192, alignment: 4096)
-            defer { buffer.deallocate() }
-            return pread(fd, buffer, 8192, 0) == 5000 ? 0 : errno
-        }) {
-            [mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
-             (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
-             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        expectServedWhileHeld(
+            mount.filesystem.readHold, "read", limit: 10,
+            start: {
+                let buffer = UnsafeMutableRawPointer.allocate(byteCount: 8192, alignment: 4096)
+                defer { buffer.deallocate() }
+                return pread(fd, buffer, 8192, 0) == 5000 ? 0 : errno
+            }
+        ) {
+            [
+                mkdir(mount.path("made-meanwhile"), 0o755) == 0 ? 0 : errno,
+                (try? statPath(mount.path("made-meanwhile"))) != nil ? 0 : ENOENT,
+                (try? listDirectory(mount.path(""))) != nil ? 0 : EIO,
+            ]
         }
         for i in 0..<50 { try writeFile(mount.path("after-\(i)"), [UInt8](repeating: UInt8(i), count: 3000)) }
         for i in 0..<50 { #expect(try readFile(mount.path("after-\(i)")) == [UInt8](repeating: UInt8(i), count: 3000)) }
@@ -373,9 +351,9 @@ struct FuseBridgeTests {
     /// keeps the reader token; a waiting worker must notice and read in its place, or every
     /// other request would wait behind it.
     @Test func aStuckShortRequestDoesNotHoldUpTheOthers() throws {
-        // The /dev/fuse reader's rule (over io_uring each thread has its own ring entry).
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, attributeTimeout: 0, handleSignals: false, ioUringThreadsPerQueue: 0))
+        let mount = try MountHarness(
+            configuration: .init(
+                mountOptions: Self.options, attributeTimeout: 0, handleSignals: false))
         defer { mount.cleanUp() }
         try mount.start()
         try writeFile(mount.path("before"), [1])
@@ -383,10 +361,15 @@ struct FuseBridgeTests {
         try posix("mkdir") { mkdir(mount.path("sub"), 0o755) }
         #expect(mount.session.readerTakeovers == 0)
         // An idle mount's waiters look once a second; the first look after the stall takes over.
-        expectServedWhileHeld(mount.filesystem.mkdirHold, "mkdir", limit: 5, start: { mkdir(mount.path("sub/stuck"), 0o755) == 0 ? 0 : errno }) {
-            [(try? statPath(mount.path("before"))) != nil ? 0 : ENOENT,
-             (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
-             (try? listDirectory(mount.path(""))) != nil ? 0 : EIO]
+        expectServedWhileHeld(
+            mount.filesystem.mkdirHold, "mkdir", limit: 5,
+            start: { mkdir(mount.path("sub/stuck"), 0o755) == 0 ? 0 : errno }
+        ) {
+            [
+                (try? statPath(mount.path("before"))) != nil ? 0 : ENOENT,
+                (try? writeFile(mount.path("created-meanwhile"), [9])) != nil ? 0 : EIO,
+                (try? listDirectory(mount.path(""))) != nil ? 0 : EIO,
+            ]
         }
         let takeovers = mount.session.readerTakeovers
         #expect(takeovers >= 1)
@@ -423,79 +406,7 @@ struct FuseBridgeTests {
         #expect(flushes() == afterCreate + 1, "a writable close")
     }
 
-    /// With the spinning reader the kernel grants FUSE_HANDLE_KILLPRIV_V2 and asks for
-    /// `security.capability` only before a file's first write (and each chown) instead of
-    /// before every write: on kernel 6.18, 6 queries here against 9 with libfuse's own reader,
-    /// which cannot grant it. That the bits
-    /// are still dropped is `OperationsMatrixTests.setIDBitsAreClearedLikeALocalFilesystem`.
-    @Test func killPrivV2SparesCapabilityQueries() throws {
-        func capabilityQueries(spin: Int) throws -> (granted: Bool, queries: Int) {
-            let mount = try MountHarness(configuration: .init(mountOptions: Self.options, handleSignals: false,
-                                                              spinMicroseconds: spin))
-            defer { mount.cleanUp() }
-            try mount.start()
-            for i in 0..<3 {
-                let fd = open(mount.path("f\(i)"), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
-                #expect(fd >= 0)
-                for _ in 0..<2 { #expect(write(fd, "data", 4) == 4) }
-                #expect(fchown(fd, 0, 0) == 0)
-                #expect(close(fd) == 0)
-            }
-            let queries = mount.filesystem.state.withLock { $0.getxattrNames.filter { $0 == "security.capability" }.count }
-            return (mount.session.handlesKillPrivV2, queries)
-        }
-        let spinning = try capabilityQueries(spin: 50)
-        let plain = try capabilityQueries(spin: 0)
-        #expect(spinning.granted)
-        #expect(!plain.granted)
-        #expect(spinning.queries + 3 <= plain.queries, "one query fewer per chown: \(spinning.queries) against \(plain.queries)")
-    }
-
-    /// The VFS's rule for dropping setuid and setgid, which the bridge and the filesystem share.
-    @Test func setIDBitsDropLikeTheVFS() {
-        let file = UInt32(Glibc.S_IFREG), folder = UInt32(Glibc.S_IFDIR)
-        func drop(_ mode: UInt32, inGroup: Bool) -> UInt32? { modeDroppingSetIDBits(mode) { inGroup } }
-        for inGroup in [true, false] {
-            #expect(drop(file | 0o6755, inGroup: inGroup) == file | 0o755, "group execute: setgid goes")
-            #expect(drop(file | 0o4700, inGroup: inGroup) == file | 0o700)
-            #expect(drop(file | 0o755, inGroup: inGroup) == nil)
-            #expect(drop(folder | 0o6755, inGroup: inGroup) == nil, "folders keep theirs")
-        }
-        // Without group execute, setgid stays only for a member of the file's group.
-        #expect(drop(file | 0o6745, inGroup: true) == file | 0o2745)
-        #expect(drop(file | 0o2745, inGroup: true) == nil)
-        #expect(drop(file | 0o6745, inGroup: false) == file | 0o745)
-        #expect(drop(file | 0o2745, inGroup: false) == file | 0o745)
-        // Membership is asked only when it decides something.
-        var asked = 0
-        _ = modeDroppingSetIDBits(file | 0o6755) { asked += 1; return false }
-        _ = modeDroppingSetIDBits(file | 0o4745) { asked += 1; return false }
-        #expect(asked == 0)
-    }
-
-    /// A caller's groups: its own gid, and the supplementary groups /proc lists for it.
-    @Test func callerGroupsComeFromProc() throws {
-        let own = try #require(RequestContext.supplementaryGroups(ofTask: getpid()))
-        var expected = [gid_t](repeating: 0, count: 256)
-        let n = getgroups(Int32(expected.count), &expected)
-        try #require(n >= 0)
-        #expect(Set(own) == Set(expected[..<Int(n)].map { UInt32($0) }))
-        let me = RequestContext(uid: getuid(), gid: 4242, pid: getpid(), umask: 0o022)
-        #expect(me.isInGroup(4242), "the request's own gid")
-        for g in own { #expect(me.isInGroup(g)) }
-        #expect(!me.isInGroup(4_000_000_000) || own.contains(4_000_000_000))
-        let unknown = RequestContext(uid: 0, gid: 7, pid: 0, umask: 0o022)
-        #expect(unknown.isInGroup(7) && !unknown.isInGroup(8), "no pid: only the request's gid")
-        #expect(RequestContext.supplementaryGroups(ofTask: Int32.max) == nil)
-        // Capabilities: root's effective set holds CAP_FSETID and CAP_FOWNER; no pid, none.
-        if geteuid() == 0 {
-            #expect(me.hasCapability(RequestContext.capabilityFSetID) && me.hasCapability(RequestContext.capabilityFOwner))
-            #expect(RequestContext(uid: 0, gid: 0, pid: getpid(), umask: 0).mayKeepSetGID(ofGroup: 4242 + 1))
-        }
-        #expect(!unknown.hasCapability(RequestContext.capabilityFSetID) && !unknown.mayKeepSetGID(ofGroup: 8))
-    }
-
-    /// Which requests make the reader hand on its right to read (see CFuse/shim.h).
+    /// Which requests make the reader hand on its right to read (`CFuseReader/fuse_reader.c`).
     @Test func longRequestsAreRecognised() {
         func mayTakeLong(_ opcode: UInt32, setattrValid: UInt32? = nil) -> Bool {
             var bytes = [UInt8](repeating: 0, count: 40 + 8)
@@ -506,7 +417,7 @@ struct FuseBridgeTests {
         }
         for long: UInt32 in [20, 30, 43, 47] { #expect(mayTakeLong(long), "opcode \(long)") }
         // WRITE (16) is short up to 128 KiB of data (after the header and fuse_write_in); the
-        // handler hands on when one may block (`writeMayTakeLong`).
+        // handler hands on when one may block (`FileSystemOperations.mayTakeLong`).
         func writeMayTakeLong(payload: Int) -> Bool {
             var bytes = [UInt8](repeating: 0, count: 40 + 40 + payload)
             withUnsafeBytes(of: UInt32(bytes.count).littleEndian) { bytes.replaceSubrange(0..<4, with: $0) }
@@ -530,18 +441,24 @@ struct FuseBridgeTests {
         #expect(readMayTakeLong(size: 128 * 1024 + 1), "a read over 128 KiB")
         #expect(readMayTakeLong(size: 1 << 20), "a 1 MiB read-ahead")
         #expect(readMayTakeLong(size: nil), "a READ too short to hold its size")
-        // RELEASE and FLUSH (18, 25) are short: the handler hands on when it must. GETXATTR (22)
-        // is short since FUSE_HANDLE_KILLPRIV_V2 (see docs/PERFORMANCE.md).
-        for short: UInt32 in [1, 3, 9, 10, 11, 18, 22, 25, 27, 28, 35, 44, 45] { #expect(!mayTakeLong(short), "opcode \(short)") }
+        // RELEASE and FLUSH (18, 25) are short: the handler hands on when it must. So is
+        // GETXATTR (22), which the kernel sends before writes (`security.capability`).
+        for short: UInt32 in [1, 3, 9, 10, 11, 18, 22, 25, 27, 28, 35, 44, 45] {
+            #expect(!mayTakeLong(short), "opcode \(short)")
+        }
         #expect(mayTakeLong(4, setattrValid: 1 << 3), "a truncating setattr")
         #expect(!mayTakeLong(4, setattrValid: 1 << 0 | 1 << 4 | 1 << 5), "chmod and utimens")
-        #expect([UInt8](repeating: 0, count: 10).withUnsafeBytes { coffer_fuse_request_may_take_long($0.baseAddress, $0.count) } != 0,
-                "a short read is treated as long")
+        #expect(
+            [UInt8](repeating: 0, count: 10).withUnsafeBytes {
+                coffer_fuse_request_may_take_long($0.baseAddress, $0.count)
+            } != 0,
+            "a short read is treated as long")
     }
 
     @Test func plainReaddirAndTerminationSignal() throws {
-        let mount = try MountHarness(configuration: .init(
-            mountOptions: Self.options, readdirPlus: .never, handleSignals: true))
+        let mount = try MountHarness(
+            configuration: .init(
+                mountOptions: Self.options, readdirPlus: .never, handleSignals: true))
         defer { mount.cleanUp() }
         try mount.start()
         let fs = mount.filesystem

@@ -1,8 +1,10 @@
 import CofferFS
+import CofferFuse
 import Dispatch
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A deliberately small in-memory filesystem over the bridge. Besides serving
@@ -38,13 +40,12 @@ final class MemoryFileSystem: FileSystemOperations {
     let state = Mutex(State())
     /// Requests that stay in their handlers as long as a test wants (see `RequestHold`).
     let fsyncHold = RequestHold()
-    /// Flush (close(2)) is a short request to the reader; `closeMayTakeLong` tells the bridge
-    /// that a held one takes long.
+    /// Flush (close(2)) is a short request to the reader; `mayTakeLong` tells the bridge that
+    /// a held one takes long.
     let flushHold = RequestHold()
-    /// A small write is a short request too; `writeMayTakeLong` tells the bridge that a held
-    /// one takes long.
+    /// A small write is a short request too, and `mayTakeLong` says the same of a held one.
     let writeHold = RequestHold()
-    /// A small read too, with `readMayTakeLong`.
+    /// A small read too.
     let readHold = RequestHold()
     /// Mkdir is short too, and nothing tells the bridge: a handler stuck on a lock.
     let mkdirHold = RequestHold()
@@ -58,24 +59,21 @@ final class MemoryFileSystem: FileSystemOperations {
         flushHold.pass()
     }
 
-    func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool {
-        flushHold.isHeld
-    }
-
-    func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool {
-        writeHold.isHeld
-    }
-
-    func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool {
-        readHold.isHeld
+    func mayTakeLong(_ request: ShortRequest, inode: InodeNumber, handle: UInt64) -> Bool {
+        switch request {
+        case .flush, .release: flushHold.isHeld
+        case .write: writeHold.isHeld
+        case .read: readHold.isHeld
+        }
     }
 
     init() {
         let now = FileTime.now()
         state.withLock {
-            $0.nodes[FuseRootInode] = Node(attributes: Attributes(
-                mode: UInt32(S_IFDIR) | 0o755, linkCount: 2,
-                accessTime: now, modificationTime: now, changeTime: now))
+            $0.nodes[FuseRootInode] = Node(
+                attributes: Attributes(
+                    mode: UInt32(S_IFDIR) | 0o755, linkCount: 2,
+                    accessTime: now, modificationTime: now, changeTime: now))
         }
     }
 
@@ -96,10 +94,11 @@ final class MemoryFileSystem: FileSystemOperations {
         let now = FileTime.now()
         let ino = state.nextInode
         state.nextInode += 1
-        state.nodes[ino] = Node(attributes: Attributes(
-            mode: mode, linkCount: mode & UInt32(S_IFMT) == UInt32(S_IFDIR) ? 2 : 1,
-            uid: context.uid, gid: context.gid,
-            accessTime: now, modificationTime: now, changeTime: now))
+        state.nodes[ino] = Node(
+            attributes: Attributes(
+                mode: mode, linkCount: mode & UInt32(S_IFMT) == UInt32(S_IFDIR) ? 2 : 1,
+                uid: context.uid, gid: context.gid,
+                accessTime: now, modificationTime: now, changeTime: now))
         return ino
     }
 
@@ -270,7 +269,8 @@ final class MemoryFileSystem: FileSystemOperations {
 
     func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try state.withLock { state in
-            let ino = try Self.create(&state, parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, context: context)
+            let ino = try Self.create(
+                &state, parent: parent, name: name, mode: UInt32(S_IFLNK) | 0o777, context: context)
             state.nodes[ino]!.target = target
             state.nodes[ino]!.attributes.size = UInt64(target.utf8.count)
             return Self.entry(&state, ino)
@@ -492,7 +492,10 @@ final class RequestHold: Sendable {
 
     /// Ends the hold and lets the handler waiting in `pass()` go (the tests hold one at a time).
     func release() {
-        gate.withLock { g in defer { g = nil }; return g }?.signal()
+        gate.withLock { g in
+            defer { g = nil }
+            return g
+        }?.signal()
     }
 
     /// Waits up to 5 s for a handler to arrive; whether one did.

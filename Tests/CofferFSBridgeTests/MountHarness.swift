@@ -1,10 +1,11 @@
 import CFuse
 import CofferFS
-import enum CofferTestSupport.FuseIOURingSwitch
+import CofferFuse
 import Foundation
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Runs a `FuseSession` on its own thread (never the test's) over a fresh
@@ -58,7 +59,9 @@ final class MountHarness: Sendable {
 
     var isMounted: Bool {
         guard let table = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
-        return table.split(separator: "\n").contains { $0.split(separator: " ").dropFirst(4).first == Substring(mountPoint) }
+        return table.split(separator: "\n").contains {
+            $0.split(separator: " ").dropFirst(4).first == Substring(mountPoint)
+        }
     }
 
     func path(_ relative: String) -> String { mountPoint + "/" + relative }
@@ -151,18 +154,4 @@ func listDirectory(_ path: String) throws -> [String] {
         names.append(name)
     }
     return names
-}
-
-extension FuseIOURingSwitch {
-    /// Starts `mount` with the switch on until the mount has served its first request over a
-    /// ring (`whileOn`).
-    static func mountOverRings(_ mount: MountHarness) throws {
-        try whileOn {
-            try mount.start()
-            _ = try statPath(mount.path(""))
-            guard waitUntil(seconds: 10, { mount.session.ioUringRequests > 0 || !mount.session.usesIOURing }) else {
-                throw POSIXFailure(call: "no request over io_uring", errno: ETIMEDOUT)
-            }
-        }
-    }
 }

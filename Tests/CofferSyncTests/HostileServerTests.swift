@@ -2,7 +2,7 @@ import CofferModel
 import CofferStore
 import CofferSync
 import CofferTestSupport
-import CofferVault
+@testable import CofferVault
 import Foundation
 import Testing
 

@@ -1,6 +1,6 @@
 import CofferModel
 import CofferTestSupport
-import CofferVault
+@testable import CofferVault
 import Foundation
 import Testing
 

@@ -278,29 +278,29 @@ struct VaultContentTests {
         #expect(try f.vault.check().isClean)
     }
 
-    /// The FUSE reader asks `commitMayTakeLong` before a close, to decide whether another worker
+    /// The FUSE reader asks `mayTakeLong(.commit)` before a close, to decide whether another worker
     /// should read meanwhile: a small buffer is quick, a megabyte or a running spill is not.
     @Test func commitMayTakeLongTellsASmallCloseFromALargeOne() throws {
         let f = try VaultFixture()
         let doc = try f.document("closing")
         let h = try f.vault.openDocument(doc.id)
-        #expect(!h.commitMayTakeLong, "nothing buffered")
+        #expect(!h.mayTakeLong(.commit), "nothing buffered")
         try h.write(offset: 0, bytes: randomBytes(4096))
-        #expect(!h.commitMayTakeLong, "4 KiB buffered")
+        #expect(!h.mayTakeLong(.commit), "4 KiB buffered")
         try h.write(offset: 4096, bytes: randomBytes(1 << 20))
-        #expect(h.commitMayTakeLong, "1 MiB more buffered")
+        #expect(h.mayTakeLong(.commit), "1 MiB more buffered")
         try h.flush()
-        #expect(!h.commitMayTakeLong, "flushed")
+        #expect(!h.mayTakeLong(.commit), "flushed")
         let gate = DispatchSemaphore(value: 0)
         h.spillHold.withLock { $0 = gate }
         try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + 1)) // starts a spill
         #expect(h.isSpilling)
         try h.truncate(to: 10) // drops the buffer, the spill still runs
-        #expect(h.commitMayTakeLong, "a spill is running")
+        #expect(h.mayTakeLong(.commit), "a spill is running")
         gate.signal()
         h.waitForSpills()
         h.spillHold.withLock { $0 = nil }
-        #expect(!h.commitMayTakeLong, "10 bytes buffered, the spill is over")
+        #expect(!h.mayTakeLong(.commit), "10 bytes buffered, the spill is over")
         try f.vault.release(h)
         #expect(try f.vault.readAll(doc.id).count == 10)
     }

@@ -1,7 +1,9 @@
 import CFuse
+import CFuseReader
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The per-session state every C callback reaches through
@@ -13,7 +15,7 @@ final class FuseBridge: Sendable {
     let connection = Mutex<ConnectionInfo?>(nil)
     /// Set once `destroy` ran, so teardown paths cannot run it twice.
     let destroyed = Atomic<Bool>(false)
-    /// The spinning reader's state (`coffer_reader_state *` as an address), 0 while the session
+    /// The spinning reader (`struct coffer_fuse_reader *` as an address), 0 while the session
     /// uses libfuse's reader or is not running.
     let reader = Atomic<Int>(0)
 
@@ -34,63 +36,14 @@ final class FuseBridge: Sendable {
         return Unmanaged<FuseBridge>.fromOpaque(userdata).takeUnretainedValue()
     }
 
-    /// Before a request the reader counts as short but whose handler may block (a flush or
-    /// release: `closeMayTakeLong`; a read or write of up to 128 KiB: `readMayTakeLong`,
-    /// `writeMayTakeLong`, see `coffer_fuse_request_may_take_long`): if the filesystem says this
-    /// one may take long, another worker reads requests meanwhile. Does nothing for a worker
-    /// that no longer holds the reader's token (a long request hands it on as it is read).
-    func handOnReading(if mayTakeLong: Bool) {
-        guard mayTakeLong else { return }
-        coffer_fuse_reader_hand_on(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring)))
-    }
-
-    // MARK: Setuid and setgid (FUSE_HANDLE_KILLPRIV_V2)
-
-    /// Whether the request this worker is handling asks for setuid and setgid to be dropped
-    /// (see `FuseSession.Configuration.handleKillPrivV2`).
-    var requestKillsSetIDBits: Bool {
-        coffer_fuse_request_kills_suidgid(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
-    }
-
-    /// Whether the kernel granted FUSE_HANDLE_KILLPRIV_V2 (then clearing the bits is ours).
-    var handlesKillPrivV2: Bool {
-        coffer_fuse_killpriv_v2_granted(UnsafeMutablePointer(bitPattern: reader.load(ordering: .acquiring))) != 0
-    }
-
-    /// The mode `inode` has once setuid and setgid are dropped for the caller
-    /// (`modeDroppingSetIDBits`), or nil if that changes nothing or `onlyIf` (asked only when
-    /// a bit would go, so /proc is read only then) says the caller may not.
-    func modeWithoutSetIDBits(inode: InodeNumber, handle: UInt64?, context: RequestContext,
-                              onlyIf allowed: (Attributes) -> Bool = { _ in true }) throws -> UInt32? {
-        let attributes = try operations.getattr(inode: inode, handle: handle)
-        guard let mode = modeDroppingSetIDBits(attributes.mode, callerMayKeepSetGID: { context.mayKeepSetGID(ofGroup: attributes.gid) }),
-              allowed(attributes) else { return nil }
-        return mode
-    }
-
-    /// Drops setuid and setgid before a data change: the filesystem's own setattr, as a chmod
-    /// would. Before a write when the kernel asks (its flag); before a fallocate when the
-    /// caller lacks CAP_FSETID, which the daemon checks itself, since FALLOCATE carries no flag
-    /// (the VFS's `file_modified` on a local filesystem). A truncating setattr folds the change
-    /// into itself, and an O_TRUNC open leaves it to the filesystem, which alone knows whether
-    /// the file existed (`RequestContext.dropsSetIDBits`).
-    func dropSetIDBits(before request: DataChange, inode: InodeNumber, handle: UInt64, context: RequestContext) throws {
-        if request == .write && !requestKillsSetIDBits { return }
-        guard let mode = try modeWithoutSetIDBits(inode: inode, handle: handle, context: context, onlyIf: { _ in
-            request == .write || !context.hasCapability(RequestContext.capabilityFSetID)
-        }) else { return }
-        _ = try operations.setattr(inode: inode, changes: AttributeChanges(mode: mode), handle: handle, context: context)
-    }
-
-    enum DataChange { case write, fallocate }
-
-    /// The request's context; for open and create, with the kernel's "drop setuid and setgid"
-    /// flag (only those and setattr and write have it: on any other request the worker's note
-    /// is a previous request's).
-    func openContext(_ req: fuse_req_t) -> RequestContext {
-        var context = RequestContext(req)
-        context.dropsSetIDBits = requestKillsSetIDBits
-        return context
+    /// Before a request the reader counts as short but whose handler may block (FLUSH, RELEASE,
+    /// a READ or WRITE of up to `COFFER_FUSE_SHORT_IO` bytes): if the filesystem says this one
+    /// may take long, another worker reads requests meanwhile. Does nothing for a worker that no
+    /// longer holds the reader's token, or with libfuse's own reader (then nothing is asked).
+    func handOnReading(before request: ShortRequest, inode: InodeNumber, handle: UInt64) {
+        let address = reader.load(ordering: .acquiring)
+        guard address != 0, operations.mayTakeLong(request, inode: inode, handle: handle) else { return }
+        coffer_fuse_reader_hand_on(OpaquePointer(bitPattern: address))
     }
 
     // MARK: Reply helpers
@@ -182,9 +135,10 @@ final class FuseBridge: Sendable {
             }
         }
         want(FUSE_CAP_ASYNC_READ, true)
-        // O_TRUNC travels inside open, so truncation and open are one step
-        // for the implementation (no window with a half-open file).
-        want(FUSE_CAP_ATOMIC_O_TRUNC, true)
+        // O_TRUNC comes as a SETATTR after the OPEN, not inside it: only there does the kernel
+        // clear setuid and setgid for a caller without CAP_FSETID (with atomic O_TRUNC it would
+        // leave that to the filesystem, without saying whether the caller may keep them).
+        want(FUSE_CAP_ATOMIC_O_TRUNC, false)
         want(FUSE_CAP_READDIRPLUS, configuration.readdirPlus != .never)
         want(FUSE_CAP_READDIRPLUS_AUTO, configuration.readdirPlus == .auto)
         want(FUSE_CAP_CACHE_SYMLINKS, true)
@@ -195,10 +149,10 @@ final class FuseBridge: Sendable {
         // Write-back caching would let the kernel own mtime and size between
         // flushes; the vault must be the single source of truth for both.
         want(FUSE_CAP_WRITEBACK_CACHE, false)
-        // Version 1 of "the filesystem clears suid/sgid" gains nothing on this
-        // kernel (it still refreshes attributes before each chown); version 2
-        // is granted by the spinning reader itself, which libfuse 3.14 cannot
-        // negotiate (see `Configuration.handleKillPrivV2`).
+        // The kernel clears setuid and setgid itself (a SETATTR before the write, truncate or
+        // chown that must drop them). Version 1 would leave it to the filesystem without telling
+        // it whether the caller holds CAP_FSETID; version 2, which does, libfuse 3.14 cannot
+        // negotiate.
         want(FUSE_CAP_HANDLE_KILLPRIV, false)
         want(FUSE_CAP_EXPORT_SUPPORT, false)
         // Locks stay in the kernel (see FileSystemOperations).

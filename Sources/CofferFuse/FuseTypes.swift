@@ -1,6 +1,7 @@
 import CFuse
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A FUSE inode number. 1 is always the root directory (`FuseRootInode`).
@@ -57,33 +58,13 @@ public struct RequestContext: Sendable, Equatable {
     /// arguments (FUSE_CAP_DONT_MASK is not requested); it is here for
     /// implementations that apply it to something else, such as default ACLs.
     public var umask: UInt32
-    /// open and create only: the kernel asks that a truncation this open makes (O_TRUNC of a
-    /// file that already exists) drop setuid and setgid, as the VFS does for a caller without
-    /// CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2; see `modeDroppingSetIDBits`). A file the open
-    /// creates keeps the mode it was created with.
-    public var dropsSetIDBits: Bool
 
-    public init(uid: UInt32, gid: UInt32, pid: Int32, umask: UInt32, dropsSetIDBits: Bool = false) {
+    public init(uid: UInt32, gid: UInt32, pid: Int32, umask: UInt32) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
         self.umask = umask
-        self.dropsSetIDBits = dropsSetIDBits
     }
-}
-
-/// `mode` with setuid and setgid dropped the way the VFS drops them (`setattr_should_drop_suidgid`
-/// and `setattr_should_drop_sgid`): setuid always; setgid when group execute is set, or else
-/// only when the caller may not keep it, being neither in the file's group nor holding
-/// CAP_FSETID (without group execute the bit marks mandatory locking, not a privilege). Nil if
-/// that changes nothing. Folders keep theirs. `callerMayKeepSetGID` is asked only when it decides.
-public func modeDroppingSetIDBits(_ mode: UInt32, callerMayKeepSetGID: () -> Bool) -> UInt32? {
-    guard mode & UInt32(Glibc.S_IFMT) != UInt32(Glibc.S_IFDIR) else { return nil }
-    var cleared = mode & ~UInt32(Glibc.S_ISUID)
-    if mode & UInt32(Glibc.S_ISGID) != 0, mode & UInt32(Glibc.S_IXGRP) != 0 || !callerMayKeepSetGID() {
-        cleared &= ~UInt32(Glibc.S_ISGID)
-    }
-    return cleared == mode ? nil : cleared
 }
 
 /// A point in time with nanosecond resolution, as `struct timespec` carries it.
@@ -215,8 +196,8 @@ public struct AttributeChanges: Sendable, Equatable {
     public var mode: UInt32?
     public var uid: UInt32?
     public var gid: UInt32?
-    /// truncate/ftruncate, and also `open(O_TRUNC)` on kernels that do not
-    /// use FUSE_CAP_ATOMIC_O_TRUNC (ours always do: see `open`).
+    /// truncate/ftruncate, and `open(O_TRUNC)` of an existing file (the session does not ask
+    /// for FUSE_CAP_ATOMIC_O_TRUNC: see `FileSystemOperations.open`).
     public var size: UInt64?
     public var accessTime: TimeChange?
     public var modificationTime: TimeChange?

@@ -1,7 +1,8 @@
 import CFuse
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Why not fuse_set_signal_handlers: its handler only sets the session's
@@ -29,9 +30,9 @@ var loopWakeSignal: Int32 { coffer_sigrtmin() + 6 }
 
 /// Bytes sent through the watcher pipe.
 enum WatcherMessage: UInt8 {
-    case exit = 0x78       // "x": exit() was called
-    case signal = 0x73     // "s": a termination signal arrived
-    case quit = 0x71       // "q": the loop is over, stop watching
+    case exit = 0x78  // "x": exit() was called
+    case signal = 0x73  // "s": a termination signal arrived
+    case quit = 0x71  // "q": the loop is over, stop watching
 }
 
 private let wakeHandlerInstalled = Mutex(false)

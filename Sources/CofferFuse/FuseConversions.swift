@@ -1,6 +1,7 @@
 import CFuse
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Translations between the Swift value types and the C structures libfuse

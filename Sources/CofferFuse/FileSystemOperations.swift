@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A filesystem served through the libfuse low-level (inode) API.
@@ -117,10 +117,9 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     // MARK: Files
 
     /// Open an existing file. `flags` are the `open(2)` flags without
-    /// `O_CREAT`/`O_EXCL`/`O_NOCTTY`. Because the session requests
-    /// FUSE_CAP_ATOMIC_O_TRUNC, `O_TRUNC` arrives here instead of as a
-    /// separate setattr: the implementation must truncate the file to zero
-    /// length as part of opening it when `flags & O_TRUNC != 0`.
+    /// `O_CREAT`/`O_EXCL`/`O_NOCTTY`, and without `O_TRUNC`: the session does not ask for
+    /// FUSE_CAP_ATOMIC_O_TRUNC, so the kernel truncates with a setattr after the open, which
+    /// also drops setuid and setgid where the caller may not keep them.
     func open(inode: InodeNumber, flags: Int32, context: RequestContext) throws -> OpenReply
 
     /// Return up to `size` bytes from `offset`. Fewer bytes mean end of
@@ -151,25 +150,12 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     /// seen by anyone; release cannot fail from the caller's point of view.
     func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws
 
-    /// Asked before `flush` (or `release`, with `releasing`): whether it may
-    /// block for long, say to write out a large buffer or to wait for a
-    /// lock. Closes are counted as short requests so the worker that reads
-    /// requests keeps reading right after closing a small file; when this
-    /// answers true another worker reads meanwhile. Must be quick and must
+    /// Asked before a request the /dev/fuse reader counts as short (`ShortRequest`): whether
+    /// this one may block for long, say to write out a large buffer, to read a large chunk from
+    /// disk or to wait for a lock. The worker that reads requests keeps reading right after a
+    /// short one; when this answers true another worker reads meanwhile. Must be quick and must
     /// not block. The default, true, is always safe.
-    func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool
-
-    /// Asked before a `write` of up to 128 KiB, which the reader counts as a short request
-    /// (untar writes a few records of its buffer per file, and handing the reading on before
-    /// each cost more than the write): whether this one may block for long, say to read back a
-    /// chunk it patches or to spill the buffer. The same contract as `closeMayTakeLong`.
-    func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool
-
-    /// Asked before a `read` of up to 128 KiB, also a short request to the reader (md5sum of
-    /// a tree reads each small file in one request and waits for it): whether this one may
-    /// block for long, say to read a large chunk from disk. The same contract as
-    /// `closeMayTakeLong`.
-    func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool
+    func mayTakeLong(_ request: ShortRequest, inode: InodeNumber, handle: UInt64) -> Bool
 
     /// `dataOnly` is fdatasync.
     func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws
@@ -238,6 +224,22 @@ public protocol FileSystemOperations: AnyObject, Sendable {
     func removexattr(inode: InodeNumber, name: String) throws
 }
 
+/// A request on an open file that the /dev/fuse reader counts as short, so the worker that read
+/// it keeps reading after it unless `FileSystemOperations.mayTakeLong` says otherwise: closing,
+/// reading or writing a small file is usually done within microseconds, and each hand-on wakes
+/// another worker and sends this one to sleep waiting to read again (untar writes each small
+/// file in one to four records and closes it; md5sum of a tree reads each file in one request).
+public enum ShortRequest: Sendable, Equatable {
+    /// A close(2) of a descriptor.
+    case flush
+    /// The last descriptor went away: may commit what other handles wrote.
+    case release
+    /// A read of at most `COFFER_FUSE_SHORT_IO` bytes.
+    case read(offset: Int64, size: Int)
+    /// A write of at most `COFFER_FUSE_SHORT_IO` bytes.
+    case write(offset: Int64, count: Int)
+}
+
 /// Defaults only for bookkeeping calls whose absence the kernel treats the same way (no
 /// state to set up, nothing buffered to flush, no per-handle directory state). Every operation
 /// that reads or changes the tree or data is a requirement: a filesystem decides its own answer
@@ -257,9 +259,7 @@ extension FileSystemOperations {
     public func forget(inode: InodeNumber, lookups: UInt64) {}
     public func flush(inode: InodeNumber, handle: UInt64, lockOwner: UInt64) throws {}
     public func release(inode: InodeNumber, handle: UInt64, flags: Int32) throws {}
-    public func closeMayTakeLong(inode: InodeNumber, handle: UInt64, releasing: Bool) -> Bool { true }
-    public func writeMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, count: Int) -> Bool { true }
-    public func readMayTakeLong(inode: InodeNumber, handle: UInt64, offset: Int64, size: Int) -> Bool { true }
+    public func mayTakeLong(_ request: ShortRequest, inode: InodeNumber, handle: UInt64) -> Bool { true }
     public func fsync(inode: InodeNumber, handle: UInt64, dataOnly: Bool) throws {}
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply { OpenReply() }
     public func releasedir(inode: InodeNumber, handle: UInt64) throws {}

@@ -1,8 +1,9 @@
 import CFuse
-import CFuseURing
+import CFuseReader
 import Synchronization
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Why a session could not run.
@@ -69,25 +70,14 @@ public final class FuseSession: Sendable {
         /// libfuse's request trace on stderr (`-d`).
         public var debug: Bool
         /// How long the reader polls /dev/fuse before it sleeps, microseconds
-        /// (see `coffer_fuse_use_spinning_reader` in CFuse/shim.h); 0 keeps
-        /// libfuse's own reader, every idle worker blocked in read(2).
+        /// (`CFuseReader/fuse_reader.c`); 0 keeps libfuse's own reader, every idle worker
+        /// blocked in read(2).
         public var spinMicroseconds: Int
         /// How long one short request may keep the reader before a waiting
         /// worker takes over reading, microseconds (a blocked request must not
         /// hold up the others). Checked this often while requests flow, once
         /// a second when the mount is idle.
         public var stallMicroseconds: Int
-        /// Leave clearing setuid and setgid to the filesystem side (the bridge, and the
-        /// filesystem's open for O_TRUNC: `RequestContext.dropsSetIDBits`) so the kernel stops asking for
-        /// `security.capability` before every write and refreshing attributes before every
-        /// chown (FUSE_HANDLE_KILLPRIV_V2). Needs the spinning reader,
-        /// which sees the kernel's per-request flags; without it the kernel keeps the job.
-        public var handleKillPrivV2: Bool
-        /// Threads per CPU serving FUSE over io_uring (CFuseURing), each with one ring entry;
-        /// 0 (the default) keeps every request on /dev/fuse. Used only when the kernel offers it
-        /// (the fuse module's `enable_uring` parameter, Linux 6.14+) and with the spinning
-        /// reader. Requests are then served on their caller's CPU.
-        public var ioUringThreadsPerQueue: Int
 
         public init(
             mountOptions: [String] = [],
@@ -101,9 +91,7 @@ public final class FuseSession: Sendable {
             handleSignals: Bool = true,
             debug: Bool = false,
             spinMicroseconds: Int = 50,
-            stallMicroseconds: Int = 10_000,
-            handleKillPrivV2: Bool = true,
-            ioUringThreadsPerQueue: Int = 0
+            stallMicroseconds: Int = 10_000
         ) {
             self.mountOptions = mountOptions
             self.entryTimeout = entryTimeout
@@ -117,8 +105,6 @@ public final class FuseSession: Sendable {
             self.debug = debug
             self.spinMicroseconds = spinMicroseconds
             self.stallMicroseconds = stallMicroseconds
-            self.handleKillPrivV2 = handleKillPrivV2
-            self.ioUringThreadsPerQueue = ioUringThreadsPerQueue
         }
     }
 
@@ -130,30 +116,12 @@ public final class FuseSession: Sendable {
     /// (0 without the spinning reader); after the session ended, the count it ended with.
     public var readerTakeovers: Int {
         let reader = bridge.reader.load(ordering: .acquiring)
-        return reader == 0 ? finalTakeovers.load(ordering: .relaxed)
-            : Int(coffer_fuse_reader_takeovers(UnsafeMutablePointer(bitPattern: reader)))
+        return reader == 0
+            ? finalTakeovers.load(ordering: .relaxed)
+            : Int(coffer_fuse_reader_takeovers(OpaquePointer(bitPattern: reader)))
     }
     private let finalTakeovers = Atomic<Int>(0)
 
-    /// Requests served through FUSE over io_uring so far (0 when the session runs on
-    /// /dev/fuse alone); after the session ended, the count it ended with.
-    public var ioUringRequests: Int {
-        let uring = self.uring.load(ordering: .acquiring)
-        return uring == 0 ? finalURingRequests.load(ordering: .relaxed)
-            : Int(coffer_fuse_uring_served(OpaquePointer(bitPattern: uring)))
-    }
-    /// Whether the kernel took FUSE over io_uring at INIT (known once mounted; false after the
-    /// session ended).
-    public var usesIOURing: Bool {
-        let uring = self.uring.load(ordering: .acquiring)
-        return uring != 0 && coffer_fuse_uring_granted(OpaquePointer(bitPattern: uring)) != 0
-    }
-    private let uring = Atomic<Int>(0)
-    private let finalURingRequests = Atomic<Int>(0)
-
-    /// Whether the kernel let the filesystem side clear setuid and setgid
-    /// (FUSE_HANDLE_KILLPRIV_V2); known once the mount is up, false after the session ended.
-    public var handlesKillPrivV2: Bool { bridge.handlesKillPrivV2 }
     private let state = Mutex(State())
 
     /// `struct fuse_session *` is only touched under `state`'s lock or by
@@ -232,22 +200,18 @@ public final class FuseSession: Sendable {
             }
             if exitEarly { fuse_session_exit(se) }
             // Falls back to libfuse's reader if it cannot be installed.
-            if configuration.spinMicroseconds > 0 {
-                var reader: UnsafeMutablePointer<coffer_reader_state>?
-                if coffer_fuse_use_spinning_reader(se, configuration.spinMicroseconds * 1000,
-                                                   configuration.stallMicroseconds * 1000,
-                                                   configuration.handleKillPrivV2 ? 1 : 0, &reader) == 0 {
-                    bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
-                    if configuration.ioUringThreadsPerQueue > 0,
-                       let rings = coffer_fuse_uring_prepare(se, reader, Int32(configuration.ioUringThreadsPerQueue)) {
-                        uring.store(Int(bitPattern: rings), ordering: .releasing)
-                    }
-                }
+            var reader: OpaquePointer?
+            if configuration.spinMicroseconds > 0,
+                coffer_fuse_reader_install(
+                    se, configuration.spinMicroseconds * 1000, configuration.stallMicroseconds * 1000, &reader) == 0
+            {
+                bridge.reader.store(Int(bitPattern: reader), ordering: .releasing)
             }
             loopResult = coffer_fuse_session_loop_mt(
                 se, configuration.maxThreads, configuration.maxIdleThreads, 0)
             finalTakeovers.store(readerTakeovers, ordering: .relaxed)
             bridge.reader.store(0, ordering: .releasing)
+            coffer_fuse_reader_free(reader)
         }
 
         // From here on no wake signal may hit this thread (it would
@@ -268,14 +232,6 @@ public final class FuseSession: Sendable {
 
         if mounted {
             fuse_session_unmount(se)
-        }
-        // The rings go after the unmount (a request arriving before it still finds a
-        // thread) and before the session is destroyed (their threads call into it).
-        let rings = uring.exchange(0, ordering: .acquiringAndReleasing)
-        if rings != 0 {
-            finalURingRequests.store(Int(coffer_fuse_uring_served(OpaquePointer(bitPattern: rings))),
-                                     ordering: .relaxed)
-            coffer_fuse_uring_stop(OpaquePointer(bitPattern: rings))
         }
         guard mounted else { throw .mountFailed(mountPoint: mountPoint) }
         // A signal-number result cannot happen (libfuse's own handlers are
@@ -336,11 +292,13 @@ public final class FuseSession: Sendable {
     private func notify(_ body: (OpaquePointer) -> Int32) throws(FSError) {
         // Counting in-flight notifications lets teardown wait for them
         // before the session memory goes away.
-        guard let se = state.withLock({ state -> SessionPointer? in
-            guard let session = state.session else { return nil }
-            state.notificationsInFlight += 1
-            return session
-        }) else { throw FSError(ENOTCONN) }
+        guard
+            let se = state.withLock({ state -> SessionPointer? in
+                guard let session = state.session else { return nil }
+                state.notificationsInFlight += 1
+                return session
+            })
+        else { throw FSError(ENOTCONN) }
         let result = body(se.raw)
         state.withLock { $0.notificationsInFlight -= 1 }
         if result == 0 || result == -ENOENT { return }
@@ -377,12 +335,14 @@ public final class FuseSession: Sendable {
     private func startWatcher(readFD: Int32) throws(FuseSessionError) -> pthread_t {
         let context = Unmanaged.passRetained(WatcherContext(session: self, readFD: readFD)).toOpaque()
         var thread = pthread_t()
-        let rc = pthread_create(&thread, nil, { raw in
-            guard let raw else { return nil }
-            let context = Unmanaged<WatcherContext>.fromOpaque(raw).takeRetainedValue()
-            context.session.watch(readFD: context.readFD)
-            return nil
-        }, context)
+        let rc = pthread_create(
+            &thread, nil,
+            { raw in
+                guard let raw else { return nil }
+                let context = Unmanaged<WatcherContext>.fromOpaque(raw).takeRetainedValue()
+                context.session.watch(readFD: context.readFD)
+                return nil
+            }, context)
         guard rc == 0 else {
             Unmanaged<WatcherContext>.fromOpaque(context).release()
             throw .resourceFailure(errno: rc)

@@ -1,6 +1,8 @@
 import CFuse
+import CFuseReader
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The one `fuse_lowlevel_ops` table, in the style of libfuse's
@@ -64,27 +66,8 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.setattr = { req, ino, attr, toSet, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let attr else { throw FSError(EINVAL) }
-            var changes = AttributeChanges(attr, toSet: toSet)
+            let changes = AttributeChanges(attr, toSet: toSet)
             let context = RequestContext(req)
-            // A chown, or a truncate by a caller without CAP_FSETID: the kernel left dropping
-            // setuid and setgid to us, in the same change.
-            if changes.mode == nil, bridge.requestKillsSetIDBits,
-               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context) {
-                changes.mode = mode
-            }
-            // chown(f, -1, -1) arrives as a setattr of nothing, without the kill flag (the
-            // kernel sets it only when uid or gid is given), yet drops the bits on ext4. The
-            // same empty setattr also comes before a write by someone without CAP_FSETID (the
-            // VFS's `file_remove_privs`, its kill request stripped by FUSE), who need not own
-            // the file; so only the owner or CAP_FOWNER drops them here (a write does it
-            // itself, its WRITE carries the flag), and a chown(-1, -1) by anyone else, which
-            // ext4 refuses with EPERM, succeeds changing nothing.
-            if changes.isEmpty, bridge.handlesKillPrivV2,
-               let mode = try bridge.modeWithoutSetIDBits(inode: ino, handle: fi.map { coffer_fi_get_fh($0) }, context: context, onlyIf: {
-                   $0.uid == context.uid || context.hasCapability(RequestContext.capabilityFOwner)
-               }) {
-                changes.mode = mode
-            }
             let attributes = try bridge.operations.setattr(
                 inode: ino, changes: changes, handle: fi.map { coffer_fi_get_fh($0) },
                 context: context)
@@ -164,7 +147,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EINVAL) }
             let reply = try bridge.operations.open(
-                inode: ino, flags: coffer_fi_get_flags(fi), context: bridge.openContext(req))
+                inode: ino, flags: coffer_fi_get_flags(fi), context: RequestContext(req))
             reply.apply(to: fi)
             if fuse_reply_open(req, fi) != 0 {
                 // The opener is gone; nobody will ever close this handle.
@@ -176,9 +159,9 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.read = { req, ino, size, offset, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            if size <= Int(COFFER_FUSE_SHORT_READ) {
-                bridge.handOnReading(if: bridge.operations.readMayTakeLong(
-                    inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size))
+            if size <= COFFER_FUSE_SHORT_IO {
+                bridge.handOnReading(
+                    before: .read(offset: Int64(offset), size: size), inode: ino, handle: coffer_fi_get_fh(fi))
             }
             let pieces = try bridge.operations.readPieces(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), size: size)
@@ -190,12 +173,10 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
             let data = UnsafeRawBufferPointer(start: buf, count: buf == nil ? 0 : size)
-            if data.count <= Int(COFFER_FUSE_SHORT_WRITE) {
-                bridge.handOnReading(if: bridge.operations.writeMayTakeLong(
-                    inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), count: data.count))
+            if data.count <= COFFER_FUSE_SHORT_IO {
+                bridge.handOnReading(
+                    before: .write(offset: Int64(offset), count: data.count), inode: ino, handle: coffer_fi_get_fh(fi))
             }
-            // A writer without CAP_FSETID drops setuid and setgid, as on a local filesystem.
-            try bridge.dropSetIDBits(before: .write, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             let written = try bridge.operations.write(
                 inode: ino, handle: coffer_fi_get_fh(fi), offset: Int64(offset), data: data)
             guard written >= 0, written <= size else { throw FSError(EIO) }
@@ -206,7 +187,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.flush = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            bridge.handOnReading(if: bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: false))
+            bridge.handOnReading(before: .flush, inode: ino, handle: coffer_fi_get_fh(fi))
             try bridge.operations.flush(
                 inode: ino, handle: coffer_fi_get_fh(fi), lockOwner: coffer_fi_get_lock_owner(fi))
             fuse_reply_err(req, 0)
@@ -216,7 +197,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.release = { req, ino, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            bridge.handOnReading(if: bridge.operations.closeMayTakeLong(inode: ino, handle: coffer_fi_get_fh(fi), releasing: true))
+            bridge.handOnReading(before: .release, inode: ino, handle: coffer_fi_get_fh(fi))
             try bridge.operations.release(inode: ino, handle: coffer_fi_get_fh(fi), flags: coffer_fi_get_flags(fi))
             fuse_reply_err(req, 0)
         }
@@ -236,7 +217,7 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
             let flags = coffer_fi_get_flags(fi)
             let (entry, reply) = try bridge.operations.create(
                 parent: parent, name: try decodeName(name), mode: UInt32(mode), flags: flags,
-                context: bridge.openContext(req))
+                context: RequestContext(req))
             guard entry.inode != 0 else {
                 try? bridge.operations.release(inode: entry.inode, handle: reply.handle, flags: flags)
                 throw FSError(EIO)
@@ -253,7 +234,6 @@ func makeOperationsTable() -> fuse_lowlevel_ops {
     ops.fallocate = { req, ino, mode, offset, length, fi in
         FuseBridge.serve(req) { bridge, req in
             guard let fi else { throw FSError(EBADF) }
-            try bridge.dropSetIDBits(before: .fallocate, inode: ino, handle: coffer_fi_get_fh(fi), context: RequestContext(req))
             try bridge.operations.fallocate(
                 inode: ino, handle: coffer_fi_get_fh(fi), mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)
@@ -415,8 +395,9 @@ private func replyDirectory(
                 var e: fuse_entry_param
                 if counted(entry) {
                     e = bridge.entryParam(
-                        Entry(inode: entry.inode, generation: entry.generation, attributes: entry.attributes,
-                              entryTimeout: entry.entryTimeout, attributeTimeout: entry.attributeTimeout))
+                        Entry(
+                            inode: entry.inode, generation: entry.generation, attributes: entry.attributes,
+                            entryTimeout: entry.entryTimeout, attributeTimeout: entry.attributeTimeout))
                 } else {
                     // ino 0 tells the kernel not to instantiate (and count)
                     // the entry; only the dirent part is used.
