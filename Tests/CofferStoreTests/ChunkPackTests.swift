@@ -1,6 +1,7 @@
+import CofferTestSupport
 import Foundation
 import Testing
-import CofferTestSupport
+
 @testable import CofferStore
 
 /// Large chunks stored together share one pack file (see `ChunkFiles`).
@@ -17,8 +18,10 @@ struct ChunkPackTests {
     @Test func chunksStoredTogetherShareOnePackAndReadBack() throws {
         try withStore { store, dir throws in
             try store.write { w throws in
-                try w.putChunks([(chunkID(1), sealed(1)), (chunkID(2), [2, 2]), (chunkID(3), sealed(3, 70_000)),
-                                 (chunkID(1), sealed(1)), (chunkID(4), sealed(4))])
+                try w.putChunks([
+                    (chunkID(1), sealed(1)), (chunkID(2), [2, 2]), (chunkID(3), sealed(3, 70_000)),
+                    (chunkID(1), sealed(1)), (chunkID(4), sealed(4)),
+                ])
             }
             #expect(packFiles(dir).count == 1, "three large chunks, one file")
             #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE in_file = 2") } == 3)
@@ -47,7 +50,9 @@ struct ChunkPackTests {
             let pack = packFiles(dir)
             #expect(pack.count == 1)
             // A pack nothing names (its transaction never committed) is swept.
-            #expect(FileManager.default.createFile(atPath: dir + "/chunks/packs/" + String(repeating: "ab", count: 16), contents: Data([1])))
+            #expect(
+                FileManager.default.createFile(
+                    atPath: dir + "/chunks/packs/" + String(repeating: "ab", count: 16), contents: Data([1])))
             // Chunk 1 becomes garbage; chunk 2 is still named, so the pack stays whole.
             try store.write { w throws in try w.put(record(10, parent: 1), .local) }
             #expect(try store.collectGarbage().chunks == 1)
@@ -90,7 +95,9 @@ struct ChunkPackTests {
                 #expect(same, "chunk \(n) after the rewrite")
             }
             for n in [UInt8(0), 4, 19, 115, 119] { #expect(try store.chunk(chunkID(n)) == nil) }
-            let sizes = after.map { (try? FileManager.default.attributesOfItem(atPath: dir + "/chunks/packs/" + $0)[.size] as? Int) ?? 0 }.sorted()
+            let sizes = after.map {
+                (try? FileManager.default.attributesOfItem(atPath: dir + "/chunks/packs/" + $0)[.size] as? Int) ?? 0
+            }.sorted()
             #expect(sizes == [300_000, 2_000_000], "the new pack holds just the three live chunks")
             // Nothing left to rewrite: a second collection changes nothing.
             let again = try store.collectGarbage()
@@ -140,10 +147,14 @@ struct ChunkPackTests {
             // The layout stores had before packs: one file per chunk, its row empty.
             let id = chunkID(7)
             let hex = id.map { String(format: "%02x", $0) }.joined()
-            try FileManager.default.createDirectory(atPath: dir + "/chunks/" + hex.prefix(2), withIntermediateDirectories: true)
+            try FileManager.default.createDirectory(
+                atPath: dir + "/chunks/" + hex.prefix(2), withIntermediateDirectories: true)
             try Data(sealed(7)).write(to: URL(fileURLWithPath: dir + "/chunks/" + hex.prefix(2) + "/" + hex))
             try store.write { w throws in
-                try w.withDatabase { db in try db.execute(sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, x'', 1)", arguments: [Data(id)]) }
+                try w.withDatabase { db in
+                    try db.execute(
+                        sql: "INSERT INTO chunks(id, sealed, in_file) VALUES (?, x'', 1)", arguments: [Data(id)])
+                }
             }
             #expect(try store.chunk(id) == sealed(7))
             #expect(try store.read { try $0.chunk(id) } == sealed(7))
@@ -162,14 +173,15 @@ struct ChunkPackTests {
             try #require(packs.count == 1)
             let path = dir + "/chunks/packs/" + packs[0]
             // Out of the page cache, as after a reboot.
-            try #require(PageCache.evict(path) < 8, "the pack left the page cache")
+            try #require(try PageCache.evict(path) < 8, "the pack left the page cache")
 
             // Chunks 3 to 6 (bytes 400,000 to 1,200,000 of the pack), plus ones to skip.
             store.prefetch([chunkID(3), chunkID(4), chunkID(9), chunkID(77), chunkID(5), chunkID(6)])
             let page = PageCache.pageSize
             // The reads are asynchronous: give the disk up to 2 s.
-            #expect(PageCache.waitUntilResident(path, pages: (400_000 / page)..<(1_200_000 / page)),
-                    "chunks 3-6 are in the page cache")
+            #expect(
+                try PageCache.waitUntilResident(path, pages: (400_000 / page)..<(1_200_000 / page)),
+                "chunks 3-6 are in the page cache")
             // And what was prefetched reads back as stored.
             #expect(try store.chunk(chunkID(4)) == sealed(4, 200_000))
 
