@@ -8,11 +8,18 @@ import Testing
     @Test(.enabled(if: getuid() == 0)) func readAheadIsRaisedForTheMount() throws {
         let m = try MountFixture("coffer-fs-readahead")
         // The mount's device from util-linux, not from the daemon's own st_dev decoding.
-        let device = run("/usr/bin/mountpoint", ["-d", m.mountPoint]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+        let device = run("/usr/bin/mountpoint", ["-d", m.mountPoint]).out.trimmingCharacters(
+            in: .whitespacesAndNewlines)
         #expect(device.contains(":"), "mountpoint -d said \(device)")
         let path = "/sys/class/bdi/\(device)/read_ahead_kb"
-        let value = { (try? String(contentsOfFile: path, encoding: .utf8)).flatMap { Int($0.trimmingCharacters(in: .whitespacesAndNewlines)) } }
-        #expect(eventually(timeout: 5) { (value() ?? 0) >= 4096 }, "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
+        let value = {
+            (try? String(contentsOfFile: path, encoding: .utf8)).flatMap {
+                Int($0.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
+        }
+        #expect(
+            eventually(timeout: 5) { (value() ?? 0) >= 4096 },
+            "read_ahead_kb is \(value().map(String.init) ?? "unreadable")")
         // The log line follows the write on the daemon's thread: wait for it too.
         #expect(eventually(timeout: 5) { m.log.contains("read-ahead raised") })
     }
@@ -49,10 +56,11 @@ import Testing
     @Test func unmountRemountKeepsEverything() throws {
         let m = try MountFixture("coffer-fs-remount")
         let src = m.tmp.sub("src")
-        makeSourceTree(src, files: 60, seed: 21)
+        try makeSourceTree(src, files: 60, seed: 21)
         #expect(run("/bin/cp", ["-a", src + "/.", m.mountPoint + "/"]).status == 0)
         #expect(setXattr(m.path("file-0.txt"), "user.k", [1, 2, 3]) == 0)
-        let sums = checksums(m.mountPoint), listing = statListing(m.mountPoint)
+        let sums = checksums(m.mountPoint)
+        let listing = statListing(m.mountPoint)
         #expect(sums == checksums(src) && sums.count == 60)
         #expect(listing == statListing(src))
         let pid = m.daemonPID
@@ -61,7 +69,8 @@ import Testing
         // coffer unmount returns once the daemon is gone.
         try m.unmount()
         #expect(!m.isMounted)
-        #expect(pid.map { MountFixture.waitForExit($0, timeout: 0.5) } == true, "daemon still running after coffer unmount")
+        #expect(
+            pid.map { MountFixture.waitForExit($0, timeout: 0.5) } == true, "daemon still running after coffer unmount")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: m.mountPoint)) ?? ["?"]).isEmpty)
         #expect(coffer(m.dataDir, ["fsck"]).status == 0)
         try m.mount()
@@ -77,7 +86,9 @@ import Testing
         #expect(!m.isMounted)
         #expect(coffer(m.dataDir, ["cat", "/late.txt"]).out == "written just before fusermount3 -u")
         try m.mount()
-        #expect(Set(checksums(m.mountPoint)) == Set(sums + [sha256line("./late.txt", "written just before fusermount3 -u")]))
+        #expect(
+            Set(checksums(m.mountPoint)) == Set(sums + [sha256line("./late.txt", "written just before fusermount3 -u")])
+        )
         #expect(text(readFile(m.path("late.txt"))) == "written just before fusermount3 -u")
         #expect(m.log.contains("unmounted"))
     }
@@ -92,7 +103,10 @@ import Testing
         #expect(fd >= 0)
         let tail = Array("still open when the signal came".utf8)
         #expect(write(fd, tail, tail.count) == tail.count)
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        guard let pid = m.daemonPID else {
+            Issue.record("no daemon pid")
+            return
+        }
         #expect(kill(pid, signal) == 0)
         #expect(MountFixture.waitForExit(pid, timeout: 15), "daemon did not exit on signal \(signal)")
         close(fd)
@@ -132,8 +146,9 @@ import Testing
         let m = try MountFixture("coffer-fs-fds", mount: false)
         let marker = m.tmp.path + "/held-by-the-caller"
         #expect(writeFile(marker, "x") == 0)
-        let mounted = run("/bin/sh", ["-c", "exec 7<\"$0\"; exec \"$1\" mount \"$2\"", marker, cofferBinary, m.mountPoint],
-                          environment: ["COFFER_DATA_DIR": m.dataDir])
+        let mounted = run(
+            "/bin/sh", ["-c", "exec 7<\"$0\"; exec \"$1\" mount \"$2\"", marker, cofferBinary, m.mountPoint],
+            environment: ["COFFER_DATA_DIR": m.dataDir])
         #expect(mounted.status == 0, "\(mounted.err)")
         let pid = try #require(m.daemonPID)
         let fdDir = "/proc/\(pid)/fd"
@@ -166,7 +181,10 @@ import Testing
         let m = try MountFixture("coffer-fs-stale")
         // Only fsynced data is promised across a crash (the daemon commits in groups).
         #expect(writeFile(m.path("f"), Array("survives".utf8), fsync: true) == 0)
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
+        guard let pid = m.daemonPID else {
+            Issue.record("no daemon pid")
+            return
+        }
         #expect(kill(pid, SIGKILL) == 0)
         #expect(MountFixture.waitForExit(pid, timeout: 10))
         var st = stat()
@@ -177,7 +195,9 @@ import Testing
         // kernel handed to a ring whose thread died with the daemon ends in ECANCELED instead
         // (seen once in the io_uring pass of scripts/test: `fuse_uring_send_in_task` with
         // IO_URING_F_TASK_DEAD).
-        #expect(rc == 0 || err == ENOTCONN || err == ECONNABORTED || err == ECANCELED, "stat of a dead mount: rc \(rc) errno \(err)")
+        #expect(
+            rc == 0 || err == ENOTCONN || err == ECONNABORTED || err == ECANCELED,
+            "stat of a dead mount: rc \(rc) errno \(err)")
         #expect(m.isMounted)
         try m.mount()
         #expect(m.isMounted)
@@ -186,7 +206,10 @@ import Testing
         #expect(m.log.contains("stale mount"))
         // Exactly one mount there now.
         let text = (try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8)) ?? ""
-        #expect(text.split(separator: "\n").filter { $0.split(separator: " ").count > 4 && $0.split(separator: " ")[4] == m.mountPoint }.count == 1)
+        #expect(
+            text.split(separator: "\n").filter {
+                $0.split(separator: " ").count > 4 && $0.split(separator: " ")[4] == m.mountPoint
+            }.count == 1)
     }
 
     /// kill -9 of the daemon in the middle of a burst of small files nobody fsyncs (what untar
@@ -197,25 +220,31 @@ import Testing
     @Test func killDuringABurstLosesOnlyASuffixOfWholeOperations() throws {
         let m = try MountFixture("coffer-fs-kill9-burst")
         let progress = m.tmp.path + "/progress"
-        let writer = spawn(python, ["-c", """
-            import os, sys, random
-            root, progress = sys.argv[1], sys.argv[2]
-            i = 0
-            try:
-                while True:
-                    data = random.Random(i).randbytes(random.Random(-i).randint(1, 20_000))
-                    with open(f'{root}/f-{i}', 'wb') as f: f.write(data)
-                    i += 1
-                    if i % 50 == 0:
-                        with open(progress, 'w') as p: p.write(str(i))
-            except OSError as e:
-                print('stopped by', e)
-            """, m.mountPoint, progress])
+        let writer = spawn(
+            python,
+            [
+                "-c",
+                """
+                import os, sys, random
+                root, progress = sys.argv[1], sys.argv[2]
+                i = 0
+                try:
+                    while True:
+                        data = random.Random(i).randbytes(random.Random(-i).randint(1, 20_000))
+                        with open(f'{root}/f-{i}', 'wb') as f: f.write(data)
+                        i += 1
+                        if i % 50 == 0:
+                            with open(progress, 'w') as p: p.write(str(i))
+                except OSError as e:
+                    print('stopped by', e)
+                """, m.mountPoint, progress,
+            ])
         // Two seconds of burst: several groups commit (a burst's group closes after 0.5 s) and
         // one is open at the kill.
         let started = Date()
         let enough = eventually(timeout: 60, interval: 0.02) {
-            (Int((try? String(contentsOfFile: progress, encoding: .utf8)) ?? "") ?? 0) >= 400 && Date().timeIntervalSince(started) >= 2
+            (Int((try? String(contentsOfFile: progress, encoding: .utf8)) ?? "") ?? 0) >= 400
+                && Date().timeIntervalSince(started) >= 2
         }
         #expect(enough, "the writer made too little progress")
         guard killDaemon(of: m, thenStop: writer) else { return }
@@ -223,7 +252,8 @@ import Testing
         let fsck = coffer(m.dataDir, ["fsck"])
         #expect(fsck.status == 0, "fsck after kill -9 mid-burst: \(fsck.out)\(fsck.err)")
         try m.mount()
-        let verify = py("""
+        let verify = py(
+            """
             import os, sys, random
             root = sys.argv[1]
             names = [n for n in os.listdir(root) if n.startswith('f-')]
@@ -249,33 +279,38 @@ import Testing
     @Test func killDuringWritesKeepsEveryFsyncedByte() throws {
         let m = try MountFixture("coffer-fs-kill9")
         let record = m.tmp.path + "/record"
-        let writer = spawn(python, ["-c", """
-            import os, sys, random
-            root, record = sys.argv[1], sys.argv[2]
-            rec = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            log = os.open(root + '/log.bin', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            def put(fd, data):
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            logsize, i = 0, 0
-            try:
-                while True:
-                    data = random.Random(i).randbytes(random.Random(-i).randint(1, 700_000))
-                    fd = os.open(f'{root}/f-{i}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    put(fd, data)
-                    os.fsync(fd)
-                    put(rec, f'file {i} {len(data)}\\n'.encode()); os.fsync(rec)
-                    os.close(fd)
-                    chunk = random.Random(10_000_000 + i).randbytes(1 + (i * 7919) % 20_000)
-                    put(log, chunk)
-                    os.fsync(log)
-                    logsize += len(chunk)
-                    put(rec, f'log {i} {logsize}\\n'.encode()); os.fsync(rec)
-                    i += 1
-            except OSError as e:
-                print('stopped by', e)
-            """, m.mountPoint, record])
+        let writer = spawn(
+            python,
+            [
+                "-c",
+                """
+                import os, sys, random
+                root, record = sys.argv[1], sys.argv[2]
+                rec = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                log = os.open(root + '/log.bin', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                def put(fd, data):
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                logsize, i = 0, 0
+                try:
+                    while True:
+                        data = random.Random(i).randbytes(random.Random(-i).randint(1, 700_000))
+                        fd = os.open(f'{root}/f-{i}', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                        put(fd, data)
+                        os.fsync(fd)
+                        put(rec, f'file {i} {len(data)}\\n'.encode()); os.fsync(rec)
+                        os.close(fd)
+                        chunk = random.Random(10_000_000 + i).randbytes(1 + (i * 7919) % 20_000)
+                        put(log, chunk)
+                        os.fsync(log)
+                        logsize += len(chunk)
+                        put(rec, f'log {i} {logsize}\\n'.encode()); os.fsync(rec)
+                        i += 1
+                except OSError as e:
+                    print('stopped by', e)
+                """, m.mountPoint, record,
+            ])
         // Let a good number of fsyncs complete, then kill the daemon mid-stream.
         let enough = eventually(timeout: 60, interval: 0.02) {
             ((try? String(contentsOfFile: record, encoding: .utf8)) ?? "").split(separator: "\n").count >= 60
@@ -288,8 +323,9 @@ import Testing
 
         let fsck = coffer(m.dataDir, ["fsck"])
         #expect(fsck.status == 0, "fsck after kill -9: \(fsck.out)\(fsck.err)")
-        try m.mount() // also cleans the stale mount
-        let verify = py("""
+        try m.mount()  // also cleans the stale mount
+        let verify = py(
+            """
             import sys, random
             root, record = sys.argv[1], sys.argv[2]
             bad, files, logsize = [], 0, 0
