@@ -20,7 +20,9 @@ import Testing
         // chown first: Linux clears set-user-ID on chown, even root's.
         #expect(chown(p, 1234, 5678) == 0)
         #expect(chmod(p, 0o4751) == 0)
-        var times = [timespec(tv_sec: 946_684_800, tv_nsec: 123_456_789), timespec(tv_sec: 981_173_106, tv_nsec: 987_654_321)]
+        var times = [
+            timespec(tv_sec: 946_684_800, tv_nsec: 123_456_789), timespec(tv_sec: 981_173_106, tv_nsec: 987_654_321),
+        ]
         #expect(utimensat(AT_FDCWD, p, &times, 0) == 0)
         let st = statOf(p)
         #expect(st.map { $0.st_mode & 0o7777 } == 0o4751)
@@ -28,10 +30,14 @@ import Testing
         #expect(st?.st_mtim.tv_sec == 981_173_106)
         #expect(st?.st_mtim.tv_nsec == 987_654_321)
         #expect(st.map { Int($0.st_ctim.tv_sec) > Int(created!.st_ctim.tv_sec) } == true, "chmod/chown move ctime")
-        #expect(st.map { abs(Int($0.st_ctim.tv_sec) - time(nil)) <= 5 } == true, "ctime is the change time, not the set mtime")
+        #expect(
+            st.map { abs(Int($0.st_ctim.tv_sec) - time(nil)) <= 5 } == true,
+            "ctime is the change time, not the set mtime")
         // A write moves mtime to now.
         #expect(writeFile(m.path("g"), "x") == 0)
-        var times2 = [timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2 /* UTIME_OMIT */), timespec(tv_sec: 1_000_000_000, tv_nsec: 0)]
+        var times2 = [
+            timespec(tv_sec: 0, tv_nsec: (1 << 30) - 2 /* UTIME_OMIT */), timespec(tv_sec: 1_000_000_000, tv_nsec: 0),
+        ]
         #expect(utimensat(AT_FDCWD, m.path("g"), &times2, 0) == 0)
         #expect(statOf(m.path("g"))?.st_mtim.tv_sec == 1_000_000_000)
         let fd = open(m.path("g"), O_WRONLY | O_APPEND | O_CLOEXEC)
@@ -65,9 +71,13 @@ import Testing
         #expect(symlink("f", m.path("shared/link")) == 0)
         #expect(mkdir(m.path("plain"), 0o755) == 0)
         #expect(mkdir(m.path("plain/sub"), 0o755) == 0)
-        func modeAndGroup(_ p: String) -> String? { lstatOf(m.path(p)).map { String($0.st_mode & 0o7777, radix: 8) + " " + String($0.st_gid) } }
-        let expected = ["shared/sub": "2700 1000", "shared/f": "644 1000", "shared/sub/deeper": "2755 1000", "plain/sub": "755 0",
-                        "shared/link": "777 1000"]
+        func modeAndGroup(_ p: String) -> String? {
+            lstatOf(m.path(p)).map { String($0.st_mode & 0o7777, radix: 8) + " " + String($0.st_gid) }
+        }
+        let expected = [
+            "shared/sub": "2700 1000", "shared/f": "644 1000", "shared/sub/deeper": "2755 1000", "plain/sub": "755 0",
+            "shared/link": "777 1000",
+        ]
         for (p, want) in expected { #expect(modeAndGroup(p) == want, "\(p)") }
         try m.unmount()
         try m.mount()
@@ -77,7 +87,7 @@ import Testing
     @Test func toolsPreserveAttributes() throws {
         let m = try MountFixture("coffer-fs-attrtools")
         let src = m.tmp.sub("src")
-        makeSourceTree(src, files: 24)
+        try makeSourceTree(src, files: 24)
         chown(src + "/file-5.bin", 1234, 5678)
         lchown(src + "/link-rel", 4321, 8765)
 
@@ -91,7 +101,8 @@ import Testing
         let cp2 = run("/bin/cp", ["-p", src + "/file-5.bin", src + "/file-10.txt", m.mountPoint + "/"])
         #expect(cp2.status == 0, "\(cp2.err)")
         for f in ["file-5.bin", "file-10.txt"] {
-            let a = statOf(src + "/" + f), b = statOf(m.path(f))
+            let a = statOf(src + "/" + f)
+            let b = statOf(m.path(f))
             #expect(a?.st_mode == b?.st_mode && a?.st_uid == b?.st_uid && a?.st_gid == b?.st_gid, "\(f)")
             #expect(a?.st_mtim.tv_sec == b?.st_mtim.tv_sec && a?.st_mtim.tv_nsec == b?.st_mtim.tv_nsec, "\(f)")
         }
@@ -130,7 +141,7 @@ import Testing
         let fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         #expect(fd >= 0)
         #expect(write(fd, "payload", 7) == 7)
-        let utimeOmit = (1 << 30) - 2 // UTIME_OMIT, a macro Swift does not import
+        let utimeOmit = (1 << 30) - 2  // UTIME_OMIT, a macro Swift does not import
         var newTimes = [timespec(tv_sec: 0, tv_nsec: utimeOmit), timespec(tv_sec: 1_700_000_000, tv_nsec: 0)]
         #expect(futimens(fd, &newTimes) == 0)
         #expect(fchown(fd, 1234, 5678) == 0)
@@ -179,10 +190,17 @@ import Testing
         func check(_ when: String) {
             var wrong: [String] = []
             for i in 0..<n {
-                guard let st = statOf(m.path("f\(i)")) else { wrong.append("f\(i) missing"); continue }
+                guard let st = statOf(m.path("f\(i)")) else {
+                    wrong.append("f\(i) missing")
+                    continue
+                }
                 if st.st_size != 3000 + i { wrong.append("f\(i) size \(st.st_size)") }
-                if i % 2 == 0, st.st_mtim.tv_sec != 981_173_106 || st.st_mtim.tv_nsec != 7 { wrong.append("f\(i) mtime \(st.st_mtim.tv_sec)") }
-                if i % 2 == 1, st.st_mode & 0o7777 != 0o640 || st.st_uid != 4321 || st.st_gid != 8765 { wrong.append("f\(i) mode/owner") }
+                if i % 2 == 0, st.st_mtim.tv_sec != 981_173_106 || st.st_mtim.tv_nsec != 7 {
+                    wrong.append("f\(i) mtime \(st.st_mtim.tv_sec)")
+                }
+                if i % 2 == 1, st.st_mode & 0o7777 != 0o640 || st.st_uid != 4321 || st.st_gid != 8765 {
+                    wrong.append("f\(i) mode/owner")
+                }
             }
             #expect(wrong.isEmpty, "\(when): \(wrong.prefix(5))")
         }

@@ -42,7 +42,7 @@ import Testing
     @Test func unmountRemountKeepsEverything() throws {
         let m = try MountFixture("coffer-fs-remount")
         let src = m.tmp.sub("src")
-        makeSourceTree(src, files: 60, seed: 21)
+        try makeSourceTree(src, files: 60, seed: 21)
         #expect(run("/bin/cp", ["-a", src + "/.", m.mountPoint + "/"]).status == 0)
         #expect(setXattr(m.path("file-0.txt"), "user.k", [1, 2, 3]) == 0)
         let sums = checksums(m.mountPoint)

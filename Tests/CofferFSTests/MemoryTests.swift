@@ -6,23 +6,29 @@ import Testing
 @Suite struct MemoryTests {
     @Test func twoGiBWithDdStaysUnder300MB() throws {
         let m = try MountFixture("coffer-fs-memory")
-        guard let pid = m.daemonPID else { Issue.record("no daemon pid"); return }
-        func vm(_ key: String) -> Int? {
-            guard let s = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
-            return s.split(separator: "\n").first { $0.hasPrefix(key + ":") }
-                .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
+        guard let pid = m.daemonPID else {
+            Issue.record("no daemon pid")
+            return
         }
-        let before = vm("VmHWM") ?? 0
+        // Random bytes: zeros would compress to almost nothing and dedupe to one chunk, so
+        // the daemon would never hold a buffer of real chunks.
+        let source = m.tmp.path + "/source.bin"
+        let made = sh("head -c 2147483648 /dev/urandom | tee '\(source)' | md5sum")
+        try #require(made.status == 0 && statOf(source)?.st_size == 2 << 30, "\(made.err)")
+        let expected = made.out.prefix(32)
+        let before = peakResidentKiB(pid) ?? 0
         let start = Date()
-        let dd = run("/bin/dd", ["if=/dev/zero", "of=" + m.path("big"), "bs=1M", "count=2048", "conv=fsync"])
+        let dd = run("/bin/dd", ["if=" + source, "of=" + m.path("big"), "bs=1M", "conv=fsync"])
         let writeTime = Date().timeIntervalSince(start)
         #expect(dd.status == 0, "\(dd.err)")
-        let peakKiB = vm("VmHWM") ?? Int.max
-        print("2 GiB dd conv=fsync through the mount: \(String(format: "%.1f", writeTime)) s; daemon VmHWM \(peakKiB / 1024) MiB (\(peakKiB) KiB; \(before / 1024) MiB before)")
+        let peakKiB = peakResidentKiB(pid) ?? Int.max
+        print(
+            "2 GiB of random bytes, dd conv=fsync through the mount: \(String(format: "%.1f", writeTime)) s; "
+                + "daemon VmHWM \(peakKiB / 1024) MiB (\(peakKiB) KiB; \(before / 1024) MiB before)")
         #expect(peakKiB < 300_000_000 / 1024, "daemon peak RSS \(peakKiB) KiB")
         #expect(statOf(m.path("big"))?.st_size == 2 << 30)
+        #expect(unlink(source) == 0)
 
-        let expected = sh("head -c 2147483648 /dev/zero | md5sum").out.prefix(32)
         // Read it back from the store, not the page cache.
         try m.unmount()
         try m.mount()
@@ -31,11 +37,15 @@ import Testing
         let readTime = Date().timeIntervalSince(readStart)
         #expect(md5.status == 0)
         #expect(md5.out.prefix(32) == expected)
-        let readPeak = m.daemonPID.flatMap { p -> Int? in
-            guard let s = try? String(contentsOfFile: "/proc/\(p)/status", encoding: .utf8) else { return nil }
-            return s.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true)[1]) }
-        } ?? Int.max
+        let readPeak = m.daemonPID.flatMap(peakResidentKiB) ?? Int.max
         print("2 GiB md5sum read back: \(String(format: "%.1f", readTime)) s; daemon VmHWM \(readPeak / 1024) MiB")
         #expect(readPeak < 300_000_000 / 1024, "daemon peak RSS while reading \(readPeak) KiB")
+    }
+
+    /// A process's peak resident set (VmHWM) in KiB.
+    private func peakResidentKiB(_ pid: pid_t) -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+        return status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }
+            .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") }
     }
 }

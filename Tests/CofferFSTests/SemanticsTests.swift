@@ -27,32 +27,50 @@ import Testing
         #expect(names == ["target.txt"])
 
         // Atomic: a reader opening the name in a loop never misses it nor sees a mix.
-        let a = [UInt8](repeating: 0x41, count: 300_000), b = [UInt8](repeating: 0x42, count: 200_000)
+        let a = [UInt8](repeating: 0x41, count: 300_000)
+        let b = [UInt8](repeating: 0x42, count: 200_000)
         #expect(writeFile(t, a) == 0)
         let stop = Atomicish()
         let failures = Atomicish()
+        let wholeReads = Atomicish()
         let reader = Thread {
             while !stop.isSet {
                 // Which call failed, and how, is what tells a lookup race from a read race.
                 let fd = open(t, O_RDONLY | O_CLOEXEC)
-                guard fd >= 0 else { failures.add("open failed: errno \(errno)"); continue }
+                guard fd >= 0 else {
+                    failures.add("open failed: errno \(errno)")
+                    continue
+                }
                 let bytes = readAll(fd: fd)
                 let readErrno = errno
                 close(fd)
-                guard let bytes else { failures.add("read failed: errno \(readErrno)"); continue }
-                if bytes != a && bytes != b { failures.add("mixed content of \(bytes.count) bytes") }
+                guard let bytes else {
+                    failures.add("read failed: errno \(readErrno)")
+                    continue
+                }
+                if bytes != a && bytes != b {
+                    failures.add("mixed content of \(bytes.count) bytes")
+                } else {
+                    wholeReads.count()
+                }
             }
             stop.add("done")
         }
         reader.start()
+        // The renames start once the reader reads, and it must keep reading through them: a
+        // reader that never got a file through proves nothing.
+        #expect(eventually(timeout: 10, interval: 0.001) { wholeReads.counted > 0 }, "the reader read nothing")
+        let readsBefore = wholeReads.counted
         for i in 0..<40 {
             let tmp = m.path("next-\(i)")
             #expect(writeFile(tmp, i % 2 == 0 ? b : a) == 0)
             #expect(rename(tmp, t) == 0)
         }
+        let readsDuring = wholeReads.counted - readsBefore
         stop.set()
         #expect(eventually(timeout: 10) { stop.items.contains("done") })
         #expect(failures.items.isEmpty, "\(failures.items.prefix(5))")
+        #expect(readsDuring > 0, "the reader read nothing while the file was renamed over")
     }
 
     @Test func renameNoReplaceAndExchange() throws {
@@ -70,7 +88,8 @@ import Testing
         #expect(lstatOf(r + "/a") == nil && text(readFile(r + "/c")) == "AAA")
 
         // EXCHANGE: two files swap; a file and a folder swap; both names stay.
-        let inoC = statOf(r + "/c")?.st_ino, inoB = statOf(r + "/b")?.st_ino
+        let inoC = statOf(r + "/c")?.st_ino
+        let inoB = statOf(r + "/b")?.st_ino
         #expect(renameat2(r + "/c", r + "/b", flags: RENAME_EXCHANGE_FLAG) == 0)
         #expect(text(readFile(r + "/c")) == "BB" && text(readFile(r + "/b")) == "AAA")
         #expect(statOf(r + "/b")?.st_ino == inoC && statOf(r + "/c")?.st_ino == inoB)
@@ -80,7 +99,8 @@ import Testing
         // Across folders, and both flags at once is invalid.
         #expect(renameat2(r + "/dir", r + "/c/in", flags: RENAME_EXCHANGE_FLAG) == 0)
         #expect(text(readFile(r + "/dir")) == "inside" && text(readFile(r + "/c/in")) == "BB")
-        #expect(errnoOf { renameat2(r + "/b", r + "/dir", flags: RENAME_EXCHANGE_FLAG | RENAME_NOREPLACE_FLAG) } == EINVAL)
+        #expect(
+            errnoOf { renameat2(r + "/b", r + "/dir", flags: RENAME_EXCHANGE_FLAG | RENAME_NOREPLACE_FLAG) } == EINVAL)
         // The store agrees (through the CLI, while mounted, once the daemon's group commits).
         #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/c/in"]).out == "BB" })
         #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/b"]).out == "AAA" })
@@ -124,7 +144,8 @@ import Testing
         #expect(st.st_mtim.tv_sec == 1_000_000_000 && st.st_size == 5)
         #expect(fstat(reader, &st) == 0 && st.st_mode & 0o7777 == 0o600, "the other descriptor sees it")
         // And its xattrs, with a live file's errnos (through /proc's links to the descriptors).
-        let viaFD = "/proc/self/fd/\(fd)", viaReader = "/proc/self/fd/\(reader)"
+        let viaFD = "/proc/self/fd/\(fd)"
+        let viaReader = "/proc/self/fd/\(reader)"
         #expect(setXattr(viaFD, "user.k", [7]) == 0)
         #expect(getXattr(viaReader, "user.k") == .success([7]))
         #expect(errnoOf { setXattr(viaFD, "user.missing", [1], flags: 2 /* XATTR_REPLACE */) } == ENODATA)
@@ -351,14 +372,19 @@ import Testing
         #expect(writeFile(p, [UInt8](repeating: 1, count: 1000)) == 0)
         let marker = m.tmp.path + "/holding"
         // The holder locks bytes 0..<100 and waits for its stdin to close.
-        let holder = spawn(python, ["-c", """
-            import fcntl, os, sys
-            f = open(sys.argv[1], 'r+b')
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0)
-            open(sys.argv[2], 'w').write('locked')
-            sys.stdin.read()
-            print('released')
-            """, p, marker])
+        let holder = spawn(
+            python,
+            [
+                "-c",
+                """
+                import fcntl, os, sys
+                f = open(sys.argv[1], 'r+b')
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 100, 0)
+                open(sys.argv[2], 'w').write('locked')
+                sys.stdin.read()
+                print('released')
+                """, p, marker,
+            ])
         #expect(eventually(timeout: 10) { FileManager.default.fileExists(atPath: marker) })
         let tryLock = """
             import fcntl, sys, errno
@@ -376,13 +402,15 @@ import Testing
         #expect(whole == "EAGAIN" || whole == "EACCES", "\(whole)")
         #expect(py(tryLock, [p, "200", "100"]).out == "OK\n", "a range nobody holds")
         // A shared lock is refused too; after the holder lets go the range is free.
-        let shared = py("""
+        let shared = py(
+            """
             import fcntl, sys, errno
             f = open(sys.argv[1], 'rb')
             try:
                 fcntl.lockf(f, fcntl.LOCK_SH | fcntl.LOCK_NB, 10, 0); print('OK')
             except OSError as e: print(errno.errorcode[e.errno])
-            """, [p]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+            """, [p]
+        ).out.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(shared == "EAGAIN" || shared == "EACCES", "\(shared)")
         close(holder.stdinFD)
         let done = holder.wait()
@@ -396,8 +424,35 @@ final class Atomicish: @unchecked Sendable {
     private let lock = NSLock()
     private var _items: [String] = []
     private var flag = false
-    func add(_ s: String) { lock.lock(); _items.append(s); lock.unlock() }
-    var items: [String] { lock.lock(); defer { lock.unlock() }; return _items }
-    func set() { lock.lock(); flag = true; lock.unlock() }
-    var isSet: Bool { lock.lock(); defer { lock.unlock() }; return flag }
+    private var _counted = 0
+    func add(_ s: String) {
+        lock.lock()
+        _items.append(s)
+        lock.unlock()
+    }
+    func count() {
+        lock.lock()
+        _counted += 1
+        lock.unlock()
+    }
+    var counted: Int {
+        lock.lock()
+        defer { lock.unlock() }
+        return _counted
+    }
+    var items: [String] {
+        lock.lock()
+        defer { lock.unlock() }
+        return _items
+    }
+    func set() {
+        lock.lock()
+        flag = true
+        lock.unlock()
+    }
+    var isSet: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return flag
+    }
 }

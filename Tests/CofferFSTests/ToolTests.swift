@@ -4,8 +4,10 @@ import Testing
 
 /// Real tools living in the mount.
 @Suite struct ToolTests {
-    let gitEnv = ["GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "Tester", "GIT_AUTHOR_EMAIL": "t@example.org",
-                  "GIT_COMMITTER_NAME": "Tester", "GIT_COMMITTER_EMAIL": "t@example.org"]
+    let gitEnv = [
+        "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "Tester", "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "Tester", "GIT_COMMITTER_EMAIL": "t@example.org",
+    ]
 
     func git(_ args: [String], in dir: String, home: String) -> ProcessResult {
         var env = gitEnv
@@ -19,7 +21,7 @@ import Testing
         let repo = m.path("repo")
         #expect(mkdir(repo, 0o755) == 0)
         #expect(git(["init", "-q", "-b", "main"], in: repo, home: home).status == 0)
-        makeSourceTree(repo + "/src", files: 30)
+        try makeSourceTree(repo + "/src", files: 30)
         for i in 0..<3 {
             #expect(writeFile(repo + "/notes.txt", String(repeating: "revision \(i)\n", count: 100 + i)) == 0)
             let add = git(["add", "-A"], in: repo, home: home)
@@ -48,9 +50,10 @@ import Testing
         let home = m.tmp.sub("home")
         let origin = m.tmp.sub("origin")
         #expect(git(["init", "-q", "-b", "main"], in: origin, home: home).status == 0)
-        makeSourceTree(origin + "/tree", files: 40, seed: 5)
+        try makeSourceTree(origin + "/tree", files: 40, seed: 5)
         for i in 0..<5 {
-            #expect(writeFile(origin + "/log-\(i % 2).txt", String(repeating: "entry \(i)\n", count: 50 * (i + 1))) == 0)
+            #expect(
+                writeFile(origin + "/log-\(i % 2).txt", String(repeating: "entry \(i)\n", count: 50 * (i + 1))) == 0)
             #expect(git(["add", "-A"], in: origin, home: home).status == 0)
             #expect(git(["commit", "-q", "-m", "c\(i)"], in: origin, home: home).status == 0)
         }
@@ -61,7 +64,9 @@ import Testing
         #expect(clone.status == 0, "\(clone.err)")
         let fsck = git(["fsck", "--full", "--strict"], in: m.path("clone"), home: home)
         #expect(fsck.status == 0, "\(fsck.err)")
-        #expect(git(["rev-parse", "HEAD"], in: m.path("clone"), home: home).out == git(["rev-parse", "HEAD"], in: origin, home: home).out)
+        #expect(
+            git(["rev-parse", "HEAD"], in: m.path("clone"), home: home).out
+                == git(["rev-parse", "HEAD"], in: origin, home: home).out)
         #expect(git(["status", "--porcelain"], in: m.path("clone"), home: home).out == "")
         #expect(git(["tag"], in: m.path("clone"), home: home).out == "v1\n")
         #expect(checksums(m.path("clone/tree")) == checksums(origin + "/tree"))
@@ -79,16 +84,21 @@ import Testing
         let old = String(repeating: "old line\n", count: 2000)
         #expect(writeFile(doc, old) == 0)
         let marker = m.tmp.path + "/opened"
-        let holder = spawn(python, ["-c", """
-            import os, sys, hashlib
-            fd = os.open(sys.argv[1], os.O_RDONLY)
-            first = os.pread(fd, 1 << 20, 0)
-            open(sys.argv[2], 'w').write('x')
-            sys.stdin.read()
-            again = os.pread(fd, 1 << 20, 0)
-            fresh = open(sys.argv[1], 'rb').read()
-            print(hashlib.sha256(first).hexdigest(), hashlib.sha256(again).hexdigest(), hashlib.sha256(fresh).hexdigest(), os.fstat(fd).st_nlink)
-            """, doc, marker])
+        let holder = spawn(
+            python,
+            [
+                "-c",
+                """
+                import os, sys, hashlib
+                fd = os.open(sys.argv[1], os.O_RDONLY)
+                first = os.pread(fd, 1 << 20, 0)
+                open(sys.argv[2], 'w').write('x')
+                sys.stdin.read()
+                again = os.pread(fd, 1 << 20, 0)
+                fresh = open(sys.argv[1], 'rb').read()
+                print(hashlib.sha256(first).hexdigest(), hashlib.sha256(again).hexdigest(), hashlib.sha256(fresh).hexdigest(), os.fstat(fd).st_nlink)
+                """, doc, marker,
+            ])
         #expect(eventually(timeout: 10) { FileManager.default.fileExists(atPath: marker) })
         // The editor's save, as vim and most editors do it.
         let new = String(repeating: "new line!\n", count: 1500)
@@ -105,7 +115,8 @@ import Testing
         close(holder.stdinFD)
         let out = holder.wait()
         let sums = out.out.split(separator: " ").map { $0.trimmingCharacters(in: .whitespacesAndNewlines) }
-        let oldSum = sha256(Array(old.utf8)), newSum = sha256(Array(new.utf8))
+        let oldSum = sha256(Array(old.utf8))
+        let newSum = sha256(Array(new.utf8))
         #expect(sums == [oldSum, oldSum, newSum, "0"], "\(out.out)\(out.err)")
         #expect(text(readFile(doc)) == new)
         #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/doc.txt"]).out == new })
@@ -114,14 +125,16 @@ import Testing
     @Test func rsyncInAndAgainTransfersNothing() throws {
         let m = try MountFixture("coffer-fs-rsync")
         let src = m.tmp.sub("src")
-        makeSourceTree(src, files: 120, seed: 9)
+        try makeSourceTree(src, files: 120, seed: 9)
         let first = run("/usr/bin/rsync", ["-a", "--stats", src + "/", m.path("dst") + "/"])
         #expect(first.status == 0, "\(first.err)")
         #expect(checksums(m.path("dst")) == checksums(src))
         #expect(statListing(m.path("dst")) == statListing(src))
         let second = run("/usr/bin/rsync", ["-a", "--itemize-changes", "--stats", src + "/", m.path("dst") + "/"])
         #expect(second.status == 0, "\(second.err)")
-        let itemized = second.out.split(separator: "\n").filter { $0.hasPrefix(">") || $0.hasPrefix("c") || $0.hasPrefix(".") || $0.hasPrefix("h") || $0.hasPrefix("*") }
+        let itemized = second.out.split(separator: "\n").filter {
+            $0.hasPrefix(">") || $0.hasPrefix("c") || $0.hasPrefix(".") || $0.hasPrefix("h") || $0.hasPrefix("*")
+        }
         #expect(itemized.isEmpty, "\(itemized)")
         #expect(second.out.contains("Number of regular files transferred: 0"), "\(second.out)")
         // rsync back out is byte-identical too.
@@ -133,9 +146,10 @@ import Testing
     @Test func tarInAndOutWithIdenticalChecksums() throws {
         let m = try MountFixture("coffer-fs-tar")
         let src = m.tmp.sub("src")
-        makeSourceTree(src, files: 150, seed: 3)
+        try makeSourceTree(src, files: 150, seed: 3)
         for i in 0..<200 { writeFile(src + "/a/small-\(i)", "small file \(i)\n") }
-        let tarIn = m.tmp.path + "/in.tar", tarOut = m.tmp.path + "/out.tar"
+        let tarIn = m.tmp.path + "/in.tar"
+        let tarOut = m.tmp.path + "/out.tar"
         #expect(run("/bin/tar", ["-C", src, "-cf", tarIn, "."]).status == 0)
         #expect(mkdir(m.path("x"), 0o755) == 0)
         let x = run("/bin/tar", ["-C", m.path("x"), "-xf", tarIn])
@@ -150,8 +164,12 @@ import Testing
         #expect(checksums(out) == expected)
         #expect(statListing(out) == statListing(src))
         // The listing of both archives names the same entries with the same sizes.
-        let listIn = run("/bin/tar", ["-tvf", tarIn]).out.split(separator: "\n").map { $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(2) }.map { $0.joined(separator: " ") }.sorted()
-        let listOut = run("/bin/tar", ["-tvf", tarOut]).out.split(separator: "\n").map { $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(2) }.map { $0.joined(separator: " ") }.sorted()
+        let listIn = run("/bin/tar", ["-tvf", tarIn]).out.split(separator: "\n").map {
+            $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(2)
+        }.map { $0.joined(separator: " ") }.sorted()
+        let listOut = run("/bin/tar", ["-tvf", tarOut]).out.split(separator: "\n").map {
+            $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(2)
+        }.map { $0.joined(separator: " ") }.sorted()
         #expect(listIn == listOut)
     }
 
@@ -177,7 +195,8 @@ import Testing
         try m.unmount()
         try m.mount()
         for mode in ["delete", "wal"] {
-            let q = run("/usr/bin/sqlite3", [m.path("test-\(mode).db"), "PRAGMA integrity_check; SELECT max(id) FROM t;"])
+            let q = run(
+                "/usr/bin/sqlite3", [m.path("test-\(mode).db"), "PRAGMA integrity_check; SELECT max(id) FROM t;"])
             #expect(q.out == "ok\n1000\n", "\(mode): \(q.out)\(q.err)")
         }
     }
@@ -187,13 +206,19 @@ import Testing
         let f = m.path("notes.txt")
         #expect(writeFile(f, "first\nsecond\n") == 0)
         let home = m.tmp.sub("home")
-        let r = run("/usr/bin/vi", ["-u", "NONE", "-i", "NONE", "-N", "-es", "-c", "normal Gohello", "-c", "1s/first/FIRST/", "-c", "wq", f],
-                    environment: ["HOME": home, "TERM": "dumb"])
+        let r = run(
+            "/usr/bin/vi",
+            ["-u", "NONE", "-i", "NONE", "-N", "-es", "-c", "normal Gohello", "-c", "1s/first/FIRST/", "-c", "wq", f],
+            environment: ["HOME": home, "TERM": "dumb"])
         #expect(r.status == 0, "\(r.out)\(r.err)")
         #expect(text(readFile(f)) == "FIRST\nsecond\nhello\n")
         // With a backup copy written and renamed, as :set backup does.
-        let r2 = run("/usr/bin/vi", ["-u", "NONE", "-i", "NONE", "-N", "-es", "-c", "set backup writebackup backupcopy=no",
-                                     "-c", "normal ggdd", "-c", "wq", f], environment: ["HOME": home, "TERM": "dumb"])
+        let r2 = run(
+            "/usr/bin/vi",
+            [
+                "-u", "NONE", "-i", "NONE", "-N", "-es", "-c", "set backup writebackup backupcopy=no",
+                "-c", "normal ggdd", "-c", "wq", f,
+            ], environment: ["HOME": home, "TERM": "dumb"])
         #expect(r2.status == 0, "\(r2.out)\(r2.err)")
         #expect(text(readFile(f)) == "second\nhello\n")
         #expect(eventually(timeout: 1.0) { coffer(m.dataDir, ["cat", "/notes.txt"]).out == "second\nhello\n" })

@@ -168,14 +168,14 @@ struct ChunkPackTests {
             try #require(packs.count == 1)
             let path = dir + "/chunks/packs/" + packs[0]
             // Out of the page cache, as after a reboot.
-            try #require(PageCache.evict(path) < 8, "the pack left the page cache")
+            try #require(try PageCache.evict(path) < 8, "the pack left the page cache")
 
             // Chunks 3 to 6 (bytes 400,000 to 1,200,000 of the pack), plus ones to skip.
             store.prefetch([chunkID(3), chunkID(4), chunkID(9), chunkID(77), chunkID(5), chunkID(6)])
             let page = PageCache.pageSize
             // The reads are asynchronous: give the disk up to 2 s.
             #expect(
-                PageCache.waitUntilResident(path, pages: (400_000 / page)..<(1_200_000 / page)),
+                try PageCache.waitUntilResident(path, pages: (400_000 / page)..<(1_200_000 / page)),
                 "chunks 3-6 are in the page cache")
             // And what was prefetched reads back as stored.
             #expect(try store.chunk(chunkID(4)) == sealed(4, 200_000))

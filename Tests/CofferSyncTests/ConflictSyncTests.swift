@@ -27,7 +27,11 @@ import Testing
     }
 
     @Test func concurrentMovesFirstSyncWins() async throws {
-        let w = try await world { d in try d.mkdir("/x"); try d.mkdir("/y"); try d.write("/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/x")
+            try d.mkdir("/y")
+            try d.write("/f.txt", "f")
+        }
         try w.a.mv("/f.txt", "/x/f.txt")
         try w.b.mv("/f.txt", "/y/f.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -36,7 +40,10 @@ import Testing
     }
 
     @Test func renameAgainstMoveRemoteWinsBoth() async throws {
-        let w = try await world { d in try d.mkdir("/x"); try d.write("/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/x")
+            try d.write("/f.txt", "f")
+        }
         try w.a.mv("/f.txt", "/g.txt")
         try w.b.mv("/f.txt", "/x/f.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -45,7 +52,10 @@ import Testing
     }
 
     @Test func moveAgainstDeleteOfTheFile() async throws {
-        let w = try await world { d in try d.mkdir("/x"); try d.write("/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/x")
+            try d.write("/f.txt", "f")
+        }
         try w.a.rm("/f.txt")
         try w.b.mv("/f.txt", "/x/f.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -54,7 +64,10 @@ import Testing
     }
 
     @Test func moveOutOfAFolderDeletedLaterSurvives() async throws {
-        let w = try await world { d in try d.mkdir("/dir"); try d.write("/dir/keep.txt", "k") }
+        let w = try await world { d in
+            try d.mkdir("/dir")
+            try d.write("/dir/keep.txt", "k")
+        }
         try w.a.mv("/dir/keep.txt", "/keep.txt")
         try w.b.rm("/dir")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -64,7 +77,10 @@ import Testing
     }
 
     @Test func moveOutOfAFolderDeletedEarlierIsDeleted() async throws {
-        let w = try await world { d in try d.mkdir("/dir"); try d.write("/dir/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/dir")
+            try d.write("/dir/f.txt", "f")
+        }
         try w.b.rm("/dir")
         try w.a.mv("/dir/f.txt", "/f.txt")
         try await w.sync(w.b, w.a, w.b, w.a)
@@ -83,7 +99,11 @@ import Testing
     }
 
     @Test func moveFolderWithContents() async throws {
-        let w = try await world { d in try d.mkdir("/p/q"); try d.mkdir("/r"); try d.write("/p/q/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/p/q")
+            try d.mkdir("/r")
+            try d.write("/p/q/f.txt", "f")
+        }
         try w.a.mv("/p", "/r/p")
         try w.b.write("/p/q/g.txt", "g")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -94,7 +114,10 @@ import Testing
     // MARK: Cycles
 
     @Test func twoFolderCycleIsUndone() async throws {
-        let w = try await world { d in try d.mkdir("/X"); try d.mkdir("/Y") }
+        let w = try await world { d in
+            try d.mkdir("/X")
+            try d.mkdir("/Y")
+        }
         try w.a.mv("/X", "/Y/X")
         try w.b.mv("/Y", "/X/Y")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -104,7 +127,11 @@ import Testing
     }
 
     @Test func threeFolderCycleIsUndone() async throws {
-        let w = try await world { d in try d.mkdir("/X"); try d.mkdir("/Y"); try d.mkdir("/Z") }
+        let w = try await world { d in
+            try d.mkdir("/X")
+            try d.mkdir("/Y")
+            try d.mkdir("/Z")
+        }
         try w.a.mv("/X", "/Y/X")
         try w.b.mv("/Y", "/Z/Y")
         try w.b.mv("/Z", "/X/Z")
@@ -117,13 +144,20 @@ import Testing
     }
 
     @Test func cycleWithContentsKeepsEverything() async throws {
-        let w = try await world { d in try d.mkdir("/X"); try d.mkdir("/Y"); try d.write("/X/x.txt", "x"); try d.write("/Y/y.txt", "y") }
+        let w = try await world { d in
+            try d.mkdir("/X")
+            try d.mkdir("/Y")
+            try d.write("/X/x.txt", "x")
+            try d.write("/Y/y.txt", "y")
+        }
         try w.a.mv("/Y", "/X/Y")
         try w.b.mv("/X", "/Y/X")
         try w.b.write("/Y/X/new.txt", "new")
         try await w.sync(w.a, w.b, w.a, w.b)
         let snap = try w.a.snapshot()
-        #expect(snap.keys.contains { $0.hasSuffix("/x.txt") } && snap.keys.contains { $0.hasSuffix("/y.txt") } && snap.keys.contains { $0.hasSuffix("/new.txt") })
+        #expect(
+            snap.keys.contains { $0.hasSuffix("/x.txt") } && snap.keys.contains { $0.hasSuffix("/y.txt") }
+                && snap.keys.contains { $0.hasSuffix("/new.txt") })
         try await w.expectConverged()
     }
 
@@ -142,8 +176,10 @@ import Testing
 
     @Test func bothCreateTheSameFolder() async throws {
         let w = try await SyncWorld()
-        try w.a.mkdir("/docs"); try w.a.write("/docs/a.txt", "a")
-        try w.b.mkdir("/docs"); try w.b.write("/docs/b.txt", "b")
+        try w.a.mkdir("/docs")
+        try w.a.write("/docs/a.txt", "a")
+        try w.b.mkdir("/docs")
+        try w.b.write("/docs/b.txt", "b")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.ls() == ["docs", "docs-1"])
         #expect(try w.a.read("/docs/a.txt") == "a" && w.a.read("/docs-1/b.txt") == "b")
@@ -160,7 +196,11 @@ import Testing
     }
 
     @Test func moveIntoATakenName() async throws {
-        let w = try await world { d in try d.mkdir("/x"); try d.mkdir("/y"); try d.write("/x/a.txt", "moved") }
+        let w = try await world { d in
+            try d.mkdir("/x")
+            try d.mkdir("/y")
+            try d.write("/x/a.txt", "moved")
+        }
         try w.a.write("/y/a.txt", "created")
         try w.b.mv("/x/a.txt", "/y/a.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -180,8 +220,12 @@ import Testing
 
     @Test func namesWithoutExtensionAndDotfiles() async throws {
         let w = try await SyncWorld()
-        try w.a.write("/README", "a"); try w.a.write("/.bashrc", "a"); try w.a.write("/archive.tar.gz", "a")
-        try w.b.write("/README", "b"); try w.b.write("/.bashrc", "b"); try w.b.write("/archive.tar.gz", "b")
+        try w.a.write("/README", "a")
+        try w.a.write("/.bashrc", "a")
+        try w.a.write("/archive.tar.gz", "a")
+        try w.b.write("/README", "b")
+        try w.b.write("/.bashrc", "b")
+        try w.b.write("/archive.tar.gz", "b")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.ls() == [".bashrc", ".bashrc-1", "README", "README-1", "archive.tar-1.gz", "archive.tar.gz"])
         try await w.expectConverged()
@@ -198,7 +242,8 @@ import Testing
 
     @Test func deleteAndRecreateAgainstEditOfTheOld() async throws {
         let w = try await world { try $0.write("/a.txt", "old") }
-        try w.a.rm("/a.txt"); try w.a.write("/a.txt", "brand new")
+        try w.a.rm("/a.txt")
+        try w.a.write("/a.txt", "brand new")
         try w.b.write("/a.txt", "edited old")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.read("/a.txt") == "brand new")
@@ -228,7 +273,10 @@ import Testing
     }
 
     @Test func editInsideAFolderDeletedElsewhereLandsInTheRoot() async throws {
-        let w = try await world { d in try d.mkdir("/proj/src"); try d.write("/proj/src/main.c", "int main;") }
+        let w = try await world { d in
+            try d.mkdir("/proj/src")
+            try d.write("/proj/src/main.c", "int main;")
+        }
         try w.a.rm("/proj")
         try w.b.write("/proj/src/main.c", "int main() { return 0; }")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -248,7 +296,8 @@ import Testing
 
     @Test func bothDeleteTheSameFile() async throws {
         let w = try await world { try $0.write("/x.txt", "x") }
-        try w.a.rm("/x.txt"); try w.b.rm("/x.txt")
+        try w.a.rm("/x.txt")
+        try w.b.rm("/x.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.ls() == [])
         try await w.expectConverged()
@@ -256,14 +305,18 @@ import Testing
 
     @Test func chmodAgainstDelete() async throws {
         let w = try await world { try $0.write("/x.txt", "x") }
-        try w.a.rm("/x.txt"); try w.b.chmod("/x.txt", 0o600)
+        try w.a.rm("/x.txt")
+        try w.b.chmod("/x.txt", 0o600)
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(!w.b.exists("/x.txt"))
         try await w.expectConverged()
     }
 
     @Test func deleteFolderAgainstRenameInside() async throws {
-        let w = try await world { d in try d.mkdir("/d"); try d.write("/d/a.txt", "a") }
+        let w = try await world { d in
+            try d.mkdir("/d")
+            try d.write("/d/a.txt", "a")
+        }
         try w.a.rm("/d")
         try w.b.mv("/d/a.txt", "/d/b.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -291,7 +344,9 @@ import Testing
         try w.b.write("/t.txt", "a\nfrom B\nc\n")
         try await w.sync(w.a, w.b, w.a, w.b)
         let merged = try w.a.read("/t.txt")
-        #expect(merged.contains("<<<<<<<") && merged.contains("from A") && merged.contains("from B") && merged.contains(">>>>>>>"))
+        #expect(
+            merged.contains("<<<<<<<") && merged.contains("from A") && merged.contains("from B")
+                && merged.contains(">>>>>>>"))
         try await w.expectConverged()
     }
 
@@ -306,7 +361,10 @@ import Testing
     }
 
     @Test func binaryConflictCopyCollision() async throws {
-        let w = try await world { d in try d.write("/img.bin", [0, 1]); try d.write("/img-1.bin", [5]) }
+        let w = try await world { d in
+            try d.write("/img.bin", [0, 1])
+            try d.write("/img-1.bin", [5])
+        }
         try w.a.write("/img.bin", [0, 2])
         try w.b.write("/img.bin", [0, 3])
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -334,7 +392,10 @@ import Testing
     }
 
     @Test func editAgainstMove() async throws {
-        let w = try await world { d in try d.mkdir("/dst"); try d.write("/e.txt", "v1") }
+        let w = try await world { d in
+            try d.mkdir("/dst")
+            try d.write("/e.txt", "v1")
+        }
         try w.a.write("/e.txt", "v2")
         try w.b.mv("/e.txt", "/dst/e.txt")
         try await w.sync(w.b, w.a, w.b, w.a)
@@ -353,8 +414,12 @@ import Testing
     }
 
     @Test func editsToDifferentFilesBothLand() async throws {
-        let w = try await world { d in try d.write("/1.txt", "1"); try d.write("/2.txt", "2") }
-        try w.a.write("/1.txt", "one"); try w.b.write("/2.txt", "two")
+        let w = try await world { d in
+            try d.write("/1.txt", "1")
+            try d.write("/2.txt", "2")
+        }
+        try w.a.write("/1.txt", "one")
+        try w.b.write("/2.txt", "two")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.read("/1.txt") == "one" && w.a.read("/2.txt") == "two")
         try await w.expectConverged()
@@ -362,12 +427,14 @@ import Testing
 
     // MARK: Attributes
 
-    @Test func laterChmodWins() async throws {
+    /// B changes the mode after A. B's mode wins whichever device syncs first: were the first
+    /// (or the last) to sync to win instead, one of the two orders would fail.
+    @Test(arguments: [true, false]) func laterChmodWins(laterSyncsFirst: Bool) async throws {
         let w = try await world { try $0.write("/p.txt", "p") }
         try w.a.chmod("/p.txt", 0o600)
         usleep(5000)
         try w.b.chmod("/p.txt", 0o640)
-        try await w.sync(w.b, w.a, w.b, w.a)
+        if laterSyncsFirst { try await w.sync(w.b, w.a, w.b, w.a) } else { try await w.sync(w.a, w.b, w.a, w.b) }
         #expect(try w.a.mode("/p.txt") == 0o640)
         try await w.expectConverged()
     }
@@ -398,7 +465,10 @@ import Testing
     }
 
     @Test func xattrsFromBothSides() async throws {
-        let w = try await world { d in try d.write("/x.txt", "x"); try d.setXattr("/x.txt", "user.old", "1") }
+        let w = try await world { d in
+            try d.write("/x.txt", "x")
+            try d.setXattr("/x.txt", "user.old", "1")
+        }
         try w.a.setXattr("/x.txt", "user.a", "from a")
         try w.b.setXattr("/x.txt", "user.b", "from b")
         try w.b.setXattr("/x.txt", "user.old", nil)

@@ -13,7 +13,9 @@ import Testing
 
     @Test func threeDevicesCreateTheSameName() async throws {
         let w = try await SyncWorld(devices: 3)
-        try w.a.write("/n.txt", "a"); try w.b.write("/n.txt", "b"); try w.c.write("/n.txt", "c")
+        try w.a.write("/n.txt", "a")
+        try w.b.write("/n.txt", "b")
+        try w.c.write("/n.txt", "c")
         try await w.sync(w.a, w.b, w.c)
         try await w.expectConverged()
         #expect(try w.a.ls() == ["n-1.txt", "n-2.txt", "n.txt"])
@@ -21,8 +23,13 @@ import Testing
     }
 
     @Test func swapNamesWhileOtherEdits() async throws {
-        let w = try await world { d in try d.write("/a.txt", "A"); try d.write("/b.txt", "B") }
-        try w.a.mv("/a.txt", "/tmp.txt"); try w.a.mv("/b.txt", "/a.txt"); try w.a.mv("/tmp.txt", "/b.txt")
+        let w = try await world { d in
+            try d.write("/a.txt", "A")
+            try d.write("/b.txt", "B")
+        }
+        try w.a.mv("/a.txt", "/tmp.txt")
+        try w.a.mv("/b.txt", "/a.txt")
+        try w.a.mv("/tmp.txt", "/b.txt")
         try w.b.write("/a.txt", "A edited")
         try await w.sync(w.a, w.b, w.a, w.b)
         // The edit follows the file, which is now called b.txt.
@@ -31,7 +38,10 @@ import Testing
     }
 
     @Test func deleteParentAndChildConcurrently() async throws {
-        let w = try await world { d in try d.mkdir("/p"); try d.write("/p/c.txt", "c") }
+        let w = try await world { d in
+            try d.mkdir("/p")
+            try d.write("/p/c.txt", "c")
+        }
         try w.a.rm("/p")
         try w.b.rm("/p/c.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -40,7 +50,10 @@ import Testing
     }
 
     @Test func moveIntoAFolderDeletedFirstElsewhere() async throws {
-        let w = try await world { d in try d.mkdir("/F"); try d.write("/f.txt", "f") }
+        let w = try await world { d in
+            try d.mkdir("/F")
+            try d.write("/f.txt", "f")
+        }
         try w.b.rm("/F")
         try w.a.mv("/f.txt", "/F/f.txt")
         try await w.sync(w.b, w.a, w.b, w.a)
@@ -50,7 +63,8 @@ import Testing
 
     @Test func editTwiceBetweenSyncs() async throws {
         let w = try await world { try $0.write("/t.txt", "1") }
-        try w.a.write("/t.txt", "2"); try w.a.write("/t.txt", "3")
+        try w.a.write("/t.txt", "2")
+        try w.a.write("/t.txt", "3")
         try await w.sync(w.a, w.b)
         #expect(try w.b.read("/t.txt") == "3")
         try await w.expectConverged()
@@ -58,14 +72,20 @@ import Testing
 
     @Test func manyFilesOnBothSides() async throws {
         let w = try await SyncWorld()
-        for i in 0..<40 { try w.a.write("/a\(i).txt", "a\(i)"); try w.b.write("/b\(i).txt", "b\(i)") }
+        for i in 0..<40 {
+            try w.a.write("/a\(i).txt", "a\(i)")
+            try w.b.write("/b\(i).txt", "b\(i)")
+        }
         try await w.sync(w.a, w.b, w.a)
         #expect(try w.a.ls().count == 80)
         try await w.expectConverged()
     }
 
     @Test func folderRenamedDifferentlyOnBoth() async throws {
-        let w = try await world { d in try d.mkdir("/dir"); try d.write("/dir/x", "x") }
+        let w = try await world { d in
+            try d.mkdir("/dir")
+            try d.write("/dir/x", "x")
+        }
         try w.a.mv("/dir", "/dirA")
         try w.b.mv("/dir", "/dirB")
         try await w.sync(w.a, w.b, w.a, w.b)
@@ -75,25 +95,30 @@ import Testing
 
     @Test func sameChmodOnBoth() async throws {
         let w = try await world { try $0.write("/m", "m") }
-        try w.a.chmod("/m", 0o700); try w.b.chmod("/m", 0o700)
+        try w.a.chmod("/m", 0o700)
+        try w.b.chmod("/m", 0o700)
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.a.mode("/m") == 0o700)
         try await w.expectConverged()
     }
 
-    @Test func sameXattrDifferentValuesLaterWins() async throws {
+    /// B sets the value after A. B's value wins whichever device syncs first: were the first (or
+    /// the last) to sync to win instead, one of the two orders would fail.
+    @Test(arguments: [true, false]) func sameXattrDifferentValuesLaterWins(laterSyncsFirst: Bool) async throws {
         let w = try await world { try $0.write("/x", "x") }
         try w.a.setXattr("/x", "user.color", "red")
         usleep(5000)
         try w.b.setXattr("/x", "user.color", "green")
-        try await w.sync(w.b, w.a, w.b, w.a)
+        if laterSyncsFirst { try await w.sync(w.b, w.a, w.b, w.a) } else { try await w.sync(w.a, w.b, w.a, w.b) }
         #expect(try w.a.xattrs("/x") == ["user.color": "green"])
+        #expect(try w.b.xattrs("/x") == ["user.color": "green"])
         try await w.expectConverged()
     }
 
     @Test func deletedFileAndNewFolderOfTheSameName() async throws {
         let w = try await world { try $0.write("/thing", "file") }
-        try w.a.rm("/thing"); try w.a.mkdir("/thing")
+        try w.a.rm("/thing")
+        try w.a.mkdir("/thing")
         try w.b.chmod("/thing", 0o600)
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.b.vault.resolve("/thing").type == .folder)
@@ -113,7 +138,12 @@ import Testing
     }
 
     @Test func moveChainsAcrossFolders() async throws {
-        let w = try await world { d in try d.mkdir("/1"); try d.mkdir("/2"); try d.mkdir("/3"); try d.write("/1/f", "f") }
+        let w = try await world { d in
+            try d.mkdir("/1")
+            try d.mkdir("/2")
+            try d.mkdir("/3")
+            try d.write("/1/f", "f")
+        }
         try w.a.mv("/1/f", "/2/f")
         try w.b.mv("/2", "/3/2")
         try await w.sync(w.a, w.b, w.a, w.b)

@@ -23,37 +23,72 @@ import Testing
 
     static let verbose = ProcessInfo.processInfo.environment["COFFER_TRIAL_VERBOSE"] != nil
 
-    func randomOperation(_ d: Device, _ rng: inout RNG) {
+    /// What one random operation came to: nothing to act on, done, or refused (a name taken,
+    /// a folder moved into itself: the trials pick paths blindly, so some refusals are normal).
+    enum Outcome { case skipped, succeeded, failed }
+
+    func randomOperation(_ d: Device, _ rng: inout RNG) -> Outcome {
         let op = rng.int(10)
         let folder = randomPath(d, &rng, folders: true) ?? ""
         let target = folder + "/" + rng.pick(Self.names)
-        if Self.verbose { print("\(d.name): op \(op) target \(target) tree \((try? d.snapshot().keys.sorted()) ?? [])") }
+        if Self.verbose {
+            print("\(d.name): op \(op) target \(target) tree \((try? d.snapshot().keys.sorted()) ?? [])")
+        }
+        func attempt(_ body: () throws -> Void) -> Outcome {
+            do {
+                try body()
+                return .succeeded
+            } catch {
+                if Self.verbose { print("\(d.name): op \(op) refused: \(error)") }
+                return .failed
+            }
+        }
         switch op {
         case 0, 1:
-            try? d.write(target, (0..<rng.int(6)).map { "line \($0) \(rng.int(4))\n" }.joined())
+            return attempt { try d.write(target, (0..<rng.int(6)).map { "line \($0) \(rng.int(4))\n" }.joined()) }
         case 2:
-            if let p = randomPath(d, &rng, folders: false), (try? d.vault.resolve(p).type) == .document {
-                var lines = ((try? d.read(p)) ?? "").split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+            guard let p = randomPath(d, &rng, folders: false), (try? d.vault.resolve(p).type) == .document else {
+                return .skipped
+            }
+            return attempt {
+                var lines = try d.read(p).split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
                 lines.insert("edit \(rng.int(100))", at: rng.int(lines.count + 1))
-                try? d.write(p, lines.joined(separator: "\n"))
+                try d.write(p, lines.joined(separator: "\n"))
             }
         case 3:
-            try? d.mkdir(target)
+            return attempt { try d.mkdir(target) }
         case 4, 5:
-            if let p = randomPath(d, &rng, folders: false) { try? d.mv(p, target) }
+            guard let p = randomPath(d, &rng, folders: false) else { return .skipped }
+            return attempt { try d.mv(p, target) }
         case 6:
-            if let p = randomPath(d, &rng, folders: false) { try? d.rm(p) }
+            guard let p = randomPath(d, &rng, folders: false) else { return .skipped }
+            return attempt { try d.rm(p) }
         case 7:
-            if let p = randomPath(d, &rng, folders: false) { try? d.chmod(p, [0o600, 0o644, 0o755][rng.int(3)]) }
+            guard let p = randomPath(d, &rng, folders: false) else { return .skipped }
+            return attempt { try d.chmod(p, [0o600, 0o644, 0o755][rng.int(3)]) }
         case 8:
-            if let p = randomPath(d, &rng, folders: false) { try? d.setXattr(p, "user.k\(rng.int(2))", rng.int(3) == 0 ? nil : "v\(rng.int(9))") }
+            guard let p = randomPath(d, &rng, folders: false) else { return .skipped }
+            return attempt { try d.setXattr(p, "user.k\(rng.int(2))", rng.int(3) == 0 ? nil : "v\(rng.int(9))") }
         default:
-            try? d.write(target, (0..<4).map { _ in UInt8(truncatingIfNeeded: rng.next()) })
+            return attempt { try d.write(target, (0..<4).map { _ in UInt8(truncatingIfNeeded: rng.next()) }) }
         }
     }
 
-    func trial(seed: UInt64, server: ServerProcess) async throws {
+    /// Operations tried (not skipped) and done, over one trial or all of them.
+    struct Tally {
+        var tried = 0
+        var done = 0
+        mutating func add(_ outcome: Outcome) {
+            if outcome != .skipped { tried += 1 }
+            if outcome == .succeeded { done += 1 }
+        }
+    }
+
+    /// One seeded trial; what its operations came to.
+    @discardableResult
+    func trial(seed: UInt64, server: ServerProcess) async throws -> Tally {
         var rng = RNG(seed: seed)
+        var tally = Tally()
         let w = try await SyncWorld(devices: 3, server: server)
         for _ in 0..<(20 + rng.int(20)) {
             let d = w.devices[rng.int(3)]
@@ -61,19 +96,23 @@ import Testing
                 if Self.verbose { print("\(d.name): sync") }
                 do { try await d.sync() } catch {
                     Issue.record("seed \(seed): sync of \(d.name) failed: \(error)")
-                    return
+                    return tally
                 }
             } else {
-                randomOperation(d, &rng)
+                tally.add(randomOperation(d, &rng))
             }
         }
         do {
             for _ in 0..<3 { for d in w.devices { try await d.sync() } }
         } catch {
             Issue.record("seed \(seed): final sync failed: \(error)")
-            return
+            return tally
         }
+        // Refusals are expected now and then, but a trial whose operations mostly fail, or that
+        // ends with nothing in the tree, tests convergence of next to nothing.
+        #expect(tally.done * 2 > tally.tried, "seed \(seed): only \(tally.done) of \(tally.tried) operations succeeded")
         let first = try w.devices[0].snapshot()
+        #expect(!first.isEmpty, "seed \(seed): the trees converged empty")
         for d in w.devices {
             let snap = try d.snapshot()
             #expect(snap == first, "seed \(seed): device \(d.name) differs: \(SyncWorld.diff(first, snap))")
@@ -84,7 +123,9 @@ import Testing
                             let local = try dev.vault.store.read { try $0.file(n.id, .local) }
                             let base = try dev.vault.store.read { try $0.file(n.id, .base) }
                             _ = sh("cp '\(server.dataDirectory)/metadata.sqlite'* /tmp/ 2>/dev/null")
-                            print("\(dev.name) has \(k) id \(n.id) local=\(local != nil) base=\(base.map { "v\($0.version) del=\($0.metadata.isDeleted) sdel=\($0.serverDeleted) parent=\($0.metadata.parent)" } ?? "nil")")
+                            print(
+                                "\(dev.name) has \(k) id \(n.id) local=\(local != nil) base=\(base.map { "v\($0.version) del=\($0.metadata.isDeleted) sdel=\($0.serverDeleted) parent=\($0.metadata.parent)" } ?? "nil")"
+                            )
                         }
                     }
                 }
@@ -93,6 +134,7 @@ import Testing
             #expect(report.isClean, "seed \(seed): device \(d.name) fsck: \(report.problems)")
             #expect(d.pending == 0, "seed \(seed): device \(d.name) has pending changes")
         }
+        return tally
     }
 
     @Test func randomOperationsOnThreeDevicesConverge() async throws {
@@ -100,17 +142,23 @@ import Testing
         let tmp = TemporaryDirectory("coffer-trials")
         let server = try ServerProcess(dataDirectory: tmp.sub("server"))
         let seeds: [UInt64]
-        if let one = env["COFFER_TRIAL_SEED"].flatMap(UInt64.init) { seeds = [one] } else {
+        if let one = env["COFFER_TRIAL_SEED"].flatMap(UInt64.init) {
+            seeds = [one]
+        } else {
             let count = env["COFFER_TRIALS"].flatMap(Int.init) ?? 200
             seeds = (1...UInt64(count)).map { $0 &* 7919 }
         }
+        var total = Tally()
         for (i, seed) in seeds.enumerated() {
-            try await trial(seed: seed, server: server)
+            let tally = try await trial(seed: seed, server: server)
+            total.tried += tally.tried
+            total.done += tally.done
             // The server's own validation, every 25 trials (it audits every account so far).
             if i % 25 == 24 || i == seeds.count - 1 {
                 let audit = server.audit()
                 #expect(audit.status == 0, "server audit after seed \(seed): \(audit.out)")
             }
         }
+        print("randomized trials: \(seeds.count) seeds, \(total.done) of \(total.tried) operations succeeded")
     }
 }

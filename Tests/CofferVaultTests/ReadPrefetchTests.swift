@@ -1,7 +1,8 @@
-import Foundation
-import Testing
 import CofferContent
 import CofferTestSupport
+import Foundation
+import Testing
+
 @testable import CofferVault
 
 /// Which stored chunks a read asks the store to start fetching from disk
@@ -56,7 +57,10 @@ struct ReadPrefetchTests {
         var s = document()
         _ = plan(&s, 0, Self.mib)
         // Reads served from buffers or the cache move the reader along without asking.
-        for n in 1..<12 { #expect(s.noteRead(offset: UInt64(n) * Self.mib, end: UInt64(n + 1) * Self.mib, loadsFromStore: false) == []) }
+        for n in 1..<12 {
+            #expect(
+                s.noteRead(offset: UInt64(n) * Self.mib, end: UInt64(n + 1) * Self.mib, loadsFromStore: false) == [])
+        }
         // 12 MiB is far from the first read, but near where the reader now is: the same run,
         // from this read's first chunk to the end of the document.
         #expect(plan(&s, 12 * Self.mib, Self.mib) == Array(48..<64))
@@ -78,15 +82,15 @@ struct ReadPrefetchTests {
         let packsDir = f.dataDir + "/chunks/packs"
         let packs = try FileManager.default.contentsOfDirectory(atPath: packsDir).map { packsDir + "/" + $0 }
         try #require(!packs.isEmpty)
-        for p in packs { try #require(PageCache.evict(p) < 8, "\(p) left the page cache") }
+        for p in packs { try #require(try PageCache.evict(p) < 8, "\(p) left the page cache") }
         let handle = try f.vault.openDocument(doc.id)
         defer { try? f.vault.release(handle) }
         let first = try handle.readPieces(offset: 0, count: Self.chunk).reduce(into: [UInt8]()) { $0 += $1 }
         #expect(first == Array(content[0..<Self.chunk]))
         // All of every pack (6 MiB is inside the 8 MiB window), in particular its second half.
         for p in packs {
-            let pages = PageCache.residentPages(p).count
-            #expect(PageCache.waitUntilResident(p, pages: (pages / 2)..<pages), "the rest of \(p) was prefetched")
+            let pages = try PageCache.residentPages(p).count
+            #expect(try PageCache.waitUntilResident(p, pages: (pages / 2)..<pages), "the rest of \(p) was prefetched")
         }
     }
 }
