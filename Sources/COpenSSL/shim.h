@@ -25,7 +25,8 @@ static inline int coffer_hmac_sha256(EVP_MD *sha256, const uint8_t *key, size_t 
     if (c == NULL) return 0;
     int ok = 1;
     if (keylen > 64) {
-        ok = EVP_DigestInit_ex2(c, sha256, NULL) && EVP_DigestUpdate(c, key, keylen) && EVP_DigestFinal_ex(c, block, &n);
+        ok = EVP_DigestInit_ex2(c, sha256, NULL) && EVP_DigestUpdate(c, key, keylen)
+             && EVP_DigestFinal_ex(c, block, &n);
     } else if (keylen > 0) {
         memcpy(block, key, keylen);
     }

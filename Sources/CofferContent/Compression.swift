@@ -23,7 +23,10 @@ enum Compression {
         let n = sampleLength
         let starts = [0, plaintext.count / 2 - n / 2, plaintext.count - n]
         let sample = [UInt8](unsafeUninitializedCapacity: 3 * n) { b, initialized in
-            guard let base = b.baseAddress else { initialized = 0; return }
+            guard let base = b.baseAddress else {
+                initialized = 0
+                return
+            }
             for (i, start) in starts.enumerated() {
                 UnsafeMutableRawPointer(base + i * n).copyMemory(from: src + start, byteCount: n)
             }
@@ -33,7 +36,9 @@ enum Compression {
         var out = [UInt8](repeating: 0, count: bound)
         let packed = sample.withUnsafeBytes { i in
             out.withUnsafeMutableBytes { o in
-                ContextPool.compression.with { ZSTD_compressCCtx($0, o.baseAddress, bound, i.baseAddress, i.count, level) }
+                ContextPool.compression.with {
+                    ZSTD_compressCCtx($0, o.baseAddress, bound, i.baseAddress, i.count, level)
+                }
             }
         }
         return ZSTD_isError(packed) == 0 && packed < sample.count * 97 / 100
@@ -45,8 +50,13 @@ enum Compression {
         // One uninitialized buffer serves both outcomes (the bound is at least the input size):
         // no zero fill, and a raw chunk is one copy instead of two.
         return [UInt8](unsafeUninitializedCapacity: bound + 1) { o, initialized in
-            guard let base = o.baseAddress else { initialized = 0; return }
-            let n = ContextPool.compression.with { ZSTD_compressCCtx($0, base + 1, bound, plaintext.baseAddress, plaintext.count, level) }
+            guard let base = o.baseAddress else {
+                initialized = 0
+                return
+            }
+            let n = ContextPool.compression.with {
+                ZSTD_compressCCtx($0, base + 1, bound, plaintext.baseAddress, plaintext.count, level)
+            }
             if ZSTD_isError(n) == 0 && n > 0 && n < plaintext.count {
                 base[0] = zstd
                 initialized = n + 1
@@ -59,7 +69,10 @@ enum Compression {
     /// The raw form: the flag byte, then the plaintext.
     static func stored(_ plaintext: UnsafeRawBufferPointer) -> [UInt8] {
         [UInt8](unsafeUninitializedCapacity: plaintext.count + 1) { o, initialized in
-            guard let base = o.baseAddress else { initialized = 0; return }
+            guard let base = o.baseAddress else {
+                initialized = 0
+                return
+            }
             initialized = storeRaw(plaintext, at: base)
         }
     }
@@ -107,7 +120,8 @@ enum Compression {
         let n = packed.withUnsafeBytes { p in
             out.withUnsafeMutableBytes { o in
                 ContextPool.decompression.with {
-                    ZSTD_decompressDCtx($0, o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
+                    ZSTD_decompressDCtx(
+                        $0, o.baseAddress, expectedLength, p.baseAddress?.advanced(by: 1), packed.count - 1)
                 }
             }
         }

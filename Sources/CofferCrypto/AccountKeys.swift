@@ -7,7 +7,9 @@ public struct AccountSecret: Sendable, Equatable {
     public let seed: [UInt8]
 
     public init(seed: [UInt8]) throws {
-        guard seed.count == Self.byteCount else { throw CryptoError.invalidLength("an account secret has 32 bytes, got \(seed.count)") }
+        guard seed.count == Self.byteCount else {
+            throw CryptoError.invalidLength("an account secret has 32 bytes, got \(seed.count)")
+        }
         self.seed = seed
     }
 
@@ -44,7 +46,9 @@ public struct AccountSecret: Sendable, Equatable {
 public struct PublicSigningKey: Sendable, Hashable {
     public let bytes: [UInt8]
     public init(bytes: [UInt8]) throws {
-        guard bytes.count == 32 else { throw CryptoError.invalidLength("a public signing key has 32 bytes, got \(bytes.count)") }
+        guard bytes.count == 32 else {
+            throw CryptoError.invalidLength("a public signing key has 32 bytes, got \(bytes.count)")
+        }
         self.bytes = bytes
     }
     init(unchecked: [UInt8]) { self.bytes = unchecked }
@@ -59,7 +63,9 @@ public struct PublicSigningKey: Sendable, Hashable {
 public struct PublicBoxKey: Sendable, Hashable {
     public let bytes: [UInt8]
     public init(bytes: [UInt8]) throws {
-        guard bytes.count == 32 else { throw CryptoError.invalidLength("a public box key has 32 bytes, got \(bytes.count)") }
+        guard bytes.count == 32 else {
+            throw CryptoError.invalidLength("a public box key has 32 bytes, got \(bytes.count)")
+        }
         self.bytes = bytes
     }
     init(unchecked: [UInt8]) { self.bytes = unchecked }
@@ -114,7 +120,8 @@ public enum KeyWrap {
         AEAD.seal(key.bytes, key: parentKey, purpose: .keyWrap, fileID: fileID)
     }
 
-    public static func unwrap(_ wrapped: [UInt8], with parentKey: SymmetricKey, fileID: [UInt8]) throws -> SymmetricKey {
+    public static func unwrap(_ wrapped: [UInt8], with parentKey: SymmetricKey, fileID: [UInt8]) throws -> SymmetricKey
+    {
         let raw = try AEAD.open(wrapped, key: parentKey, purpose: .keyWrap, fileID: fileID, what: "wrapped file key")
         return try SymmetricKey(bytes: raw)
     }

@@ -9,7 +9,7 @@ extension AccountSecret {
 
     public var phrase: [String] {
         let checksum = sha256(seed)[0]
-        let bits = seed + [checksum] // 264 bits
+        let bits = seed + [checksum]  // 264 bits
         var words: [String] = []
         for i in 0..<Self.phraseWordCount {
             var index = 0
@@ -46,7 +46,8 @@ extension AccountSecret {
     }
 
     private static func wordIndex(_ word: Substring) -> Int? {
-        var lo = 0, hi = bip39EnglishWords.count - 1
+        var lo = 0
+        var hi = bip39EnglishWords.count - 1
         while lo <= hi {
             let mid = (lo + hi) / 2
             let w = bip39EnglishWords[mid]
@@ -107,7 +108,10 @@ public enum Base64 {
         var i = 0
         while i + 3 <= data.count {
             let n = (UInt32(data[i]) << 16) | (UInt32(data[i + 1]) << 8) | UInt32(data[i + 2])
-            out += [alphabet[Int(n >> 18) & 63], alphabet[Int(n >> 12) & 63], alphabet[Int(n >> 6) & 63], alphabet[Int(n) & 63]]
+            out += [
+                alphabet[Int(n >> 18) & 63], alphabet[Int(n >> 12) & 63], alphabet[Int(n >> 6) & 63],
+                alphabet[Int(n) & 63],
+            ]
             i += 3
         }
         let rest = data.count - i
@@ -131,7 +135,9 @@ public enum Base64 {
             case 48...57: values.append(c + 4)
             case 43: values.append(62)
             case 47: values.append(63)
-            case 61: padding += 1; continue
+            case 61:
+                padding += 1
+                continue
             default: return nil
             }
             if padding > 0 { return nil }

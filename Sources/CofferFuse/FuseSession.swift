@@ -314,7 +314,7 @@ public final class FuseSession: Sendable {
             arguments += ["-o", configuration.mountOptions.joined(separator: ",")]
         }
         var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) }
-        defer { argv.forEach { free($0) } }
+        defer { for p in argv { free(p) } }
         guard !argv.contains(where: { $0 == nil }) else { throw .resourceFailure(errno: ENOMEM) }
         argv.append(nil)
 

@@ -11,14 +11,26 @@ public struct ByteWriter: Sendable {
 
     public mutating func u8(_ v: UInt8) { bytes.append(v) }
     public mutating func bool(_ v: Bool) { bytes.append(v ? 1 : 0) }
-    public mutating func u32(_ v: UInt32) { for s in stride(from: 24, through: 0, by: -8) { bytes.append(UInt8((v >> UInt32(s)) & 0xff)) } }
-    public mutating func u64(_ v: UInt64) { for s in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8((v >> UInt64(s)) & 0xff)) } }
+    public mutating func u32(_ v: UInt32) {
+        for s in stride(from: 24, through: 0, by: -8) { bytes.append(UInt8((v >> UInt32(s)) & 0xff)) }
+    }
+    public mutating func u64(_ v: UInt64) {
+        for s in stride(from: 56, through: 0, by: -8) { bytes.append(UInt8((v >> UInt64(s)) & 0xff)) }
+    }
     public mutating func i64(_ v: Int64) { u64(UInt64(bitPattern: v)) }
     public mutating func raw(_ v: [UInt8]) { bytes += v }
-    public mutating func data(_ v: [UInt8]) { u32(UInt32(v.count)); bytes += v }
+    public mutating func data(_ v: [UInt8]) {
+        u32(UInt32(v.count))
+        bytes += v
+    }
     public mutating func string(_ v: String) { data(Array(v.utf8)) }
     public mutating func optionalData(_ v: [UInt8]?) {
-        if let v { u8(1); data(v) } else { u8(0) }
+        if let v {
+            u8(1)
+            data(v)
+        } else {
+            u8(0)
+        }
     }
 }
 
@@ -77,7 +89,10 @@ public func hexString(_ bytes: [UInt8]) -> String {
     let digits = Array("0123456789abcdef".utf8)
     var out: [UInt8] = []
     out.reserveCapacity(bytes.count * 2)
-    for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 0xf)]) }
+    for b in bytes {
+        out.append(digits[Int(b >> 4)])
+        out.append(digits[Int(b & 0xf)])
+    }
     return String(decoding: out, as: UTF8.self)
 }
 
@@ -92,7 +107,12 @@ public func bytesFromHex(_ s: String) -> [UInt8]? {
         case 65...70: v = c - 55
         default: return nil
         }
-        if let h = hi { out.append(h << 4 | v); hi = nil } else { hi = v }
+        if let h = hi {
+            out.append(h << 4 | v)
+            hi = nil
+        } else {
+            hi = v
+        }
     }
     return hi == nil ? out : nil
 }

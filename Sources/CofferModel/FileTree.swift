@@ -36,8 +36,8 @@ extension TreeView {
         if f.isDeleted { return .explicitlyDeleted }
         var current = (id: id, link: f)
         var steps = 0
-        while current.link.parent != current.id, steps < 100_000 { // the root is its own parent
-            guard let p = link(current.link.parent) else { return .implicitlyDeleted } // orphaned: treat as gone
+        while current.link.parent != current.id, steps < 100_000 {  // the root is its own parent
+            guard let p = link(current.link.parent) else { return .implicitlyDeleted }  // orphaned: treat as gone
             if p.isDeleted { return .implicitlyDeleted }
             current = (current.link.parent, p)
             steps += 1
@@ -138,7 +138,9 @@ public struct FileTree: TreeView, Sendable {
         files[m.id] = m
         links[m.id] = FileLink(parent: m.parent, isDeleted: m.isDeleted)
         countSubfolder(m, +1)
-        if m.isRoot { rootID = m.id } else {
+        if m.isRoot {
+            rootID = m.id
+        } else {
             children[m.parent, default: []].insert(m.id)
             byName[m.parent, default: [:]][m.name.mac, default: []].insert(m.id)
         }
@@ -160,7 +162,12 @@ public struct FileTree: TreeView, Sendable {
         guard let old = files.removeValue(forKey: id) else { return }
         links[id] = nil
         countSubfolder(old, -1)
-        if old.isRoot { rootID = nil } else { children[old.parent]?.remove(id); unindex(old) }
+        if old.isRoot {
+            rootID = nil
+        } else {
+            children[old.parent]?.remove(id)
+            unindex(old)
+        }
     }
 
     public func link(_ id: FileID) -> FileLink? { links[id] }
@@ -169,4 +176,3 @@ public struct FileTree: TreeView, Sendable {
         for m in batch { insert(m) }
     }
 }
-

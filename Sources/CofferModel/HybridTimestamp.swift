@@ -30,15 +30,23 @@ public struct HybridTimestamp: Comparable, Hashable, Sendable, CustomStringConve
     public static func receive(local: Self, remote: Self, now: UInt64, device: UInt32) -> Self {
         let wall = max(now, local.wallMillis, remote.wallMillis)
         var counter: UInt32 = 0
-        if wall == local.wallMillis && wall == remote.wallMillis { counter = max(local.counter, remote.counter) &+ 1 }
-        else if wall == local.wallMillis { counter = local.counter &+ 1 }
-        else if wall == remote.wallMillis { counter = remote.counter &+ 1 }
+        if wall == local.wallMillis && wall == remote.wallMillis {
+            counter = max(local.counter, remote.counter) &+ 1
+        } else if wall == local.wallMillis {
+            counter = local.counter &+ 1
+        } else if wall == remote.wallMillis {
+            counter = remote.counter &+ 1
+        }
         return Self(wallMillis: wall, counter: counter, device: device)
     }
 
     public var description: String { "\(wallMillis).\(counter)@\(device)" }
 
-    func encode(into w: inout ByteWriter) { w.u64(wallMillis); w.u32(counter); w.u32(device) }
+    func encode(into w: inout ByteWriter) {
+        w.u64(wallMillis)
+        w.u32(counter)
+        w.u32(device)
+    }
     static func decode(from r: inout ByteReader) throws -> Self {
         Self(wallMillis: try r.u64(), counter: try r.u32(), device: try r.u32())
     }
@@ -48,7 +56,10 @@ public struct HybridTimestamp: Comparable, Hashable, Sendable, CustomStringConve
 public struct Stamped<Value: Hashable & Sendable>: Hashable, Sendable {
     public var value: Value
     public var stamp: HybridTimestamp
-    public init(_ value: Value, at stamp: HybridTimestamp) { self.value = value; self.stamp = stamp }
+    public init(_ value: Value, at stamp: HybridTimestamp) {
+        self.value = value
+        self.stamp = stamp
+    }
 
     public static func lastWriterWins(_ a: Self, _ b: Self) -> Self { a.stamp >= b.stamp ? a : b }
 }

@@ -47,7 +47,8 @@ public struct FileID: Hashable, Comparable, Sendable, CustomStringConvertible {
 
     /// `bytes` must hold exactly 16.
     init(uncheckedBytes bytes: [UInt8]) {
-        var high: UInt64 = 0, low: UInt64 = 0
+        var high: UInt64 = 0
+        var low: UInt64 = 0
         for i in 0..<8 { high = high << 8 | UInt64(bytes[i]) }
         for i in 8..<16 { low = low << 8 | UInt64(bytes[i]) }
         self.init(high: high, low: low)
@@ -64,7 +65,8 @@ public struct FileID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var description: String {
         let h = hexString(bytes)
         let c = Array(h)
-        return String(c[0..<8]) + "-" + String(c[8..<12]) + "-" + String(c[12..<16]) + "-" + String(c[16..<20]) + "-" + String(c[20..<32])
+        return String(c[0..<8]) + "-" + String(c[8..<12]) + "-" + String(c[12..<16]) + "-" + String(c[16..<20]) + "-"
+            + String(c[20..<32])
     }
 }
 

@@ -16,24 +16,36 @@ public enum TextMerge {
     }
 
     /// Merges `local` and `remote`, both derived from `base`.
-    public static func merge(base: [UInt8], local: [UInt8], remote: [UInt8],
-                             localLabel: String = "local", remoteLabel: String = "remote") -> Result {
+    public static func merge(
+        base: [UInt8], local: [UInt8], remote: [UInt8],
+        localLabel: String = "local", remoteLabel: String = "remote"
+    ) -> Result {
         if local == remote { return Result(merged: local, hasConflicts: false) }
         if local == base { return Result(merged: remote, hasConflicts: false) }
         if remote == base { return Result(merged: local, hasConflicts: false) }
-        let b = lines(base), l = lines(local), r = lines(remote)
-        let ml = matches(b, l), mr = matches(b, r)
+        let b = lines(base)
+        let l = lines(local)
+        let r = lines(remote)
+        let ml = matches(b, l)
+        let mr = matches(b, r)
         var out: [[UInt8]] = []
         var conflicts = false
-        var ib = 0, il = 0, ir = 0
+        var ib = 0
+        var il = 0
+        var ir = 0
         // Walk the base; a base line matched on both sides is a stable anchor. Between anchors,
         // each side's chunk is either unchanged, changed on one side, or changed on both.
         func flush(toBase nb: Int, toLocal nl: Int, toRemote nr: Int) {
-            let cb = Array(b[ib..<nb]), cl = Array(l[il..<nl]), cr = Array(r[ir..<nr])
-            if cl == cr { out += cl }
-            else if cl == cb { out += cr }
-            else if cr == cb { out += cl }
-            else {
+            let cb = Array(b[ib..<nb])
+            let cl = Array(l[il..<nl])
+            let cr = Array(r[ir..<nr])
+            if cl == cr {
+                out += cl
+            } else if cl == cb {
+                out += cr
+            } else if cr == cb {
+                out += cl
+            } else {
                 conflicts = true
                 out.append(Array("<<<<<<< \(localLabel)\n".utf8))
                 out += terminated(cl)
@@ -41,14 +53,18 @@ public enum TextMerge {
                 out += terminated(cr)
                 out.append(Array(">>>>>>> \(remoteLabel)\n".utf8))
             }
-            ib = nb; il = nl; ir = nr
+            ib = nb
+            il = nl
+            ir = nr
         }
         var k = 0
         while k < b.count {
             if let jl = ml[k], let jr = mr[k], jl >= il, jr >= ir {
                 flush(toBase: k, toLocal: jl, toRemote: jr)
                 out.append(b[k])
-                ib = k + 1; il = jl + 1; ir = jr + 1
+                ib = k + 1
+                il = jl + 1
+                ir = jr + 1
             }
             k += 1
         }
@@ -84,24 +100,30 @@ public enum TextMerge {
             ids[line] = i
             return i
         }
-        let x = a.map(id), y = b.map(id)
+        let x = a.map(id)
+        let y = b.map(id)
         var result = [Int?](repeating: nil, count: a.count)
         // Trim common prefix and suffix: most edits are small, so this does most of the work.
         var pre = 0
-        while pre < x.count && pre < y.count && x[pre] == y[pre] { result[pre] = pre; pre += 1 }
+        while pre < x.count && pre < y.count && x[pre] == y[pre] {
+            result[pre] = pre
+            pre += 1
+        }
         var suf = 0
         while suf < x.count - pre && suf < y.count - pre && x[x.count - 1 - suf] == y[y.count - 1 - suf] {
             result[x.count - 1 - suf] = y.count - 1 - suf
             suf += 1
         }
-        let xs = Array(x[pre..<(x.count - suf)]), ys = Array(y[pre..<(y.count - suf)])
+        let xs = Array(x[pre..<(x.count - suf)])
+        let ys = Array(y[pre..<(y.count - suf)])
         for (i, j) in myers(xs, ys) { result[pre + i] = pre + j }
         return result
     }
 
     /// Matched index pairs of an LCS of `a` and `b` (Myers 1986, with the trace kept for backtracking).
     static func myers(_ a: [Int], _ b: [Int]) -> [(Int, Int)] {
-        let n = a.count, m = b.count
+        let n = a.count
+        let m = b.count
         if n == 0 || m == 0 { return [] }
         let max = n + m
         let offset = max
@@ -119,16 +141,26 @@ public enum TextMerge {
                     xk = v[offset + k - 1] + 1
                 }
                 var yk = xk - k
-                while xk < n && yk < m && a[xk] == b[yk] { xk += 1; yk += 1 }
+                while xk < n && yk < m && a[xk] == b[yk] {
+                    xk += 1
+                    yk += 1
+                }
                 v[offset + k] = xk
-                if xk >= n && yk >= m { found = true; break }
+                if xk >= n && yk >= m {
+                    found = true
+                    break
+                }
                 k += 2
             }
-            if found { trace.append(v); break }
+            if found {
+                trace.append(v)
+                break
+            }
         }
         // Backtrack through the saved frontiers.
         var pairs: [(Int, Int)] = []
-        var xk = n, yk = m
+        var xk = n
+        var yk = m
         var d = trace.count - 2
         while d >= 0 && (xk > 0 || yk > 0) {
             let vd = trace[d]
@@ -138,11 +170,13 @@ public enum TextMerge {
             let prevX = d == 0 ? 0 : vd[offset + prevK]
             let prevY = prevX - prevK
             while xk > prevX && yk > prevY {
-                xk -= 1; yk -= 1
+                xk -= 1
+                yk -= 1
                 pairs.append((xk, yk))
             }
             if d == 0 { break }
-            xk = prevX; yk = prevY
+            xk = prevX
+            yk = prevY
             d -= 1
         }
         return pairs.reversed()

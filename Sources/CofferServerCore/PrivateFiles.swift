@@ -36,8 +36,8 @@ enum PrivateFiles {
 
     /// Opens one of the server's SQLite databases (WAL) private to its owner, with the durability
     /// asked, and brings its schema up to date; a database with an applied migration `migrator`
-    /// does not know (made by a newer or a pre-release server) is refused. `synchronous` is set on every connection and once
-    /// more on the writer, because GRDB sets the writer to NORMAL when it turns WAL on, after
+    /// does not know (made by a newer or a pre-release server) is refused. `synchronous` is set on
+    /// every connection and once more on the writer, because GRDB sets the writer to NORMAL when it turns WAL on, after
     /// `prepareDatabase` ran, and the writer is the connection that commits.
     static func openPool(
         path: String, busyTimeout: TimeInterval, synchronous: Synchronous, migrator: DatabaseMigrator

@@ -25,7 +25,8 @@ final class Checkpointer {
         // A connection learns that the database is in WAL mode when it first reads it; until then
         // a checkpoint is a silent no-op (it reports -1 frames). Hence one read right away.
         guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, nil) == SQLITE_OK,
-              sqlite3_exec(handle, "PRAGMA schema_version", nil, nil, nil) == SQLITE_OK else {
+            sqlite3_exec(handle, "PRAGMA schema_version", nil, nil, nil) == SQLITE_OK
+        else {
             sqlite3_close_v2(handle)
             return nil
         }

@@ -131,8 +131,11 @@ final class GroupCounters: Sendable {
     }
 
     private static func next(_ db: Database, table: String, column: String) throws -> Int64 {
-        let used = try Int64.fetchOne(db.cachedStatement(sql: "SELECT seq FROM sqlite_sequence WHERE name = ?"), arguments: [table]) ?? 0
-        let highest = try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(\(column)), 0) FROM \(table)")) ?? 0
+        let used =
+            try Int64.fetchOne(
+                db.cachedStatement(sql: "SELECT seq FROM sqlite_sequence WHERE name = ?"), arguments: [table]) ?? 0
+        let highest =
+            try Int64.fetchOne(db.cachedStatement(sql: "SELECT COALESCE(MAX(\(column)), 0) FROM \(table)")) ?? 0
         return max(used, highest) + 1
     }
 

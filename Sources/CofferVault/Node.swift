@@ -10,9 +10,15 @@ public struct Node: Sendable, Equatable {
     /// Live folders directly inside this one (0 for anything else).
     public let subfolders: Int
 
-    public init(id: FileID, type: FileType, parent: FileID, name: String, attributes: PosixAttributes, subfolders: Int = 0) {
-        self.id = id; self.type = type; self.parent = parent; self.name = name
-        self.attributes = attributes; self.subfolders = subfolders
+    public init(
+        id: FileID, type: FileType, parent: FileID, name: String, attributes: PosixAttributes, subfolders: Int = 0
+    ) {
+        self.id = id
+        self.type = type
+        self.parent = parent
+        self.name = name
+        self.attributes = attributes
+        self.subfolders = subfolders
     }
 
     public var isRoot: Bool { id == parent }

@@ -23,7 +23,7 @@ public final class OpenDocument: Sendable {
     let cipher: ContentCipher
     let state: Mutex<DocumentState>
     let sizeAtomic: Atomic<UInt64>
-    let mtimeAtomic: Atomic<Int64> // nanoseconds since the epoch of an unflushed write; 0 if none
+    let mtimeAtomic: Atomic<Int64>  // nanoseconds since the epoch of an unflushed write; 0 if none
     /// When the unflushed changes were last made (a write, a truncate, or a time, mode or owner
     /// set to ride along): the ctime the commit records, whatever mtime says (a `touch -d` into
     /// the future moves mtime, not ctime). 0 if none.
@@ -93,20 +93,23 @@ public final class OpenDocument: Sendable {
             defer { lastReadEnd = end }
             guard loadsFromStore else { return [] }
             let chunk = UInt64(chunkSize)
-            let sequential = offset == 0
+            let sequential =
+                offset == 0
                 || (offset <= lastReadEnd + Self.prefetchBytes && offset + Self.prefetchBytes >= lastReadEnd)
             guard sequential else {
                 prefetchedThrough = Int((end + chunk - 1) / chunk)
                 return []
             }
-            if offset == 0 { prefetchedThrough = 0 } // reading from the start again
+            if offset == 0 { prefetchedThrough = 0 }  // reading from the start again
             // `end` is within the document, so far below overflow.
             let from = max(Int(offset / chunk), prefetchedThrough)
             let through = min(refs.count, Int((end + Self.prefetchBytes + chunk - 1) / chunk))
             guard from < through else { return [] }
             prefetchedThrough = through
             return (from..<through).compactMap { index in
-                guard let ref = refToLoad(index), Int(ref.length) > OpenDocument.deferredSealingLimit else { return nil }
+                guard let ref = refToLoad(index), Int(ref.length) > OpenDocument.deferredSealingLimit else {
+                    return nil
+                }
                 return ref.id
             }
         }
@@ -117,7 +120,9 @@ public final class OpenDocument: Sendable {
         /// The committed chunk whose plaintext must be loaded from the store before chunk
         /// `index` can be read or patched: nil if it is buffered, cached, or was never stored.
         func refToLoad(_ index: Int) -> ChunkRef? {
-            guard buffered(index) == nil, index < refs.count, let ref = refs[index], cache[ref.id] == nil else { return nil }
+            guard buffered(index) == nil, index < refs.count, let ref = refs[index], cache[ref.id] == nil else {
+                return nil
+            }
             return ref
         }
 
@@ -138,7 +143,7 @@ public final class OpenDocument: Sendable {
 
     /// A small most-recently-used set of opened chunks.
     struct ChunkCache {
-        static let capacity = 4 // 1 MiB of 256 KiB chunks per open document
+        static let capacity = 4  // 1 MiB of 256 KiB chunks per open document
         /// A plaintext may be a slice of the buffer its chunk was read and decrypted in.
         private var entries: [(id: [UInt8], plaintext: ArraySlice<UInt8>)] = []
 
@@ -162,7 +167,10 @@ public final class OpenDocument: Sendable {
         self.vault = vault
         self.cipher = cipher
         let size = manifest.size
-        state = Mutex(DocumentState(chunkSize: Int(manifest.chunkSize), refs: manifest.chunks.map { Optional($0) }, size: size, digest: digest))
+        state = Mutex(
+            DocumentState(
+                chunkSize: Int(manifest.chunkSize), refs: manifest.chunks.map { Optional($0) }, size: size,
+                digest: digest))
         sizeAtomic = Atomic(size)
         mtimeAtomic = Atomic(0)
     }
@@ -171,7 +179,10 @@ public final class OpenDocument: Sendable {
 
     /// Mode, uid and gid set while writes are unflushed (nil each if none).
     public var pendingOwnership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) {
-        func read(_ a: borrowing Atomic<Int64>) -> UInt32? { let v = a.load(ordering: .relaxed); return v < 0 ? nil : UInt32(truncatingIfNeeded: v) }
+        func read(_ a: borrowing Atomic<Int64>) -> UInt32? {
+            let v = a.load(ordering: .relaxed)
+            return v < 0 ? nil : UInt32(truncatingIfNeeded: v)
+        }
         return (read(pendingModeAtomic), read(pendingUIDAtomic), read(pendingGIDAtomic))
     }
 
@@ -244,7 +255,7 @@ public final class OpenDocument: Sendable {
                         pieces.append([])
                     }
                 } else {
-                    pieces.append(ArraySlice(repeating: 0, count: take)) // a gap
+                    pieces.append(ArraySlice(repeating: 0, count: take))  // a gap
                 }
             }
             prefetch = s.noteRead(offset: offset, end: end, loadsFromStore: !loads.isEmpty)
@@ -266,7 +277,7 @@ public final class OpenDocument: Sendable {
     /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's
     /// end (a chunk stored before a truncate up) the bytes read as zeros.
     static func piece<C: RandomAccessCollection<UInt8>>(of plain: C, _ within: Int, _ take: Int) -> ArraySlice<UInt8>
-        where C.Index == Int, C.SubSequence == ArraySlice<UInt8> {
+    where C.Index == Int, C.SubSequence == ArraySlice<UInt8> {
         let start = plain.startIndex
         if within + take <= plain.count { return plain[(start + within)..<(start + within + take)] }
         var padded = Array(plain[(start + min(within, plain.count))...])
@@ -289,7 +300,9 @@ public final class OpenDocument: Sendable {
     func plaintext(_ index: Int, _ s: inout DocumentState) throws -> [UInt8] {
         let expected = expectedLength(index, s)
         if let d = s.buffered(index) { return fitted(d, expected) }
-        if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] { return fitted(Array(c), expected) }
+        if let ref = index < s.refs.count ? s.refs[index] : nil, let c = s.cache[ref.id] {
+            return fitted(Array(c), expected)
+        }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
         guard let sealed = try vault.store.chunk(ref.id) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
@@ -313,7 +326,10 @@ public final class OpenDocument: Sendable {
         try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
-            if let e = s.spillError { s.spillError = nil; throw e }
+            if let e = s.spillError {
+                s.spillError = nil
+                throw e
+            }
             let end = offset + UInt64(bytes.count)
             if end > s.size { s.size = end }
             var consumed = 0
@@ -516,7 +532,10 @@ public final class OpenDocument: Sendable {
         spills.wait()
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }
-            if let e = s.spillError { s.spillError = nil; throw e }
+            if let e = s.spillError {
+                s.spillError = nil
+                throw e
+            }
             if s.modified {
                 try commit(&s)
             }
@@ -539,7 +558,7 @@ public final class OpenDocument: Sendable {
         // Small chunks whose sealing the store runs with the commit's statements (id → plaintext).
         var unsealed: [[UInt8]: [UInt8]] = [:]
         var sealedByID: [[UInt8]: ChunkRef] = [:]
-        var zeroRefs: [Int: ChunkRef] = [:] // by length: holes share one sealed zero chunk
+        var zeroRefs: [Int: ChunkRef] = [:]  // by length: holes share one sealed zero chunk
         s.holesHashed = 0
         func store() throws {
             for (chunkID, plain) in unsealed { pending[chunkID] = cipher.sealChunk(plain, id: chunkID).1 }
@@ -559,7 +578,10 @@ public final class OpenDocument: Sendable {
         var deferred: (index: Int, ref: ChunkRef, plain: [UInt8])?
         if changed.count == 1, changedPlain[0].count <= Self.deferredSealingLimit {
             let plain = changedPlain[0]
-            deferred = (changed[0], ChunkRef(id: plain.withUnsafeBytes { cipher.chunkID($0) }, length: UInt32(plain.count)), plain)
+            deferred = (
+                changed[0], ChunkRef(id: plain.withUnsafeBytes { cipher.chunkID($0) }, length: UInt32(plain.count)),
+                plain
+            )
         } else {
             presealed = Dictionary(uniqueKeysWithValues: zip(changed, ParallelChunks.seal(changedPlain, with: cipher)))
         }
@@ -570,14 +592,20 @@ public final class OpenDocument: Sendable {
                 continue
             }
             if let d = deferred, d.index == index {
-                if let known = sealedByID[d.ref.id] { refs.append(known); continue } // equal to a hole sealed above
+                if let known = sealedByID[d.ref.id] {
+                    refs.append(known)
+                    continue
+                }  // equal to a hole sealed above
                 sealedByID[d.ref.id] = d.ref
                 unsealed[d.ref.id] = d.plain
                 refs.append(d.ref)
                 continue
             }
             let isHole = s.dirty[index] == nil && (index >= s.refs.count || s.refs[index] == nil)
-            if isHole, let zero = zeroRefs[expected] { refs.append(zero); continue } // a sparse file's gap
+            if isHole, let zero = zeroRefs[expected] {
+                refs.append(zero)
+                continue
+            }  // a sparse file's gap
             // A changed chunk was sealed above; a hole or a chunk cut by a truncate is sealed
             // here, only if no equal chunk was sealed already.
             let id: [UInt8]
@@ -608,9 +636,10 @@ public final class OpenDocument: Sendable {
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let now = vault.now()
         let mtime = pendingMtime ?? now
-        let digest = try vault.commitContent(id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
-                                             chunks: pending, unsealed: unsealed,
-                                             ownership: pendingOwnership)
+        let digest = try vault.commitContent(
+            id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
+            chunks: pending, unsealed: unsealed,
+            ownership: pendingOwnership)
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.
         if digest == nil { try store() }

@@ -26,10 +26,14 @@ enum ParallelChunks {
     /// left the second core idle while the reader waited (measured: 1.1 cores busy reading a
     /// 256 MiB file). Each is opened in the buffer it was read into; a raw chunk's plaintext is
     /// a slice of that buffer.
-    static func open(_ refs: [ChunkRef], with cipher: ContentCipher,
-                     fetch: @Sendable ([UInt8]) throws -> [UInt8]?) throws -> [[UInt8]: ArraySlice<UInt8>] {
+    static func open(
+        _ refs: [ChunkRef], with cipher: ContentCipher,
+        fetch: @Sendable ([UInt8]) throws -> [UInt8]?
+    ) throws -> [[UInt8]: ArraySlice<UInt8>] {
         @Sendable func one(_ ref: ChunkRef) throws -> ArraySlice<UInt8> {
-            guard let sealed = try fetch(ref.id) else { throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8)))) }
+            guard let sealed = try fetch(ref.id) else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
             return try cipher.openChunkInPlace(sealed, ref: ref)
         }
         var opened: [[UInt8]: ArraySlice<UInt8>] = [:]

@@ -58,7 +58,10 @@ public final class MountLock: Sendable {
         let fd = Foundation.open(directory + "/mount.lock", O_RDWR | O_CLOEXEC)
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        if flock(fd, LOCK_EX | LOCK_NB) == 0 { flock(fd, LOCK_UN); return false }
+        if flock(fd, LOCK_EX | LOCK_NB) == 0 {
+            flock(fd, LOCK_UN)
+            return false
+        }
         return true
     }
 

@@ -1,6 +1,6 @@
-import CofferModel
 import CofferContent
 import CofferCrypto
+import CofferModel
 import CofferStore
 
 /// Errors from vault operations, each with a one-line message for the CLI and an errno for the
@@ -20,7 +20,8 @@ public enum VaultError: Error, CustomStringConvertible {
     public var description: String {
         switch self {
         case .tree(let e): return e.description
-        case .noAccount(let dir): return "no Coffer account in \(dir); run `coffer init USERNAME` or `coffer account import` first"
+        case .noAccount(let dir):
+            return "no Coffer account in \(dir); run `coffer init USERNAME` or `coffer account import` first"
         case .accountExists(let dir): return "an account already exists in \(dir)"
         case .corrupt(let w): return "store is damaged: \(w)"
         case .notSupported(let w): return "not supported: \(w)"
@@ -36,21 +37,21 @@ public enum VaultError: Error, CustomStringConvertible {
         switch self {
         case .tree(let e):
             switch e {
-            case .notFound, .orphan, .deleted: return 2 // ENOENT
-            case .pathConflict: return 17 // EEXIST
-            case .cycle: return 22 // EINVAL
-            case .parentNotFolder, .notAFolder: return 20 // ENOTDIR
-            case .isAFolder: return 21 // EISDIR
-            case .folderNotEmpty: return 39 // ENOTEMPTY
-            case .invalidName(let why): return why.contains("longer than") ? 36 : 22 // ENAMETOOLONG / EINVAL
-            case .rootModified, .multipleRoots: return 16 // EBUSY
+            case .notFound, .orphan, .deleted: return 2  // ENOENT
+            case .pathConflict: return 17  // EEXIST
+            case .cycle: return 22  // EINVAL
+            case .parentNotFolder, .notAFolder: return 20  // ENOTDIR
+            case .isAFolder: return 21  // EISDIR
+            case .folderNotEmpty: return 39  // ENOTEMPTY
+            case .invalidName(let why): return why.contains("longer than") ? 36 : 22  // ENAMETOOLONG / EINVAL
+            case .rootModified, .multipleRoots: return 16  // EBUSY
             case .notADocument: return 22
-            case .noRoot, .typeChanged: return 5 // EIO
+            case .noRoot, .typeChanged: return 5  // EIO
             }
-        case .notSupported: return 1 // EPERM
+        case .notSupported: return 1  // EPERM
         case .invalidArgument: return 22
         case .busy: return 16
-        case .tooLarge: return 27 // EFBIG
+        case .tooLarge: return 27  // EFBIG
         case .noAccount, .accountExists, .corrupt, .io: return 5
         }
     }

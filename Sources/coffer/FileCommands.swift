@@ -15,9 +15,12 @@ struct List: ParsableCommand {
             let node = try vault.resolve(path)
             let entries = node.type == .folder ? try vault.children(of: node.id) : [node]
             for e in entries {
-                let suffix = e.type == .folder ? "/" : (e.type == .symlink ? " -> \(e.attributes.symlinkTarget ?? "")" : "")
+                let suffix =
+                    e.type == .folder ? "/" : (e.type == .symlink ? " -> \(e.attributes.symlinkTarget ?? "")" : "")
                 if l {
-                    print("\(modeString(e.mode)) \(pad(String(e.attributes.uid.value), 5)) \(pad(String(e.attributes.gid.value), 5)) \(pad(String(e.size), 12)) \(timeString(e.attributes.mtime.value)) \(e.name)\(suffix)")
+                    let owner = "\(pad(String(e.attributes.uid.value), 5)) \(pad(String(e.attributes.gid.value), 5))"
+                    let when = timeString(e.attributes.mtime.value)
+                    print("\(modeString(e.mode)) \(owner) \(pad(String(e.size), 12)) \(when) \(e.name)\(suffix)")
                 } else {
                     print(e.name + (e.type == .folder ? "/" : ""))
                 }
@@ -29,9 +32,17 @@ struct List: ParsableCommand {
 func pad(_ s: String, _ n: Int) -> String { String(repeating: " ", count: max(0, n - s.count)) + s }
 
 func modeString(_ mode: UInt32) -> String {
-    let kind: Character = switch mode & 0o170000 { case 0o040000: "d"; case 0o120000: "l"; default: "-" }
+    let kind: Character =
+        switch mode & 0o170000 {
+        case 0o040000: "d"
+        case 0o120000: "l"
+        default: "-"
+        }
     var s = String(kind)
-    let bits: [(UInt32, Character)] = [(0o400, "r"), (0o200, "w"), (0o100, "x"), (0o040, "r"), (0o020, "w"), (0o010, "x"), (0o004, "r"), (0o002, "w"), (0o001, "x")]
+    let bits: [(UInt32, Character)] = [
+        (0o400, "r"), (0o200, "w"), (0o100, "x"), (0o040, "r"), (0o020, "w"), (0o010, "x"), (0o004, "r"), (0o002, "w"),
+        (0o001, "x"),
+    ]
     for (bit, c) in bits { s.append(mode & bit != 0 ? c : "-") }
     return s
 }
@@ -55,13 +66,19 @@ struct Tree: ParsableCommand {
             let vault = try store.openVault()
             let node = try vault.resolve(path)
             print(node.isRoot ? "/" : node.name)
-            var folders = 0, files = 0
+            var folders = 0
+            var files = 0
             func walk(_ id: FileID, _ prefix: String) throws {
                 let kids = try vault.children(of: id)
                 for (i, k) in kids.enumerated() {
                     let last = i == kids.count - 1
                     print(prefix + (last ? "└── " : "├── ") + k.name + (k.type == .folder ? "/" : ""))
-                    if k.type == .folder { folders += 1; try walk(k.id, prefix + (last ? "    " : "│   ")) } else { files += 1 }
+                    if k.type == .folder {
+                        folders += 1
+                        try walk(k.id, prefix + (last ? "    " : "│   "))
+                    } else {
+                        files += 1
+                    }
                 }
             }
             if node.type == .folder { try walk(node.id, "") }
@@ -79,7 +96,9 @@ struct Cat: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             let node = try vault.resolve(path)
-            guard node.type == .document else { throw node.type == .folder ? VaultError.tree(.isAFolder(path)) : VaultError.tree(.notADocument(path)) }
+            guard node.type == .document else {
+                throw node.type == .folder ? VaultError.tree(.isAFolder(path)) : VaultError.tree(.notADocument(path))
+            }
             try vault.readContents(node.id) { piece in try writeAllBytes(1, piece) }
         }
     }
@@ -131,7 +150,8 @@ func documentForWriting(_ vault: Vault, _ path: String, mode: UInt32 = 0o644) th
 }
 
 struct Write: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Write stdin to a document (created if missing, else replaced).")
+    static let configuration = CommandConfiguration(
+        abstract: "Write stdin to a document (created if missing, else replaced).")
     @OptionGroup var store: StoreOptions
     @Argument var path: String
 
@@ -154,7 +174,10 @@ struct MakeFolder: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             for path in paths {
-                if p { try vault.makeFolders(path); continue }
+                if p {
+                    try vault.makeFolders(path)
+                    continue
+                }
                 let parts = Vault.components(path)
                 guard let name = parts.last else { throw VaultError.tree(.pathConflict("/")) }
                 let parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
@@ -165,8 +188,10 @@ struct MakeFolder: ParsableCommand {
 }
 
 struct Move: ParsableCommand {
-    static let configuration = CommandConfiguration(commandName: "mv", abstract: "Rename or move a file or folder.",
-                                                    discussion: "If DST is an existing folder, SRC moves into it. An existing file at DST is an error unless --force.")
+    static let configuration = CommandConfiguration(
+        commandName: "mv", abstract: "Rename or move a file or folder.",
+        discussion:
+            "If DST is an existing folder, SRC moves into it. An existing file at DST is an error unless --force.")
     @OptionGroup var store: StoreOptions
     @Flag(name: .shortAndLong, help: "Replace an existing file at the destination.") var force = false
     @Argument var source: String
@@ -212,15 +237,22 @@ struct Remove: ParsableCommand {
 }
 
 struct Edit: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Edit a document with $COFFER_EDITOR or $EDITOR.",
-                                                    discussion: "The plaintext copy lives in a private folder in memory (/dev/shm or $XDG_RUNTIME_DIR) and is removed afterwards.")
+    static let configuration = CommandConfiguration(
+        abstract: "Edit a document with $COFFER_EDITOR or $EDITOR.",
+        discussion:
+            "The plaintext copy lives in a private folder in memory (/dev/shm or $XDG_RUNTIME_DIR)"
+            + " and is removed afterwards."
+    )
     @OptionGroup var store: StoreOptions
     @Argument var path: String
 
     func run() throws {
         try guarded {
             let env = ProcessInfo.processInfo.environment
-            guard let editor = env["COFFER_EDITOR"].flatMap({ $0.isEmpty ? nil : $0 }) ?? env["EDITOR"].flatMap({ $0.isEmpty ? nil : $0 }) else {
+            guard
+                let editor = env["COFFER_EDITOR"].flatMap({ $0.isEmpty ? nil : $0 })
+                    ?? env["EDITOR"].flatMap({ $0.isEmpty ? nil : $0 })
+            else {
                 throw CLIError("set $COFFER_EDITOR or $EDITOR to choose an editor")
             }
             let vault = try store.openVault()
@@ -229,12 +261,17 @@ struct Edit: ParsableCommand {
             let dir = try privateTemporaryDirectory()
             defer { try? FileManager.default.removeItem(atPath: dir) }
             let file = dir + "/" + node.name
-            guard FileManager.default.createFile(atPath: file, contents: Data(before), attributes: [.posixPermissions: 0o600]) else {
+            guard
+                FileManager.default.createFile(
+                    atPath: file, contents: Data(before), attributes: [.posixPermissions: 0o600])
+            else {
                 throw CLIError("cannot create a temporary copy in \(dir)")
             }
             let status = runShell("\(editor) \"$1\"", file)
             guard status == 0 else { throw CLIError("editor exited with status \(status); document left unchanged") }
-            guard let after = FileManager.default.contents(atPath: file) else { throw CLIError("the edited copy disappeared; document left unchanged") }
+            guard let after = FileManager.default.contents(atPath: file) else {
+                throw CLIError("the edited copy disappeared; document left unchanged")
+            }
             if [UInt8](after) != before { try vault.writeAll(node.id, [UInt8](after)) }
         }
     }
@@ -243,7 +280,9 @@ struct Edit: ParsableCommand {
 /// A 0700 folder on a memory filesystem when one exists, so plaintext never reaches the disk.
 func privateTemporaryDirectory() throws -> String {
     let env = ProcessInfo.processInfo.environment
-    let candidates = [env["XDG_RUNTIME_DIR"], "/dev/shm", NSTemporaryDirectory()].compactMap { $0 }.filter { !$0.isEmpty }
+    let candidates = [env["XDG_RUNTIME_DIR"], "/dev/shm", NSTemporaryDirectory()].compactMap { $0 }.filter {
+        !$0.isEmpty
+    }
     for base in candidates where FileManager.default.isWritableFile(atPath: base) {
         var template = Array((base + "/coffer-edit-XXXXXX").utf8CString)
         if let p = mkdtemp(&template) { return String(cString: p) }

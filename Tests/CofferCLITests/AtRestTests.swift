@@ -10,10 +10,15 @@ import Testing
         let marker = "MARKER-\(UInt64.random(in: 1...UInt64.max))"
         #expect(coffer(data, ["init", "frank"]).status == 0)
         #expect(coffer(data, ["mkdir", "-p", "folder-\(marker)/inner"]).status == 0)
-        #expect(coffer(data, ["write", "folder-\(marker)/inner/\(marker).txt"], stdin: Array(("line with \(marker)\n" + String(repeating: marker, count: 1000)).utf8)).status == 0)
+        #expect(
+            coffer(
+                data, ["write", "folder-\(marker)/inner/\(marker).txt"],
+                stdin: Array(("line with \(marker)\n" + String(repeating: marker, count: 1000)).utf8)
+            ).status == 0)
         // Small and large, compressible content, plus a symlink whose target carries the marker.
         let src = tmp.sub("src")
-        try Data(String(repeating: "\(marker) ", count: 200_000).utf8).write(to: URL(fileURLWithPath: src + "/big-\(marker)"))
+        try Data(String(repeating: "\(marker) ", count: 200_000).utf8).write(
+            to: URL(fileURLWithPath: src + "/big-\(marker)"))
         symlink("/target/\(marker)", src + "/link-\(marker)")
         #expect(coffer(data, ["import", src, "imported-\(marker)"]).status == 0)
         #expect(coffer(data, ["cat", "folder-\(marker)/inner/\(marker).txt"]).out.contains(marker))

@@ -38,13 +38,19 @@ import Testing
         try FileManager.default.createDirectory(atPath: src + "/docs/deep/er", withIntermediateDirectories: true)
         try Data("notes\n".utf8).write(to: URL(fileURLWithPath: src + "/docs/notes.txt"))
         try Data().write(to: URL(fileURLWithPath: src + "/docs/deep/empty"))
-        try Data(pseudoRandomBytes(count: 700_000, seed: 7)).write(to: URL(fileURLWithPath: src + "/docs/deep/er/blob.bin"))
+        try Data(pseudoRandomBytes(count: 700_000, seed: 7)).write(
+            to: URL(fileURLWithPath: src + "/docs/deep/er/blob.bin"))
         try Data("#!/bin/sh\necho hi\n".utf8).write(to: URL(fileURLWithPath: src + "/run.sh"))
         chmod(src + "/run.sh", 0o750)
         chmod(src + "/docs/notes.txt", 0o600)
         symlink("docs/notes.txt", src + "/link")
-        #expect(sh("touch -h -d '2001-02-03 04:05:06.123456789' '\(src)/docs/notes.txt' '\(src)/run.sh' '\(src)/docs/deep/er/blob.bin' '\(src)/docs/deep' '\(src)/docs' '\(src)/link'").status == 0)
-        #expect(sh("touch -a -d @1000000000.5 '\(src)/run.sh' && touch -h -a -d @1000000001.25 '\(src)/link'").status == 0)
+        #expect(
+            sh(
+                "touch -h -d '2001-02-03 04:05:06.123456789' '\(src)/docs/notes.txt' '\(src)/run.sh'"
+                    + " '\(src)/docs/deep/er/blob.bin' '\(src)/docs/deep' '\(src)/docs' '\(src)/link'"
+            ).status == 0)
+        #expect(
+            sh("touch -a -d @1000000000.5 '\(src)/run.sh' && touch -h -a -d @1000000001.25 '\(src)/link'").status == 0)
 
         #expect(coffer(data, ["init", "bob"]).status == 0)
         let imp = coffer(data, ["import", src, "copy"])
@@ -53,7 +59,8 @@ import Testing
         let exp = coffer(data, ["export", "copy", out])
         #expect(exp.status == 0, "\(exp.err)")
         // atime too, checked before anything below reads the exported files.
-        let runAtime = lstatOf(out + "/copy/run.sh")?.st_atim, linkAtime = lstatOf(out + "/copy/link")?.st_atim
+        let runAtime = lstatOf(out + "/copy/run.sh")?.st_atim
+        let linkAtime = lstatOf(out + "/copy/link")?.st_atim
         #expect(runAtime?.tv_sec == 1_000_000_000 && runAtime?.tv_nsec == 500_000_000)
         #expect(linkAtime?.tv_sec == 1_000_000_001 && linkAtime?.tv_nsec == 250_000_000)
         // Byte-for-byte, and mode, mtime (to the nanosecond) and symlink targets.
@@ -76,7 +83,9 @@ import Testing
         #expect(coffer(data, ["mkdir", "-p", "a/b/c"]).status == 0)
         #expect(coffer(data, ["write", "a/x.txt"], stdin: Array("x".utf8)).status == 0)
         #expect(coffer(data, ["write", "a/y.txt"], stdin: Array("y".utf8)).status == 0)
-        func snapshot() -> String { coffer(data, ["ls", "-l", "a"]).out + coffer(data, ["tree"]).out + coffer(data, ["status"]).out }
+        func snapshot() -> String {
+            coffer(data, ["ls", "-l", "a"]).out + coffer(data, ["tree"]).out + coffer(data, ["status"]).out
+        }
         let before = snapshot()
         let cases: [([String], String)] = [
             (["mkdir", "a"], "already exists"),
@@ -108,7 +117,10 @@ import Testing
 
     @Test func accountExportAndImport() throws {
         let tmp = TemporaryDirectory()
-        let a = tmp.sub("a"), b = tmp.sub("b"), c = tmp.sub("c"), d = tmp.sub("d")
+        let a = tmp.sub("a")
+        let b = tmp.sub("b")
+        let c = tmp.sub("c")
+        let d = tmp.sub("d")
         #expect(coffer(a, ["init", "dave"]).status == 0)
         let phrase = coffer(a, ["account", "export", "--phrase"]).out
         #expect(phrase.split(separator: " ").count == 24)
@@ -148,7 +160,8 @@ import Testing
         let r = coffer(data, ["edit", "e.txt"], environment: ["COFFER_EDITOR": editor])
         #expect(r.status == 0, "\(r.err)")
         #expect(coffer(data, ["cat", "e.txt"]).out == "one\ntwo\n")
-        let copy = (try? String(contentsOfFile: log, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        let copy =
+            (try? String(contentsOfFile: log, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
         #expect(!copy.isEmpty && !FileManager.default.fileExists(atPath: copy), "temporary copy left behind: \(copy)")
         // A failing editor changes nothing.
         #expect(coffer(data, ["edit", "e.txt"], environment: ["COFFER_EDITOR": "false"]).status == 1)

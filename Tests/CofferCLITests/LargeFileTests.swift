@@ -14,16 +14,24 @@ import Testing
         let start = Date()
         // GNU time forks and execs coffer and reports that child's own peak RSS. (rusage from our
         // own posix_spawn would not do: a vfork-style child is charged the parent's memory until exec.)
-        let write = run("/usr/bin/time", ["-f", "%M", "/bin/sh", "-c", "exec '\(cofferBinary)' write big.bin < '\(source)'"], environment: env)
+        let write = run(
+            "/usr/bin/time", ["-f", "%M", "/bin/sh", "-c", "exec '\(cofferBinary)' write big.bin < '\(source)'"],
+            environment: env)
         let writeSeconds = Date().timeIntervalSince(start)
         #expect(write.status == 0, "\(write.err)")
         let readStart = Date()
-        let read = run("/usr/bin/time", ["-f", "%M", "/bin/sh", "-c", "exec '\(cofferBinary)' cat big.bin > '\(tmp.path)/out.bin'"], environment: env)
+        let read = run(
+            "/usr/bin/time",
+            ["-f", "%M", "/bin/sh", "-c", "exec '\(cofferBinary)' cat big.bin > '\(tmp.path)/out.bin'"],
+            environment: env)
         let readSeconds = Date().timeIntervalSince(readStart)
         #expect(read.status == 0, "\(read.err)")
         let writeKiB = Int(write.err.split(separator: "\n").last ?? "") ?? -1
         let readKiB = Int(read.err.split(separator: "\n").last ?? "") ?? -1
-        print("1 GiB: write \(String(format: "%.1f", writeSeconds)) s, peak RSS \(writeKiB / 1024) MiB; read \(String(format: "%.1f", readSeconds)) s, peak RSS \(readKiB / 1024) MiB")
+        print(
+            "1 GiB: write \(String(format: "%.1f", writeSeconds)) s, peak RSS \(writeKiB / 1024) MiB;"
+                + " read \(String(format: "%.1f", readSeconds)) s, peak RSS \(readKiB / 1024) MiB"
+        )
         #expect(writeKiB > 0 && writeKiB < 200 * 1024, "write peak RSS \(writeKiB) KiB")
         #expect(readKiB > 0 && readKiB < 200 * 1024, "read peak RSS \(readKiB) KiB")
         #expect(sh("cmp '\(source)' '\(tmp.path)/out.bin'").status == 0)
@@ -50,8 +58,10 @@ import Testing
         #expect(before > 59 << 20, "both versions are in packs: \(before) bytes")
         let gc = coffer(data, ["gc"])
         #expect(gc.status == 0, "\(gc.err)")
-        #expect(gc.out.contains("rewrote 1 mostly unused pack\n") || gc.out.range(of: "rewrote [2-9][0-9]* mostly unused packs", options: .regularExpression) != nil,
-                "\(gc.out)")
+        #expect(
+            gc.out.contains("rewrote 1 mostly unused pack\n")
+                || gc.out.range(of: "rewrote [2-9][0-9]* mostly unused packs", options: .regularExpression) != nil,
+            "\(gc.out)")
         // Without the rewrite the pack holding the old last 16 MiB would stay whole (44 MiB).
         let after = packBytes()
         #expect(after < 33 << 20, "only the live 32 MiB (and seals) are left: \(after) bytes")

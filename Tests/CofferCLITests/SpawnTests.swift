@@ -7,10 +7,11 @@ import Testing
 /// on its mount makes that mount's unmount fail with EBUSY (seen in CI).
 @Suite struct SpawnTests {
     @Test func childrenInheritNoDescriptorsBeyondStdio() throws {
-        let fd = open("/dev/null", O_RDONLY) // deliberately without O_CLOEXEC
+        let fd = open("/dev/null", O_RDONLY)  // deliberately without O_CLOEXEC
         try #require(fd > 2)
         defer { close(fd) }
-        let result = run("/bin/sh", ["-c", "if test -e /proc/self/fd/\(fd); then echo inherited; else echo closed; fi"])
+        let result = run(
+            "/bin/sh", ["-c", "if test -e /proc/self/fd/\(fd); then echo inherited; else echo closed; fi"])
         #expect(result.status == 0)
         #expect(String(decoding: result.stdout, as: UTF8.self) == "closed\n")
     }

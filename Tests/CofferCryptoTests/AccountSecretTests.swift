@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferCrypto
 
 @Suite("Account secret")
@@ -6,15 +7,25 @@ struct AccountSecretTests {
     // MARK: Fixed vectors (BIP-39 English, 256-bit entropy)
 
     static let bip39Vectors: [(entropy: [UInt8], phrase: String)] = [
-        (Array(repeating: 0x00, count: 32),
-         Array(repeating: "abandon", count: 23).joined(separator: " ") + " art"),
-        (Array(repeating: 0x7f, count: 32),
-         "legal winner thank year wave sausage worth useful legal winner thank year wave sausage worth useful legal winner thank year wave sausage worth title"),
-        (Array(repeating: 0xff, count: 32),
-         Array(repeating: "zoo", count: 23).joined(separator: " ") + " vote"),
+        (
+            Array(repeating: 0x00, count: 32),
+            Array(repeating: "abandon", count: 23).joined(separator: " ") + " art"
+        ),
+        (
+            Array(repeating: 0x7f, count: 32),
+            "legal winner thank year wave sausage worth useful legal winner thank year wave sausage worth useful"
+                + " legal winner thank year wave sausage worth title"
+        ),
+        (
+            Array(repeating: 0xff, count: 32),
+            Array(repeating: "zoo", count: 23).joined(separator: " ") + " vote"
+        ),
         // Computed once with the code, cross-checked with an independent Python BIP-39 encoder.
-        (Array(0..<32),
-         "abandon amount liar amount expire adjust cage candy arch gather drum bullet absurd math era live bid rhythm alien crouch range attend journey unaware"),
+        (
+            Array(0..<32),
+            "abandon amount liar amount expire adjust cage candy arch gather drum bullet absurd math era live bid"
+                + " rhythm alien crouch range attend journey unaware"
+        ),
     ]
 
     @Test func phraseMatchesBIP39StandardVectors() throws {
@@ -51,8 +62,11 @@ struct AccountSecretTests {
     /// SHA-512(derive(seed,2,"cfbox"))[0..<32] (what crypto_box_seed_keypair does).
     @Test func derivedPublicKeysAreFixed() throws {
         let secret = try AccountSecret(seed: seed0to31)
-        #expect(hex(secret.signingKeys.publicKey.bytes) == "133301dea776864053295b22e6b4b5a634ba02d657778067a7e49a84b46ccca3")
-        #expect(hex(secret.boxKeys.publicKey.bytes) == "095a779d210d668c9935930769bf826ac4e7cbbc1454e292062eb0836233b769")
+        #expect(
+            hex(secret.signingKeys.publicKey.bytes)
+                == "133301dea776864053295b22e6b4b5a634ba02d657778067a7e49a84b46ccca3")
+        #expect(
+            hex(secret.boxKeys.publicKey.bytes) == "095a779d210d668c9935930769bf826ac4e7cbbc1454e292062eb0836233b769")
     }
 
     @Test func keysAreDomainSeparated() throws {
@@ -76,7 +90,9 @@ struct AccountSecretTests {
             #expect(imported.boxKeys.publicKey == secret.boxKeys.publicKey)
             // A key sealed for the original opens with the imported one.
             let k = SymmetricKey.random()
-            #expect(try imported.boxKeys.open(sealedKey: secret.boxKeys.publicKey.seal(key: k, fileID: fileA), fileID: fileA) == k)
+            #expect(
+                try imported.boxKeys.open(
+                    sealedKey: secret.boxKeys.publicKey.seal(key: k, fileID: fileA), fileID: fileA) == k)
         }
     }
 
@@ -133,7 +149,7 @@ struct AccountSecretTests {
         #expect(throws: CryptoError.invalidPhrase("word 6 (\"bitcoinz\") is not in the word list")) {
             try AccountSecret(phrase: words.joined(separator: " "))
         }
-        words[5] = "abando" // a prefix is not a word
+        words[5] = "abando"  // a prefix is not a word
         #expect(throws: CryptoError.self) { try AccountSecret(phrase: words.joined(separator: " ")) }
     }
 
@@ -165,8 +181,8 @@ struct AccountSecretTests {
             c[i] = alphabet[(j + 16) % 64]
             #expect(throws: CryptoError.self, "char \(i)") { try AccountSecret(base64: String(c)) }
         }
-        #expect(throws: CryptoError.self) { try AccountSecret(base64: String(good.dropLast(4))) } // too short
-        #expect(throws: CryptoError.self) { try AccountSecret(base64: String(good.dropFirst(8))) } // no prefix
+        #expect(throws: CryptoError.self) { try AccountSecret(base64: String(good.dropLast(4))) }  // too short
+        #expect(throws: CryptoError.self) { try AccountSecret(base64: String(good.dropFirst(8))) }  // no prefix
         #expect(throws: CryptoError.self) { try AccountSecret(base64: "coffer2:" + good.dropFirst(8)) }
         #expect(throws: CryptoError.self) { try AccountSecret(base64: String(good.map { $0 == "A" ? "*" : $0 })) }
         #expect(throws: CryptoError.self) { try AccountSecret(base64: "coffer1:") }
@@ -191,8 +207,10 @@ struct AccountSecretTests {
 struct Base64Tests {
     /// RFC 4648 section 10.
     @Test func rfc4648Vectors() {
-        let vectors = [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="),
-                       ("fooba", "Zm9vYmE="), ("foobar", "Zm9vYmFy")]
+        let vectors = [
+            ("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="), ("foobar", "Zm9vYmFy"),
+        ]
         for (plain, encoded) in vectors {
             #expect(Base64.encode(Array(plain.utf8)) == encoded)
             #expect(Base64.decode(encoded) == Array(plain.utf8))

@@ -4,7 +4,10 @@
 func hex(_ bytes: [UInt8]) -> String {
     let digits = Array("0123456789abcdef")
     var s = ""
-    for b in bytes { s.append(digits[Int(b >> 4)]); s.append(digits[Int(b & 0xf)]) }
+    for b in bytes {
+        s.append(digits[Int(b >> 4)])
+        s.append(digits[Int(b & 0xf)])
+    }
     return s
 }
 

@@ -158,7 +158,8 @@ struct SignatureTests {
         let sig = keys.sign(Array("hello coffer".utf8))
         #expect(
             hex(sig)
-                == "84a45f407883af6b7ae8278493e62f6f6965b673b953ed89b1ea99412d2d0eafc3e476fbc5bcdc2d7b3eaf12bf7e8366b9c338025eec760822ad534c8e4fd803"
+                == "84a45f407883af6b7ae8278493e62f6f6965b673b953ed89b1ea99412d2d0eaf"
+                + "c3e476fbc5bcdc2d7b3eaf12bf7e8366b9c338025eec760822ad534c8e4fd803"
         )
     }
 }

@@ -327,7 +327,8 @@ import Testing
             while len(want) < logsize:
                 want += random.Random(10_000_000 + i).randbytes(1 + (i * 7919) % 20_000); i += 1
             got = open(root + '/log.bin', 'rb').read()
-            if got[:logsize] != want[:logsize]: bad.append(f'log.bin: first {logsize} bytes differ ({len(got)} bytes there)')
+            if got[:logsize] != want[:logsize]:
+                bad.append(f'log.bin: first {logsize} bytes differ ({len(got)} bytes there)')
             print(files, logsize, 'OK' if not bad else bad[:5])
             """, [m.mountPoint, record])
         #expect(verify.status == 0, "\(verify.err)")

@@ -308,8 +308,14 @@ import Testing
         let script = root + "/script"
         #expect(writeFile(script, "#!/bin/sh\necho ran\n") == 0)
         chmod(script, 0o644)
-        let exec =
-            "import os, sys, errno\ntry:\n    os.execv(sys.argv[1], [sys.argv[1]])\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        let exec = """
+            import os, sys, errno
+            try:
+                os.execv(sys.argv[1], [sys.argv[1]])
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+
+            """
         // No execute bit anywhere: refused to root too, by access(2) and by exec.
         #expect(errnoOf { access(script, X_OK) } == EACCES)
         #expect(py(exec, [script]).out.trimmingCharacters(in: .whitespacesAndNewlines) == "EACCES")

@@ -148,8 +148,9 @@ import Testing
         let viaReader = "/proc/self/fd/\(reader)"
         #expect(setXattr(viaFD, "user.k", [7]) == 0)
         #expect(getXattr(viaReader, "user.k") == .success([7]))
-        #expect(errnoOf { setXattr(viaFD, "user.missing", [1], flags: 2 /* XATTR_REPLACE */) } == ENODATA)
-        #expect(errnoOf { setXattr(viaFD, "user.k", [1], flags: 1 /* XATTR_CREATE */) } == EEXIST)
+        // Flags 2 and 1: XATTR_REPLACE and XATTR_CREATE.
+        #expect(errnoOf { setXattr(viaFD, "user.missing", [1], flags: 2) } == ENODATA)
+        #expect(errnoOf { setXattr(viaFD, "user.k", [1], flags: 1) } == EEXIST)
         #expect(removeXattr(viaFD, "user.k") == 0)
         #expect(getXattr(viaFD, "user.k") == .failure(POSIXErrorBox(code: ENODATA)))
         #expect(close(fd) == 0)

@@ -9,7 +9,9 @@ let UTIME_OMIT_NS = (1 << 30) - 2
 /// The pjdfstest utimensat and rename/24 cases: atime is stored apart from mtime, and a folder's
 /// link count is 2 + its subfolders.
 @Suite struct TimesAndLinkCountTests {
-    func stamps(_ path: String) -> String { run("/usr/bin/stat", ["-c", "%X %Y", path]).out.trimmingCharacters(in: .whitespacesAndNewlines) }
+    func stamps(_ path: String) -> String {
+        run("/usr/bin/stat", ["-c", "%X %Y", path]).out.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
 
     func setTimes(_ path: String, atime: (Int, Int), mtime: (Int, Int), flags: Int32 = 0) -> Int32 {
         var times = [timespec(tv_sec: atime.0, tv_nsec: atime.1), timespec(tv_sec: mtime.0, tv_nsec: mtime.1)]
@@ -23,10 +25,13 @@ let UTIME_OMIT_NS = (1 << 30) - 2
         let created = statOf(f)
         // Created, then written: atime stays at the creation, mtime moves to the write.
         #expect(created.map { abs(Int($0.st_atim.tv_sec) - time(nil)) <= 5 } == true)
-        #expect(created.map { ($0.st_atim.tv_sec, $0.st_atim.tv_nsec) <= ($0.st_mtim.tv_sec, $0.st_mtim.tv_nsec) } == true)
+        #expect(
+            created.map { ($0.st_atim.tv_sec, $0.st_atim.tv_nsec) <= ($0.st_mtim.tv_sec, $0.st_mtim.tv_nsec) } == true)
 
         // touch -a and touch -m each leave the other time alone (UTIME_OMIT).
-        #expect(sh("touch -a -d @1900000000 \"$0\" && touch -m -d @1950000000 \"$0\"", environment: [:], dir: f).status == 0)
+        #expect(
+            sh("touch -a -d @1900000000 \"$0\" && touch -m -d @1950000000 \"$0\"", environment: [:], dir: f).status == 0
+        )
         #expect(stamps(f) == "1900000000 1950000000")
         #expect(sh("touch -a -d @1800000000 \"$0\"", environment: [:], dir: f).status == 0)
         #expect(stamps(f) == "1800000000 1950000000")
@@ -36,7 +41,9 @@ let UTIME_OMIT_NS = (1 << 30) - 2
         let st = statOf(f)
         #expect(st?.st_atim.tv_sec == 2_147_483_648 && st?.st_atim.tv_nsec == 100_000_000)
         #expect(st?.st_mtim.tv_sec == 1_950_000_000 && st?.st_mtim.tv_nsec == 0)
-        #expect(run("/usr/bin/stat", ["-c", "%x", f], environment: ["TZ": "UTC"]).out.hasPrefix("2038-01-19 03:14:08.100000000"))
+        #expect(
+            run("/usr/bin/stat", ["-c", "%x", f], environment: ["TZ": "UTC"]).out.hasPrefix(
+                "2038-01-19 03:14:08.100000000"))
 
         // Reads do not move it (noatime).
         #expect(text(readFile(f)) == "data")
@@ -59,7 +66,9 @@ let UTIME_OMIT_NS = (1 << 30) - 2
 
         // A symlink's own times (AT_SYMLINK_NOFOLLOW), not its target's.
         #expect(symlink("f", m.path("l")) == 0)
-        #expect(setTimes(m.path("l"), atime: (1_000_000_001, 1), mtime: (1_000_000_002, 2), flags: AT_SYMLINK_NOFOLLOW) == 0)
+        #expect(
+            setTimes(m.path("l"), atime: (1_000_000_001, 1), mtime: (1_000_000_002, 2), flags: AT_SYMLINK_NOFOLLOW) == 0
+        )
         let l = lstatOf(m.path("l"))
         #expect(l?.st_atim.tv_sec == 1_000_000_001 && l?.st_atim.tv_nsec == 1)
         #expect(l?.st_mtim.tv_sec == 1_000_000_002 && l?.st_mtim.tv_nsec == 2)
@@ -97,9 +106,15 @@ let UTIME_OMIT_NS = (1 << 30) - 2
     /// a differential run against ext4.
     @Test func ctimeIsTheTimeOfTheChange() throws {
         let m = try MountFixture("coffer-fs-ctime")
-        func ctimeNs(_ path: String) -> Int? { statOf(path).map { Int($0.st_ctim.tv_sec) * 1_000_000_000 + Int($0.st_ctim.tv_nsec) } }
-        func nowNs() -> Int { var t = timespec(); clock_gettime(CLOCK_REALTIME, &t); return t.tv_sec * 1_000_000_000 + t.tv_nsec }
-        let future = 4_102_444_800 // 2100-01-01
+        func ctimeNs(_ path: String) -> Int? {
+            statOf(path).map { Int($0.st_ctim.tv_sec) * 1_000_000_000 + Int($0.st_ctim.tv_nsec) }
+        }
+        func nowNs() -> Int {
+            var t = timespec()
+            clock_gettime(CLOCK_REALTIME, &t)
+            return t.tv_sec * 1_000_000_000 + t.tv_nsec
+        }
+        let future = 4_102_444_800  // 2100-01-01
         // A time set into the future moves mtime only.
         #expect(writeFile(m.path("f"), "data") == 0)
         #expect(setTimes(m.path("f"), atime: (future, 0), mtime: (future, 0)) == 0)
@@ -157,7 +172,9 @@ let UTIME_OMIT_NS = (1 << 30) - 2
 
         // Listings (readdirplus) report the same; `find` relies on it to skip leaves.
         let ls = run("/usr/bin/ls", ["-l", m.mountPoint]).out
-        let counts = ls.split(separator: "\n").filter { $0.hasPrefix("d") }.map { $0.split(separator: " ", omittingEmptySubsequences: true)[1] }
+        let counts = ls.split(separator: "\n").filter { $0.hasPrefix("d") }.map {
+            $0.split(separator: " ", omittingEmptySubsequences: true)[1]
+        }
         #expect(counts == ["3", "2"], "\(ls)")
         let found = run("/usr/bin/find", [m.mountPoint, "-type", "d"]).out.split(separator: "\n").count
         #expect(found == 4)

@@ -96,7 +96,8 @@ import Testing
                 sys.stdin.read()
                 again = os.pread(fd, 1 << 20, 0)
                 fresh = open(sys.argv[1], 'rb').read()
-                print(hashlib.sha256(first).hexdigest(), hashlib.sha256(again).hexdigest(), hashlib.sha256(fresh).hexdigest(), os.fstat(fd).st_nlink)
+                digests = [hashlib.sha256(b).hexdigest() for b in (first, again, fresh)]
+                print(*digests, os.fstat(fd).st_nlink)
                 """, doc, marker,
             ])
         #expect(eventually(timeout: 10) { FileManager.default.fileExists(atPath: marker) })

@@ -22,11 +22,13 @@ import Testing
         // write: a new file and new content for a cached one
         #expect(coffer(m.dataDir, ["write", "/new.txt"], stdin: Array("from the CLI".utf8)).status == 0)
         #expect(eventually(timeout: 1.0) { text(readFile(r + "/new.txt")) == "from the CLI" })
-        #expect(coffer(m.dataDir, ["write", "/seen.txt"], stdin: Array("version two, longer than one".utf8)).status == 0)
+        #expect(
+            coffer(m.dataDir, ["write", "/seen.txt"], stdin: Array("version two, longer than one".utf8)).status == 0)
         #expect(eventually(timeout: 1.0) { text(readFile(r + "/seen.txt")) == "version two, longer than one" })
         #expect(statOf(r + "/seen.txt")?.st_size == 28)
         // Same size, different bytes: the page cache must not keep the old pages.
-        #expect(coffer(m.dataDir, ["write", "/seen.txt"], stdin: Array("VERSION TWO, LONGER THAN ONE".utf8)).status == 0)
+        #expect(
+            coffer(m.dataDir, ["write", "/seen.txt"], stdin: Array("VERSION TWO, LONGER THAN ONE".utf8)).status == 0)
         #expect(eventually(timeout: 1.0) { text(readFile(r + "/seen.txt")) == "VERSION TWO, LONGER THAN ONE" })
         #expect(eventually(timeout: 1.0) { names(r) == ["seen.txt", "new.txt"] })
 
@@ -38,14 +40,22 @@ import Testing
         // mv: the old name goes, the new one comes, with the content
         #expect(lstatOf(r + "/new.txt") != nil)
         #expect(coffer(m.dataDir, ["mv", "/new.txt", "/made/deeper/moved.txt"]).status == 0)
-        #expect(eventually(timeout: 1.0) { lstatOf(r + "/new.txt") == nil && text(readFile(r + "/made/deeper/moved.txt")) == "from the CLI" })
-        #expect(eventually(timeout: 1.0) { names(r) == ["seen.txt", "made"] && names(r + "/made/deeper") == ["moved.txt"] })
+        #expect(
+            eventually(timeout: 1.0) {
+                lstatOf(r + "/new.txt") == nil && text(readFile(r + "/made/deeper/moved.txt")) == "from the CLI"
+            })
+        #expect(
+            eventually(timeout: 1.0) { names(r) == ["seen.txt", "made"] && names(r + "/made/deeper") == ["moved.txt"] })
 
         // rm
         #expect(coffer(m.dataDir, ["rm", "/seen.txt"]).status == 0)
-        #expect(eventually(timeout: 1.0) { lstatOf(r + "/seen.txt") == nil && openErrno(r + "/seen.txt", O_RDONLY) == ENOENT })
+        #expect(
+            eventually(timeout: 1.0) {
+                lstatOf(r + "/seen.txt") == nil && openErrno(r + "/seen.txt", O_RDONLY) == ENOENT
+            })
         #expect(coffer(m.dataDir, ["rm", "-r", "/made"]).status == 0)
-        #expect(eventually(timeout: 1.0) { lstatOf(r + "/made/deeper/moved.txt") == nil && lstatOf(r + "/made") == nil })
+        #expect(
+            eventually(timeout: 1.0) { lstatOf(r + "/made/deeper/moved.txt") == nil && lstatOf(r + "/made") == nil })
         #expect(eventually(timeout: 1.0) { names(r).isEmpty })
     }
 
@@ -69,7 +79,10 @@ import Testing
         #expect(eventually(timeout: 1.0) { cli("cat", "/big.bin").stdout == big })
 
         #expect(mkdir(r + "/dir", 0o755) == 0)
-        #expect(eventually(timeout: 1.0) { cli("ls", "/").out.split(separator: "\n").sorted() == ["a.txt", "big.bin", "dir/"] })
+        #expect(
+            eventually(timeout: 1.0) {
+                cli("ls", "/").out.split(separator: "\n").sorted() == ["a.txt", "big.bin", "dir/"]
+            })
         #expect(rename(r + "/a.txt", r + "/dir/b.txt") == 0)
         #expect(eventually(timeout: 1.0) { cli("ls", "/dir").out == "b.txt\n" })
         #expect(cli("cat", "/dir/b.txt").out == "second")

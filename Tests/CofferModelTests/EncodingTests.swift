@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 @Suite("Deterministic encoding")
@@ -6,7 +7,8 @@ struct EncodingTests {
     @Test func writerProducesFixedBytes() {
         var w = ByteWriter()
         w.u8(0xAB)
-        w.bool(true); w.bool(false)
+        w.bool(true)
+        w.bool(false)
         w.u32(0x0102_0304)
         w.u64(0x0102_0304_0506_0708)
         w.i64(-2)
@@ -15,15 +17,23 @@ struct EncodingTests {
         w.string("hé")
         w.optionalData(nil)
         w.optionalData([0x33])
-        #expect(hex(w.bytes) ==
-            "ab" + "01" + "00" + "01020304" + "0102030405060708" + "fffffffffffffffe" + "feed"
-            + "00000002" + "1122" + "00000003" + "68c3a9" + "00" + "01" + "00000001" + "33")
+        #expect(
+            hex(w.bytes) == "ab" + "01" + "00" + "01020304" + "0102030405060708" + "fffffffffffffffe" + "feed"
+                + "00000002" + "1122" + "00000003" + "68c3a9" + "00" + "01" + "00000001" + "33")
     }
 
     @Test func readerRoundTrip() throws {
         var w = ByteWriter()
-        w.u8(200); w.bool(true); w.u32(.max); w.u64(.max); w.i64(.min); w.raw([1, 2, 3])
-        w.data([]); w.string("naïve/名前"); w.optionalData(nil); w.optionalData([4, 5])
+        w.u8(200)
+        w.bool(true)
+        w.u32(.max)
+        w.u64(.max)
+        w.i64(.min)
+        w.raw([1, 2, 3])
+        w.data([])
+        w.string("naïve/名前")
+        w.optionalData(nil)
+        w.optionalData([4, 5])
         var r = ByteReader(w.bytes)
         #expect(try r.u8() == 200)
         #expect(try r.bool() == true)
@@ -41,12 +51,25 @@ struct EncodingTests {
 
     @Test func everyTruncationIsAnError() throws {
         var w = ByteWriter()
-        w.u8(1); w.bool(true); w.u32(7); w.u64(8); w.i64(-9); w.data([1, 2, 3]); w.string("xyz"); w.optionalData([4])
+        w.u8(1)
+        w.bool(true)
+        w.u32(7)
+        w.u64(8)
+        w.i64(-9)
+        w.data([1, 2, 3])
+        w.string("xyz")
+        w.optionalData([4])
         let full = w.bytes
         func readAll(_ b: [UInt8]) throws {
             var r = ByteReader(b)
-            _ = try r.u8(); _ = try r.bool(); _ = try r.u32(); _ = try r.u64(); _ = try r.i64()
-            _ = try r.data(); _ = try r.string(); _ = try r.optionalData()
+            _ = try r.u8()
+            _ = try r.bool()
+            _ = try r.u32()
+            _ = try r.u64()
+            _ = try r.i64()
+            _ = try r.data()
+            _ = try r.string()
+            _ = try r.optionalData()
             try r.expectEnd()
         }
         try readAll(full)

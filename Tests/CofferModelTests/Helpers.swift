@@ -14,17 +14,19 @@ func sname(_ name: String) -> SealedName {
 }
 
 func meta(_ id: Int, parent: Int, _ name: String, _ type: FileType = .document, deleted: Bool = false) -> FileMetadata {
-    FileMetadata(id: fid(id), type: type, parent: fid(parent), name: sname(name), owner: owner,
-                 isDeleted: deleted, wrappedKey: [UInt8(id & 0xff)], sealedAttributes: [1, 2, 3],
-                 contentDigest: type == .document ? [9] : nil, lastModifiedBy: owner)
+    FileMetadata(
+        id: fid(id), type: type, parent: fid(parent), name: sname(name), owner: owner,
+        isDeleted: deleted, wrappedKey: [UInt8(id & 0xff)], sealedAttributes: [1, 2, 3],
+        contentDigest: type == .document ? [9] : nil, lastModifiedBy: owner)
 }
 
 func folder(_ id: Int, parent: Int, _ name: String, deleted: Bool = false) -> FileMetadata {
     meta(id, parent: parent, name, .folder, deleted: deleted)
 }
 
-let root = FileMetadata(id: rootID, type: .folder, parent: rootID, name: sname("root"), owner: owner,
-                        wrappedKey: [], sealedAttributes: [0], lastModifiedBy: owner)
+let root = FileMetadata(
+    id: rootID, type: .folder, parent: rootID, name: sname("root"), owner: owner,
+    wrappedKey: [], sealedAttributes: [0], lastModifiedBy: owner)
 
 /// root(1)
 /// ├── a(2)/            folder
@@ -33,8 +35,10 @@ let root = FileMetadata(id: rootID, type: .folder, parent: rootID, name: sname("
 /// │       └── e(6)/    folder
 /// └── b(3)/            folder
 func sampleTree() -> FileTree {
-    FileTree([root, folder(2, parent: 1, "a"), folder(3, parent: 1, "b"), meta(4, parent: 2, "d"),
-              folder(5, parent: 2, "c"), folder(6, parent: 5, "e")])
+    FileTree([
+        root, folder(2, parent: 1, "a"), folder(3, parent: 1, "b"), meta(4, parent: 2, "d"),
+        folder(5, parent: 2, "c"), folder(6, parent: 5, "e"),
+    ])
 }
 
 func hex(_ b: [UInt8]) -> String { hexString(b) }

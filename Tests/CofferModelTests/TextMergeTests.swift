@@ -1,4 +1,5 @@
 import Testing
+
 @testable import CofferModel
 
 @Suite struct TextMergeTests {
@@ -53,9 +54,15 @@ import Testing
     @Test func largeRandomisedEditsNeverLoseLines() {
         // Each side edits disjoint regions of a long file; the merge must contain every edit.
         var rng = UInt64(42)
-        func next() -> UInt64 { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return rng }
+        func next() -> UInt64 {
+            rng ^= rng << 13
+            rng ^= rng >> 7
+            rng ^= rng << 17
+            return rng
+        }
         let base = (0..<2000).map { "line \($0)\n" }
-        var local = base, remote = base
+        var local = base
+        var remote = base
         for i in stride(from: 0, to: 1000, by: 37) { local[i] = "local edit \(next() % 1000)\n" }
         for i in stride(from: 1010, to: 2000, by: 41) { remote[i] = "remote edit \(next() % 1000)\n" }
         local.insert("inserted locally\n", at: 500)

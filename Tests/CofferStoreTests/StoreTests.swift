@@ -219,7 +219,8 @@ struct StoreTests {
                 try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(1), chunkID(9)])
                 try w.putManifest(digest: digest(2), sealed: [2], chunkIDs: [chunkID(2), chunkID(9)])
                 try w.putManifest(digest: digest(3), sealed: [3], chunkIDs: [chunkID(3)])
-                for c: UInt8 in [1, 2, 3, 4, 9] { try w.putChunk(id: chunkID(c), sealed: [c]) }  // chunk 4: in no manifest
+                // Chunk 4 is in no manifest.
+                for c: UInt8 in [1, 2, 3, 4, 9] { try w.putChunk(id: chunkID(c), sealed: [c]) }
                 try w.put(record(1, parent: 1), .local)
                 try w.put(record(10, parent: 1, digest: digest(1)), .local)
                 try w.put(record(11, parent: 1, digest: digest(2)), .base)

@@ -36,8 +36,11 @@ import Testing
 
     @Test func deleteRenameAndMovePropagate() async throws {
         let w = try await SyncWorld()
-        try w.a.mkdir("/x"); try w.a.mkdir("/y")
-        try w.a.write("/x/1.txt", "1"); try w.a.write("/x/2.txt", "2"); try w.a.write("/x/3.txt", "3")
+        try w.a.mkdir("/x")
+        try w.a.mkdir("/y")
+        try w.a.write("/x/1.txt", "1")
+        try w.a.write("/x/2.txt", "2")
+        try w.a.write("/x/3.txt", "3")
         try await w.sync(w.a, w.b)
         try w.b.rm("/x/1.txt")
         try w.b.mv("/x/2.txt", "/x/two.txt")
@@ -109,7 +112,8 @@ import Testing
     @Test func unicodeAndCaseDistinctNames() async throws {
         let w = try await SyncWorld()
         try w.a.write("/Résumé ✓.txt", "u")
-        try w.a.write("/A.txt", "upper"); try w.a.write("/a.txt", "lower")
+        try w.a.write("/A.txt", "upper")
+        try w.a.write("/a.txt", "lower")
         try await w.sync(w.a, w.b)
         #expect(try w.b.read("/Résumé ✓.txt") == "u")
         #expect(try w.b.read("/A.txt") == "upper" && w.b.read("/a.txt") == "lower")
@@ -120,7 +124,8 @@ import Testing
         let w = try await SyncWorld()
         try w.a.write("/x.txt", "x")
         try await w.sync(w.a, w.b)
-        try w.b.mv("/x.txt", "/y.txt"); try w.b.mv("/y.txt", "/x.txt")
+        try w.b.mv("/x.txt", "/y.txt")
+        try w.b.mv("/y.txt", "/x.txt")
         try w.a.mv("/x.txt", "/z.txt")
         try await w.sync(w.a, w.b, w.a, w.b)
         #expect(try w.b.ls() == ["z.txt"])
@@ -148,7 +153,9 @@ import Testing
 
     @Test func threeDevicesConverge() async throws {
         let w = try await SyncWorld(devices: 3)
-        try w.a.write("/a.txt", "a"); try w.b.write("/b.txt", "b"); try w.c.write("/c.txt", "c")
+        try w.a.write("/a.txt", "a")
+        try w.b.write("/b.txt", "b")
+        try w.c.write("/c.txt", "c")
         try await w.sync(w.a, w.b, w.c)
         try await w.expectConverged()
         #expect(try w.a.ls() == ["a.txt", "b.txt", "c.txt"])

@@ -55,7 +55,11 @@ import Testing
                     && FileManager.default.fileExists(atPath: a.path("both-1"))
                     && FileManager.default.fileExists(atPath: b.path("both-1"))
             },
-            "did not converge: A=\(text(a.path("shared.txt")) ?? "-") B=\(text(b.path("shared.txt")) ?? "-")\nA log: \(a.log)\nB log: \(b.log)"
+            """
+            did not converge: A=\(text(a.path("shared.txt")) ?? "-") B=\(text(b.path("shared.txt")) ?? "-")
+            A log: \(a.log)
+            B log: \(b.log)
+            """
         )
         let lsA = sh("cd '\(a.mountPoint)' && ls -R").out
         let lsB = sh("cd '\(b.mountPoint)' && ls -R").out

@@ -2,9 +2,10 @@ import CofferModel
 import CofferStore
 import CofferSync
 import CofferTestSupport
-@testable import CofferVault
 import Foundation
 import Testing
+
+@testable import CofferVault
 
 /// A server whose database was edited between syncs: every record it serves is still validly
 /// signed, but old (rollback), back from the dead (resurrection) or deleted by the server's own

@@ -1,8 +1,9 @@
 import CofferModel
 import CofferTestSupport
-@testable import CofferVault
 import Foundation
 import Testing
+
+@testable import CofferVault
 
 /// Three devices doing random operations and syncs in random order. Each trial is seeded and
 /// reproducible (the seed is in every failure message); at the end all trees are equal, every
@@ -122,10 +123,11 @@ import Testing
                         if let n = try? dev.vault.resolve(k) {
                             let local = try dev.vault.store.read { try $0.file(n.id, .local) }
                             let base = try dev.vault.store.read { try $0.file(n.id, .base) }
-                            _ = sh("cp '\(server.dataDirectory)/metadata.sqlite'* /tmp/ 2>/dev/null")
-                            print(
-                                "\(dev.name) has \(k) id \(n.id) local=\(local != nil) base=\(base.map { "v\($0.version) del=\($0.metadata.isDeleted) sdel=\($0.serverDeleted) parent=\($0.metadata.parent)" } ?? "nil")"
-                            )
+                            let record = base.map {
+                                "v\($0.version) del=\($0.metadata.isDeleted) sdel=\($0.serverDeleted)"
+                                    + " parent=\($0.metadata.parent)"
+                            }
+                            print("\(dev.name) has \(k) id \(n.id) local=\(local != nil) base=\(record ?? "nil")")
                         }
                     }
                 }

@@ -29,11 +29,14 @@ final class Device: @unchecked Sendable {
         let parts = Vault.components(path)
         let parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
         let name = parts.last ?? ""
-        let node = try vault.lookup(parent.id, name) ?? vault.create(in: parent.id, name: name, type: .document, mode: 0o644)
+        let node =
+            try vault.lookup(parent.id, name) ?? vault.create(in: parent.id, name: name, type: .document, mode: 0o644)
         try vault.writeAll(node.id, bytes)
     }
 
-    func read(_ path: String) throws -> String { String(decoding: try vault.readAll(vault.resolve(path).id), as: UTF8.self) }
+    func read(_ path: String) throws -> String {
+        String(decoding: try vault.readAll(vault.resolve(path).id), as: UTF8.self)
+    }
 
     func exists(_ path: String) -> Bool { (try? vault.resolve(path)) != nil }
 
@@ -46,7 +49,9 @@ final class Device: @unchecked Sendable {
 
     func rm(_ path: String) throws { try vault.remove(vault.resolve(path).id, recursive: true) }
 
-    func chmod(_ path: String, _ mode: UInt32) throws { try vault.setAttributes(vault.resolve(path).id, AttributeChanges(mode: mode)) }
+    func chmod(_ path: String, _ mode: UInt32) throws {
+        try vault.setAttributes(vault.resolve(path).id, AttributeChanges(mode: mode))
+    }
 
     func touch(_ path: String, _ seconds: Int64) throws {
         try vault.setAttributes(vault.resolve(path).id, AttributeChanges(mtime: Timespec(seconds: seconds)))
@@ -86,7 +91,10 @@ final class Device: @unchecked Sendable {
             for c in try vault.children(of: node.id) {
                 let p = path + "/" + c.name
                 let a = c.attributes
-                var d = "\(c.type) mode=\(String(a.mode.value, radix: 8)) uid=\(a.uid.value) mtime=\(a.mtime.value.seconds).\(a.mtime.value.nanoseconds) atime=\(a.atime.value.seconds).\(a.atime.value.nanoseconds) x=\(a.liveXattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" })"
+                let xattrs = a.liveXattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+                var d = "\(c.type) mode=\(String(a.mode.value, radix: 8)) uid=\(a.uid.value)"
+                d += " mtime=\(a.mtime.value.seconds).\(a.mtime.value.nanoseconds)"
+                d += " atime=\(a.atime.value.seconds).\(a.atime.value.nanoseconds) x=\(xattrs)"
                 switch c.type {
                 case .document: d += " content=\(blake2b(try vault.readAll(c.id)).prefix(8))" + " size=\(c.size)"
                 case .symlink: d += " target=\(a.symlinkTarget ?? "")"
@@ -121,7 +129,8 @@ final class SyncWorld: @unchecked Sendable {
         try await a.sync()
         devices.append(a)
         for i in 1..<count {
-            let v = try Vault.create(dataDirectory: tmp.sub("device\(i)"), username: username, secret: secret, createRoot: false)
+            let v = try Vault.create(
+                dataDirectory: tmp.sub("device\(i)"), username: username, secret: secret, createRoot: false)
             try v.setServer(server.url)
             let d = Device(name: String(UnicodeScalar(UInt8(65 + i))), vault: v, server: server.url)
             try await d.sync()
@@ -144,13 +153,16 @@ final class SyncWorld: @unchecked Sendable {
         let first = try devices[0].snapshot()
         for d in devices {
             let snap = try d.snapshot()
-            #expect(snap == first, "device \(d.name) differs: \(Self.diff(first, snap))", sourceLocation: sourceLocation)
+            #expect(
+                snap == first, "device \(d.name) differs: \(Self.diff(first, snap))", sourceLocation: sourceLocation)
             let report = try d.vault.check()
             #expect(report.isClean, "device \(d.name): \(report.problems)", sourceLocation: sourceLocation)
             #expect(d.pending == 0, "device \(d.name) has pending changes", sourceLocation: sourceLocation)
         }
         let audit = server.audit()
-        #expect(audit.status == 0 && audit.out.contains("audit: clean"), "server audit: \(audit.out) \(audit.err)", sourceLocation: sourceLocation)
+        #expect(
+            audit.status == 0 && audit.out.contains("audit: clean"), "server audit: \(audit.out) \(audit.err)",
+            sourceLocation: sourceLocation)
     }
 
     static func diff(_ a: [String: String], _ b: [String: String]) -> String {

@@ -1,6 +1,7 @@
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 public struct FixtureError: Error, CustomStringConvertible {
@@ -21,8 +22,10 @@ public final class MountFixture: @unchecked Sendable {
     /// Inits a store and mounts it. `options` are passed as `-o` options. `initArguments` and
     /// `initInput` replace the default `coffer init tester` (e.g. to join an account from a
     /// server); `mountArguments` are added to `coffer mount`.
-    public init(_ label: String = "coffer-fs", options: [String] = [], mount: Bool = true,
-                initArguments: [String] = ["init", "tester"], initInput: [UInt8]? = nil, mountArguments: [String] = []) throws {
+    public init(
+        _ label: String = "coffer-fs", options: [String] = [], mount: Bool = true,
+        initArguments: [String] = ["init", "tester"], initInput: [UInt8]? = nil, mountArguments: [String] = []
+    ) throws {
         tmp = TemporaryDirectory(label)
         // Other users (the permission tests) must be able to reach the mount point.
         chmod(tmp.path, 0o755)
@@ -37,7 +40,8 @@ public final class MountFixture: @unchecked Sendable {
 
     /// A path inside the mount.
     public func path(_ relative: String) -> String {
-        relative.isEmpty ? mountPoint : mountPoint + "/" + (relative.hasPrefix("/") ? String(relative.dropFirst()) : relative)
+        relative.isEmpty
+            ? mountPoint : mountPoint + "/" + (relative.hasPrefix("/") ? String(relative.dropFirst()) : relative)
     }
 
     /// `coffer mount` (daemonized); throws with its stderr if it fails.
@@ -66,7 +70,8 @@ public final class MountFixture: @unchecked Sendable {
     /// The pid of the daemon serving the store (first line of mount.lock), if it is alive.
     public var daemonPID: pid_t? {
         guard let text = try? String(contentsOfFile: dataDir + "/mount.lock", encoding: .utf8),
-              let first = text.split(separator: "\n").first, let pid = pid_t(first), pid > 0 else { return nil }
+            let first = text.split(separator: "\n").first, let pid = pid_t(first), pid > 0
+        else { return nil }
         return Glibc.kill(pid, 0) == 0 ? pid : nil
     }
 
@@ -204,7 +209,10 @@ public func readAll(fd: Int32) -> [UInt8]? {
     var offset: off_t = 0
     while true {
         let n = buf.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, offset) }
-        if n < 0 { if errno == EINTR { continue }; return nil }
+        if n < 0 {
+            if errno == EINTR { continue }
+            return nil
+        }
         if n == 0 { return out }
         out += buf[0..<n]
         offset += off_t(n)
@@ -219,10 +227,18 @@ public func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o644, fs
     var off = 0
     while off < bytes.count {
         let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + off, $0.count - off) }
-        if n < 0 { let e = errno; close(fd); return e }
+        if n < 0 {
+            let e = errno
+            close(fd)
+            return e
+        }
         off += n
     }
-    if doSync && fsync(fd) != 0 { let e = errno; close(fd); return e }
+    if doSync && fsync(fd) != 0 {
+        let e = errno
+        close(fd)
+        return e
+    }
     return close(fd) == 0 ? 0 : errno
 }
 

@@ -1,6 +1,7 @@
 import Foundation
+
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A directory under /tmp removed when the value goes away.
@@ -55,13 +56,17 @@ public var cofferBinary: String { productsDirectory + "/coffer" }
 /// Runs a program to completion with optional stdin, capturing output and peak memory.
 /// Uses posix_spawn and wait4 directly so the rusage is this child's alone.
 @discardableResult
-public func run(_ executable: String, _ arguments: [String], environment: [String: String] = [:],
-                stdin: [UInt8]? = nil, stdinSource: ((Int32) -> Void)? = nil, cwd: String? = nil) -> ProcessResult {
+public func run(
+    _ executable: String, _ arguments: [String], environment: [String: String] = [:],
+    stdin: [UInt8]? = nil, stdinSource: ((Int32) -> Void)? = nil, cwd: String? = nil
+) -> ProcessResult {
     let child = spawn(executable, arguments, environment: environment, cwd: cwd)
     if let stdin {
         var offset = 0
         while offset < stdin.count {
-            let n = stdin.withUnsafeBytes { Glibc.write(child.stdinFD, $0.baseAddress! + offset, min(1 << 20, stdin.count - offset)) }
+            let n = stdin.withUnsafeBytes {
+                Glibc.write(child.stdinFD, $0.baseAddress! + offset, min(1 << 20, stdin.count - offset))
+            }
             if n <= 0 { break }
             offset += n
         }
@@ -83,7 +88,10 @@ public final class Child: @unchecked Sendable {
     private let group = DispatchGroup()
 
     init(pid: pid_t, stdinFD: Int32, outFD: Int32, errFD: Int32) {
-        self.pid = pid; self.stdinFD = stdinFD; self.outFD = outFD; self.errFD = errFD
+        self.pid = pid
+        self.stdinFD = stdinFD
+        self.outFD = outFD
+        self.errFD = errFD
         drain(outFD) { self.outData = $0 }
         drain(errFD) { self.errData = $0 }
     }
@@ -117,18 +125,25 @@ public final class Child: @unchecked Sendable {
     }
 }
 
-public func spawn(_ executable: String, _ arguments: [String], environment: [String: String] = [:], cwd: String? = nil) -> Child {
+public func spawn(
+    _ executable: String, _ arguments: [String], environment: [String: String] = [:], cwd: String? = nil
+) -> Child {
     // A child killed mid-test closes its stdin; writing to it must fail with EPIPE, not kill us.
     signal(SIGPIPE, SIG_IGN)
     if let cwd {
-        return spawn("/bin/sh", ["-c", "cd \"$0\" && exec \"$@\"", cwd, executable] + arguments, environment: environment)
+        return spawn(
+            "/bin/sh", ["-c", "cd \"$0\" && exec \"$@\"", cwd, executable] + arguments, environment: environment)
     }
-    var inPipe: [Int32] = [0, 0], outPipe: [Int32] = [0, 0], errPipe: [Int32] = [0, 0]
+    var inPipe: [Int32] = [0, 0]
+    var outPipe: [Int32] = [0, 0]
+    var errPipe: [Int32] = [0, 0]
     // Close-on-exec: tests spawn in parallel, and a pipe end leaked into another test's child
     // (a mount daemon lives on) would keep this child's output open forever.
     spawnLock.lock()
     defer { spawnLock.unlock() }
-    makeCloseOnExecPipe(&inPipe); makeCloseOnExecPipe(&outPipe); makeCloseOnExecPipe(&errPipe)
+    makeCloseOnExecPipe(&inPipe)
+    makeCloseOnExecPipe(&outPipe)
+    makeCloseOnExecPipe(&errPipe)
     var actions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&actions)
     posix_spawn_file_actions_adddup2(&actions, inPipe[0], 0)
@@ -145,7 +160,9 @@ public func spawn(_ executable: String, _ arguments: [String], environment: [Str
     posix_spawn_file_actions_destroy(&actions)
     for p in argv { free(p) }
     for p in envp { free(p) }
-    close(inPipe[0]); close(outPipe[1]); close(errPipe[1])
+    close(inPipe[0])
+    close(outPipe[1])
+    close(errPipe[1])
     if rc != 0 { pid = -1 }
     return Child(pid: pid, stdinFD: inPipe[1], outFD: outPipe[0], errFD: errPipe[0])
 }
@@ -171,8 +188,12 @@ public func makeCloseOnExecPipe(_ fds: inout [Int32]) {
 
 /// Runs `coffer` against a data directory.
 @discardableResult
-public func coffer(_ dataDir: String, _ arguments: [String], stdin: [UInt8]? = nil, environment: [String: String] = [:]) -> ProcessResult {
-    run(cofferBinary, arguments, environment: environment.merging(["COFFER_DATA_DIR": dataDir]) { a, _ in a }, stdin: stdin)
+public func coffer(
+    _ dataDir: String, _ arguments: [String], stdin: [UInt8]? = nil, environment: [String: String] = [:]
+) -> ProcessResult {
+    run(
+        cofferBinary, arguments, environment: environment.merging(["COFFER_DATA_DIR": dataDir]) { a, _ in a },
+        stdin: stdin)
 }
 
 /// Runs a shell command line.
@@ -189,11 +210,15 @@ public func pseudoRandomBytes(count: Int, seed: UInt64) -> [UInt8] {
         let words = count / 8
         let p = buf.baseAddress!.assumingMemoryBound(to: UInt64.self)
         for i in 0..<words {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17
+            x ^= x << 13
+            x ^= x >> 7
+            x ^= x << 17
             p[i] = x
         }
         for i in (words * 8)..<count {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17
+            x ^= x << 13
+            x ^= x >> 7
+            x ^= x << 17
             buf[i] = UInt8(truncatingIfNeeded: x)
         }
     }
@@ -209,8 +234,12 @@ public func filesContaining(_ marker: String, under directory: String) -> [Strin
         let path = directory + "/" + rel
         var isDir: ObjCBool = false
         guard FileManager.default.fileExists(atPath: path, isDirectory: &isDir), !isDir.boolValue,
-              let data = FileManager.default.contents(atPath: path) else { continue }
-        if rel.contains(marker) { hits.append(path); continue }
+            let data = FileManager.default.contents(atPath: path)
+        else { continue }
+        if rel.contains(marker) {
+            hits.append(path)
+            continue
+        }
         if data.range(of: Data(needle)) != nil { hits.append(path) }
     }
     return hits

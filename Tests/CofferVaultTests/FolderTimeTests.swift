@@ -1,7 +1,8 @@
+import CofferModel
 import Foundation
 import Synchronization
 import Testing
-import CofferModel
+
 @testable import CofferVault
 
 /// The mount daemon's coalescing of folder time updates (`Vault.coalesceFolderTimes`).
@@ -74,7 +75,8 @@ import CofferModel
         expectErrno(EEXIST) { _ = try f.doc("a", in: folder.id) }
         #expect(try v.node(folder.id).attributes.mtime.value == second)
         // A batch that fails after the bump (here the store refuses the record) drops it too.
-        try f.sqlite("CREATE TRIGGER refuse BEFORE INSERT ON local_files BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;")
+        try f.sqlite(
+            "CREATE TRIGGER refuse BEFORE INSERT ON local_files BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;")
         f.clock.advance(milliseconds: 100)
         #expect(throws: (any Error).self) { _ = try f.doc("refused", in: folder.id) }
         #expect(try v.node(folder.id).attributes.mtime.value == second)

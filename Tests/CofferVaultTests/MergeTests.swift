@@ -202,7 +202,8 @@ private func text(_ s: String) -> TwoDevices.Entry { .document(Array(s.utf8)) }
         try d.b.writeAll(file.id, [0, 1, 2, 0xBB])
         try d.settle()
 
-        #expect(try d.converged() == ["/blob.bin": .document([0, 1, 2, 0xAA]), "/blob-1.bin": .document([0, 1, 2, 0xBB])])
+        #expect(
+            try d.converged() == ["/blob.bin": .document([0, 1, 2, 0xAA]), "/blob-1.bin": .document([0, 1, 2, 0xBB])])
     }
 
     @Test func movesThatWouldMakeACycleAreUndoneOnTheSecondDevice() throws {

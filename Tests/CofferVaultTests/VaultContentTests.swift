@@ -1,9 +1,10 @@
-import Foundation
-import Testing
+import CofferContent
 import CofferCrypto
 import CofferModel
 import CofferStore
-import CofferContent
+import Foundation
+import Testing
+
 @testable import CofferVault
 
 @Suite("Vault content")
@@ -39,7 +40,10 @@ struct VaultContentTests {
         #expect(try f.vault.node(doc.id).attributes.mtime.value == Timespec(seconds: 42))
         var streamed: [UInt8] = []
         var calls = 0
-        try f.vault.readContents(doc.id) { streamed += $0; calls += 1 }
+        try f.vault.readContents(doc.id) {
+            streamed += $0
+            calls += 1
+        }
         #expect(streamed == expected)
         #expect(calls >= 2, "read in chunk-sized pieces")
     }
@@ -127,10 +131,11 @@ struct VaultContentTests {
         let f = try VaultFixture()
         let doc = try f.document("t", contents: Array(repeating: 0xAB, count: 100))
         let h = try f.vault.openDocument(doc.id)
-        _ = try h.read(offset: 0, count: 1) // warm the chunk cache
+        _ = try h.read(offset: 0, count: 1)  // warm the chunk cache
         try h.truncate(to: 50)
         try h.truncate(to: 200)
-        #expect(try h.read(offset: 0, count: 200) == Array(repeating: 0xAB, count: 50) + Array(repeating: 0, count: 150))
+        #expect(
+            try h.read(offset: 0, count: 200) == Array(repeating: 0xAB, count: 50) + Array(repeating: 0, count: 150))
         try f.vault.release(h)
         #expect(try f.vault.readAll(doc.id) == Array(repeating: 0xAB, count: 50) + Array(repeating: 0, count: 150))
     }
@@ -142,7 +147,9 @@ struct VaultContentTests {
         let h2 = try f.vault.openDocument(doc.id)
         #expect(h1 === h2)
         try h1.write(offset: 2, bytes: Array("AB".utf8))
-        #expect(try h2.read(offset: 0, count: 10) == Array("01AB456789".utf8), "unflushed writes are visible to the other handle")
+        #expect(
+            try h2.read(offset: 0, count: 10) == Array("01AB456789".utf8),
+            "unflushed writes are visible to the other handle")
         try h2.truncate(to: 4)
         #expect(h1.currentSize == 4)
         // Releasing one keeps the other usable; the last release flushes.
@@ -172,7 +179,7 @@ struct VaultContentTests {
 
     @Test func unlinkedOpenDocumentStaysUsableUntilRelease() throws {
         let f = try VaultFixture()
-        let data = noise(600_000, seed: 5) // three chunks
+        let data = noise(600_000, seed: 5)  // three chunks
         let doc = try f.document("victim", contents: data)
         let h = try f.vault.openDocument(doc.id)
         try f.vault.remove(doc.id)
@@ -180,7 +187,7 @@ struct VaultContentTests {
         #expect(try h.read(offset: 0, count: data.count) == data, "readable after unlink")
         try h.write(offset: 0, bytes: Array("still writable".utf8))
         #expect(try h.read(offset: 0, count: 14) == Array("still writable".utf8))
-        try h.flush() // must not resurrect the file
+        try h.flush()  // must not resurrect the file
         #expect(try f.vault.lookup(f.root, "victim") == nil)
         #expect(try h.read(offset: 300_000, count: 10) == Array(data[300_000..<300_010]))
         try f.vault.release(h)
@@ -194,7 +201,7 @@ struct VaultContentTests {
 
     @Test func unlinkedOpenDocumentSurvivesGarbageCollection() throws {
         let f = try VaultFixture()
-        let data = noise(800_000, seed: 6) // four chunks
+        let data = noise(800_000, seed: 6)  // four chunks
         let doc = try f.document("victim", contents: data)
         let h = try f.vault.openDocument(doc.id)
         try f.vault.remove(doc.id)
@@ -211,11 +218,11 @@ struct VaultContentTests {
         let doc = try f.document("big")
         let data = randomBytes(Vault.writeBufferLimit + 4 * 256 * 1024)
         let h = try f.vault.openDocument(doc.id)
-        try h.write(offset: 0, bytes: data) // past the buffer limit: chunks are spilled
-        h.waitForSpills() // the spill runs behind the writer
+        try h.write(offset: 0, bytes: data)  // past the buffer limit: chunks are spilled
+        h.waitForSpills()  // the spill runs behind the writer
         #expect(try f.chunkCount() > 0, "chunks were spilled before any commit")
         _ = try f.vault.collectGarbage()
-        try f.vault.release(h) // commits the manifest
+        try f.vault.release(h)  // commits the manifest
         #expect(try f.vault.readAll(doc.id) == data)
         #expect(try f.vault.check().isClean)
     }
@@ -232,7 +239,7 @@ struct VaultContentTests {
         let gate = DispatchSemaphore(value: 0)
         h.spillHold.withLock { $0 = gate }
         var expected = randomBytes(Vault.writeBufferLimit + 2 * chunk)
-        try h.write(offset: 0, bytes: expected) // starts a spill of every full chunk
+        try h.write(offset: 0, bytes: expected)  // starts a spill of every full chunk
         #expect(h.isSpilling)
         // While the spill runs: reads see every byte.
         // (Compared as Bools: a failing #expect on two 16 MiB arrays would print them whole.)
@@ -268,7 +275,7 @@ struct VaultContentTests {
         #expect(same, "read after the second spill landed")
         h.spillHold.withLock { $0 = nil }
         // A flush right behind a spill commits exactly the current content.
-        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + chunk)) // a third spill
+        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + chunk))  // a third spill
         let head = try h.read(offset: 0, count: Vault.writeBufferLimit + chunk)
         expected.replaceSubrange(0..<head.count, with: head)
         try h.flush()
@@ -293,9 +300,9 @@ struct VaultContentTests {
         #expect(!h.mayTakeLong(.commit), "flushed")
         let gate = DispatchSemaphore(value: 0)
         h.spillHold.withLock { $0 = gate }
-        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + 1)) // starts a spill
+        try h.write(offset: 0, bytes: randomBytes(Vault.writeBufferLimit + 1))  // starts a spill
         #expect(h.isSpilling)
-        try h.truncate(to: 10) // drops the buffer, the spill still runs
+        try h.truncate(to: 10)  // drops the buffer, the spill still runs
         #expect(h.mayTakeLong(.commit), "a spill is running")
         gate.signal()
         h.waitForSpills()
@@ -316,12 +323,15 @@ struct VaultContentTests {
         let gate = DispatchSemaphore(value: 0)
         h.spillHold.withLock { $0 = gate }
         let data = randomBytes(Vault.writeBufferLimit + 256 * 1024)
-        try h.write(offset: 0, bytes: data) // starts a spill, held at the gate
+        try h.write(offset: 0, bytes: data)  // starts a spill, held at the gate
         #expect(h.isSpilling)
         let released = DispatchSemaphore(value: 0)
         let vault = f.vault
-        Thread { try? vault.release(h); released.signal() }.start()
-        usleep(100_000) // the release is now waiting for the spill inside its flush
+        Thread {
+            try? vault.release(h)
+            released.signal()
+        }.start()
+        usleep(100_000)  // the release is now waiting for the spill inside its flush
         #expect(released.wait(timeout: .now()) == .timedOut, "the release waits for the spill")
         #expect(vault.registeredDocument(doc.id) === h, "still registered while it commits")
         let again = try vault.openDocument(doc.id)
@@ -353,7 +363,7 @@ struct VaultContentTests {
     @Test func oneByteChangeOfA64MiBFileWritesAtMostTwoChunks() throws {
         let f = try VaultFixture()
         let size = 64 << 20
-        let data = randomBytes(size) // non-repeating, so no two chunks dedup
+        let data = randomBytes(size)  // non-repeating, so no two chunks dedup
         let doc = try f.document("big")
         try f.vault.writeAll(doc.id, data)
         let before = try f.chunkCount()
@@ -368,7 +378,10 @@ struct VaultContentTests {
         #expect(after > before, "the changed chunk was stored")
         #expect(after - before <= 2, "wrote \(after - before) chunks")
         // The change is there and nothing else moved.
-        #expect(try h.read(offset: UInt64(offset - 1), count: 3) == [data[offset - 1], data[offset] ^ 0xFF, data[offset + 1]])
+        #expect(
+            try h.read(offset: UInt64(offset - 1), count: 3) == [
+                data[offset - 1], data[offset] ^ 0xFF, data[offset + 1],
+            ])
         #expect(try h.read(offset: 0, count: 1000) == Array(data.prefix(1000)))
         #expect(try h.read(offset: UInt64(size - 1000), count: 1000) == Array(data.suffix(1000)))
         try f.vault.release(h)
@@ -427,7 +440,7 @@ struct VaultContentTests {
         // A fresh vault has nothing cached: one read of 1 MiB opens four chunks at once.
         let reader = try Vault.open(dataDirectory: f.dataDir)
         let h = try reader.openDocument(doc.id)
-        #expect(try h.read(offset: 100_000, count: 1 << 20) == Array(data[100_000 ..< 100_000 + (1 << 20)]))
+        #expect(try h.read(offset: 100_000, count: 1 << 20) == Array(data[100_000..<100_000 + (1 << 20)]))
         #expect(try h.read(offset: 0, count: data.count + 10) == data)
         try reader.release(h)
         // With one chunk gone, a read over it fails with a clear error instead of returning holes.
@@ -447,7 +460,7 @@ struct VaultContentTests {
         let h = try fresh.openDocument(doc.id)
         // Exactly the first chunk, exactly the short last one (uncached, then cached), and
         // a read that asks for more than the last chunk holds.
-        #expect(try h.read(offset: 0, count: 256 * 1024) == Array(data[0 ..< 256 * 1024]))
+        #expect(try h.read(offset: 0, count: 256 * 1024) == Array(data[0..<256 * 1024]))
         #expect(try h.read(offset: 256 * 1024, count: 5000) == Array(data[(256 * 1024)...]))
         #expect(try h.read(offset: 256 * 1024, count: 5000) == Array(data[(256 * 1024)...]))
         #expect(try h.read(offset: 256 * 1024, count: 1 << 20) == Array(data[(256 * 1024)...]))
@@ -455,7 +468,9 @@ struct VaultContentTests {
         try h.write(offset: 256 * 1024, bytes: [1, 2, 3])
         #expect(try h.read(offset: 256 * 1024, count: 5000) == [1, 2, 3] + Array(data[(256 * 1024 + 3)...]))
         try h.truncate(to: 256 * 1024 + 6000)
-        #expect(try h.read(offset: 256 * 1024, count: 6000) == [1, 2, 3] + Array(data[(256 * 1024 + 3)...]) + [UInt8](repeating: 0, count: 1000))
+        #expect(
+            try h.read(offset: 256 * 1024, count: 6000) == [1, 2, 3] + Array(data[(256 * 1024 + 3)...])
+                + [UInt8](repeating: 0, count: 1000))
         try fresh.release(h)
         #expect(try fresh.readAll(doc.id).count == 256 * 1024 + 6000)
     }

@@ -1,8 +1,9 @@
-import Foundation
-import Testing
 import CofferCrypto
 import CofferModel
 import CofferStore
+import Foundation
+import Testing
+
 @testable import CofferVault
 
 /// A temp data directory with a fresh vault; the directory is removed on deinit.
@@ -59,11 +60,15 @@ final class VaultFixture: @unchecked Sendable {
 
 /// Asserts that `body` throws a VaultError with this errno, and returns the error.
 @discardableResult
-func expectErrno(_ errno: Int32, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
-                 _ body: () throws -> Void) -> VaultError? {
+func expectErrno(
+    _ errno: Int32, _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation,
+    _ body: () throws -> Void
+) -> VaultError? {
     do {
         try body()
-        Issue.record("expected errno \(errno), but nothing was thrown. \(comment.map { "\($0)" } ?? "")", sourceLocation: sourceLocation)
+        Issue.record(
+            "expected errno \(errno), but nothing was thrown. \(comment.map { "\($0)" } ?? "")",
+            sourceLocation: sourceLocation)
         return nil
     } catch let e as VaultError {
         #expect(e.errno == errno, "\(e) \(comment.map { "\($0)" } ?? "")", sourceLocation: sourceLocation)
@@ -87,7 +92,9 @@ func noise(_ count: Int, seed: UInt64) -> [UInt8] {
     out.withUnsafeMutableBytes { raw in
         let words = raw.bindMemory(to: UInt64.self)
         for i in 0..<words.count {
-            s ^= s << 13; s ^= s >> 7; s ^= s << 17
+            s ^= s << 13
+            s ^= s >> 7
+            s ^= s << 17
             words[i] = s
         }
     }
