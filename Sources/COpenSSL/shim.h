@@ -61,8 +61,8 @@ static inline int coffer_chacha20poly1305_seal(const uint8_t key[32], const uint
 }
 
 /// The inverse of `coffer_chacha20poly1305_seal`; `out` may be `in` (decryption in place).
-/// Returns 1 if the tag verified (`out` holds the plaintext), 0 if it did not (`out` holds
-/// garbage), and -1 if libcrypto could not start, before anything was read or written: only
+/// Returns 1 if the tag verified (`out` holds the plaintext), 0 if it did not (`out` is zeroed:
+/// libcrypto decrypts before it checks the tag, and unauthenticated bytes must not linger), and -1 if libcrypto could not start, before anything was read or written: only
 /// then may the caller retry on the same buffers with another library.
 static inline int coffer_chacha20poly1305_open(const uint8_t key[32], const uint8_t nonce[12],
                                                const uint8_t *ad, size_t adlen,
@@ -79,6 +79,7 @@ static inline int coffer_chacha20poly1305_open(const uint8_t key[32], const uint
     int ok = inlen == 0 || EVP_DecryptUpdate(ctx, out, &len, in, (int)inlen);
     ok = ok && EVP_DecryptFinal_ex(ctx, out + (inlen == 0 ? 0 : len), &len) > 0;
     EVP_CIPHER_CTX_free(ctx);
+    if (!ok && inlen > 0) memset(out, 0, inlen);
     return ok ? 1 : 0;
 }
 

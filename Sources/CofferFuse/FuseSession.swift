@@ -61,7 +61,9 @@ public final class FuseSession: Sendable {
         /// Upper bound on libfuse worker threads serving requests.
         public var maxThreads: UInt32
         /// Idle workers kept before extra ones exit; -1 keeps them all
-        /// (libfuse's recommendation: thread churn costs more than memory).
+        /// (libfuse's recommendation: thread churn costs more than memory). The spinning reader
+        /// needs -1: a worker libfuse ends after a short request would leave holding the reading
+        /// token, so any other value keeps libfuse's own reader.
         public var maxIdleThreads: Int32
         public var readdirPlus: ReaddirPlusMode
         /// Route SIGTERM/SIGINT/SIGHUP to `exit()` while running. Only one
@@ -114,13 +116,14 @@ public final class FuseSession: Sendable {
 
     /// How many times a waiting worker took reading over from one stuck in a short request
     /// (0 without the spinning reader); after the session ended, the count it ended with.
+    /// Callable from any thread: the lock keeps the reader from being freed while it is asked.
     public var readerTakeovers: Int {
-        let reader = bridge.reader.load(ordering: .acquiring)
-        return reader == 0
-            ? finalTakeovers.load(ordering: .relaxed)
-            : Int(coffer_fuse_reader_takeovers(OpaquePointer(bitPattern: reader)))
+        takeoversLock.withLock { final in
+            let reader = bridge.reader.load(ordering: .acquiring)
+            return reader == 0 ? final : Int(coffer_fuse_reader_takeovers(OpaquePointer(bitPattern: reader)))
+        }
     }
-    private let finalTakeovers = Atomic<Int>(0)
+    private let takeoversLock = Mutex(0)
 
     private let state = Mutex(State())
 
@@ -201,7 +204,7 @@ public final class FuseSession: Sendable {
             if exitEarly { fuse_session_exit(se) }
             // Falls back to libfuse's reader if it cannot be installed.
             var reader: OpaquePointer?
-            if configuration.spinMicroseconds > 0,
+            if configuration.spinMicroseconds > 0, configuration.maxIdleThreads == -1,
                 coffer_fuse_reader_install(
                     se, configuration.spinMicroseconds * 1000, configuration.stallMicroseconds * 1000, &reader) == 0
             {
@@ -209,8 +212,10 @@ public final class FuseSession: Sendable {
             }
             loopResult = coffer_fuse_session_loop_mt(
                 se, configuration.maxThreads, configuration.maxIdleThreads, 0)
-            finalTakeovers.store(readerTakeovers, ordering: .relaxed)
-            bridge.reader.store(0, ordering: .releasing)
+            takeoversLock.withLock { final in
+                if let reader { final = Int(coffer_fuse_reader_takeovers(reader)) }
+                bridge.reader.store(0, ordering: .releasing)
+            }
             coffer_fuse_reader_free(reader)
         }
 

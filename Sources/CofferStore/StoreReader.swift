@@ -201,7 +201,8 @@ public struct StoreReader {
         }
     }
 
-    public func count(_ sql: String) throws -> Int { try with { db in try Int.fetchOne(db, sql: sql) ?? 0 } }
+    /// Any count, for tests only: outside this module SQL stays unspoken.
+    func count(_ sql: String) throws -> Int { try with { db in try Int.fetchOne(db, sql: sql) ?? 0 } }
 
     /// Chunk ids listed by a manifest row (for integrity checks).
     public func chunkIDs(ofManifest digest: [UInt8]) throws -> [[UInt8]] {

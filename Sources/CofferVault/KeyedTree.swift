@@ -44,8 +44,11 @@ struct KeyCache: Sendable {
     /// Forgets what `old` sealed that `new` seals differently. Keys stay: a file keeps its key
     /// for life (a move wraps the same key under the new parent's), and a merged tree may hold a
     /// cycle until the merge undoes it, where no key could be derived again. A record wrapping
-    /// some other key gains nothing: whatever it seals fails to open under the file's key.
+    /// some other key gains nothing: whatever it seals fails to open under the file's key. That
+    /// holds because only this account's devices sign records; a key granted directly
+    /// (`KeyAccess`) is another matter, so a changed access list drops every cached key.
     mutating func forget(from old: FileMetadata, to new: FileMetadata) {
+        if old.access != new.access { keys = [:] }
         if old.name != new.name || old.parent != new.parent { names[new.id] = nil }
         if old.sealedAttributes != new.sealedAttributes { attributes[new.id] = nil }
     }

@@ -31,7 +31,8 @@ import Testing
             let context = "seed \(seed) round \(round)"
             let next = pseudoRandomBytes(count: size, seed: UInt64(round + 2) * 7919)
             let child = spawn(cofferBinary, ["write", "big.bin"], environment: ["COFFER_DATA_DIR": data])
-            // F_GETPIPE_SZ (Linux; not exported to Swift): what the pipe holds unread.
+            // F_GETPIPE_SZ (Linux; not exported to Swift): the pipe's capacity, which bounds what
+            // it can hold unread.
             let pipeBytes = Int(fcntl(child.stdinFD, 1032))
             let killsMidWrite = round % 4 != 3
             // Mid-write: stop feeding somewhere from 1 MiB to 1 MiB short of the end.

@@ -138,6 +138,10 @@ struct BulkCryptoTests {
             #expect(throws: CryptoError.self) {
                 try AEAD.openInPlace(&bad, key: key, purpose: .chunk, fileID: fileA, extra: [7], what: "t")
             }
+            // libcrypto decrypts before it checks the tag: a refusal must not leave the
+            // unauthenticated plaintext in the buffer.
+            let leftover = bad[AEAD.nonceBytes..<(AEAD.nonceBytes + n)]
+            #expect(n == 0 || !leftover.elementsEqual(plain), "length \(n): plaintext left after a refusal")
             var other = sealed
             #expect(throws: CryptoError.self) {
                 try AEAD.openInPlace(&other, key: key, purpose: .chunk, fileID: fileA, extra: [8], what: "t")

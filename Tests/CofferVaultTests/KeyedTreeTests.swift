@@ -60,7 +60,7 @@ private struct HandMadeTree {
         #expect(try view.attributes(t.docID).mode.value == 0o644)
         #expect(view.describe(t.docID).hasSuffix("/d"))
         // The folder's own name is sealed under the root's key, which was not granted.
-        #expect(throws: (any Error).self) { try view.name(t.folderID) }
+        #expect(throws: VaultError.self) { try view.name(t.folderID) }
     }
 
     @Test func theRootKeyOpensEverythingAndPathsReadInFull() throws {

@@ -1,10 +1,10 @@
 import CofferContent
 import CofferCrypto
 import CofferModel
-import CofferStore
 import Foundation
 import Testing
 
+@testable import CofferStore
 @testable import CofferVault
 
 @Suite("Vault content")

@@ -1,9 +1,9 @@
 import CofferCrypto
 import CofferModel
-import CofferStore
 import Foundation
 import Testing
 
+@testable import CofferStore
 @testable import CofferVault
 
 /// A temp data directory with a fresh vault; the directory is removed on deinit.
