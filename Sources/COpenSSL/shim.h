@@ -62,8 +62,9 @@ static inline int coffer_chacha20poly1305_seal(const uint8_t key[32], const uint
 
 /// The inverse of `coffer_chacha20poly1305_seal`; `out` may be `in` (decryption in place).
 /// Returns 1 if the tag verified (`out` holds the plaintext), 0 if it did not (`out` is zeroed:
-/// libcrypto decrypts before it checks the tag, and unauthenticated bytes must not linger), and -1 if libcrypto could not start, before anything was read or written: only
-/// then may the caller retry on the same buffers with another library.
+/// libcrypto decrypts before it checks the tag, and unauthenticated bytes must not linger),
+/// and -1 if libcrypto could not start, before anything was read or written: only then may
+/// the caller retry on the same buffers with another library.
 static inline int coffer_chacha20poly1305_open(const uint8_t key[32], const uint8_t nonce[12],
                                                const uint8_t *ad, size_t adlen,
                                                const uint8_t *in, size_t inlen, const uint8_t tag[16], uint8_t *out) {

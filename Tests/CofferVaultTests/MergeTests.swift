@@ -158,7 +158,9 @@ private func text(_ s: String) -> TwoDevices.Entry { .document(Array(s.utf8)) }
         #expect(try d.converged() == ["/a.txt": text("A"), "/a-1.txt": text("B")])
     }
 
-    @Test func attributesMergeOneByOneAndTheLaterChangeWins() throws {
+    /// Run with the later writer syncing second and first, so "last to push wins" or "first to
+    /// push wins" would each fail one of the two.
+    @Test(arguments: [false, true]) func attributesMergeOneByOneAndTheLaterChangeWins(laterSyncsFirst: Bool) throws {
         let d = try TwoDevices()
         let file = try d.a.create(in: d.a.rootID, name: "f", type: .document, mode: 0o644)
         try d.settle()
@@ -166,9 +168,11 @@ private func text(_ s: String) -> TwoDevices.Entry { .document(Array(s.utf8)) }
         // Different attributes on each side: both survive.
         try d.a.setAttributes(file.id, AttributeChanges(mode: 0o600))
         try d.b.setXattr(file.id, name: "user.tag", value: bytes("blue"))
-        // The same attribute on both: B changes it later but syncs second, and still wins.
-        try d.a.setAttributes(file.id, AttributeChanges(uid: 1001))
-        try d.b.setAttributes(file.id, AttributeChanges(uid: 2002))
+        // The same attribute on both: the later change wins, whichever device pushes it first
+        // (A syncs first in `settle`).
+        let (earlier, later) = laterSyncsFirst ? (d.b, d.a) : (d.a, d.b)
+        try earlier.setAttributes(file.id, AttributeChanges(uid: 1001))
+        try later.setAttributes(file.id, AttributeChanges(uid: 2002))
         try d.settle()
 
         for vault in [d.a, d.b] {
