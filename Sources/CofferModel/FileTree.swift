@@ -16,6 +16,11 @@ public protocol TreeView {
 public struct FileLink: Sendable {
     public var parent: FileID
     public var isDeleted: Bool
+
+    public init(parent: FileID, isDeleted: Bool) {
+        self.parent = parent
+        self.isDeleted = isDeleted
+    }
 }
 
 /// Whether a file is live, deleted itself, or deleted because an ancestor is. A file that is

@@ -6,6 +6,9 @@ public struct Batch<Base: TreeView>: TreeView {
     public let base: Base
     public private(set) var changes: [FileID: FileMetadata] = [:]
     public private(set) var order: [FileID] = []
+    /// Records this batch removes from the tree altogether (a merge dropping a file the server
+    /// never knew): gone from every query, and left out of what `validate` returns.
+    public private(set) var removed: Set<FileID> = []
     /// Children gained through this batch, by parent and by name MAC; kept incrementally so
     /// large batches (an import of thousands of files) stay linear.
     private var added: [FileID: Set<FileID>] = [:]
@@ -18,16 +21,19 @@ public struct Batch<Base: TreeView>: TreeView {
 
     public var rootID: FileID? { base.rootID ?? changes.values.first(where: { $0.isRoot })?.id }
 
-    public func file(_ id: FileID) -> FileMetadata? { changes[id] ?? base.file(id) }
+    public func file(_ id: FileID) -> FileMetadata? {
+        if let c = changes[id] { return c }
+        return removed.isEmpty || !removed.contains(id) ? base.file(id) : nil
+    }
 
     /// Changed records' own fields, else the base's links (no record copies from a `FileTree`).
     public func link(_ id: FileID) -> FileLink? {
         if let c = changes[id] { return FileLink(parent: c.parent, isDeleted: c.isDeleted) }
-        return base.link(id)
+        return removed.isEmpty || !removed.contains(id) ? base.link(id) : nil
     }
 
     public func childIDs(of id: FileID) -> [FileID] {
-        var out = base.childIDs(of: id).filter { c in changes[c].map { $0.parent == id } ?? true }
+        var out = base.childIDs(of: id).filter { c in changes[c].map { $0.parent == id } ?? !removed.contains(c) }
         if let extra = added[id] {
             for e in extra where base.file(e)?.parent != id && changes[e]?.parent == id { out.append(e) }
         }
@@ -36,7 +42,7 @@ public struct Batch<Base: TreeView>: TreeView {
 
     public func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
         var out = base.childIDs(of: id, nameMAC: nameMAC).filter { c in
-            changes[c].map { $0.parent == id && $0.name.mac == nameMAC } ?? true
+            changes[c].map { $0.parent == id && $0.name.mac == nameMAC } ?? !removed.contains(c)
         }
         if let extra = addedByName[id]?[nameMAC] {
             // A set, not `out.contains`: a batch may hold thousands of deleted same-name siblings.
@@ -50,6 +56,7 @@ public struct Batch<Base: TreeView>: TreeView {
     }
 
     private mutating func put(_ m: FileMetadata) {
+        removed.remove(m.id)
         if let previous = changes[m.id] {
             if previous.parent != m.parent { added[previous.parent]?.remove(m.id) }
             if previous.parent != m.parent || previous.name.mac != m.name.mac {
@@ -154,6 +161,15 @@ public struct Batch<Base: TreeView>: TreeView {
 
     /// Adds a record as-is (for the first root and for merges), leaving the checks to `validate`.
     public mutating func upsertUnchecked(_ m: FileMetadata) { put(m) }
+
+    /// Takes a record out of the tree as-is (a merge dropping what the server never knew).
+    public mutating func removeUnchecked(_ id: FileID) {
+        if let previous = changes.removeValue(forKey: id) {
+            added[previous.parent]?.remove(id)
+            addedByName[previous.parent]?[previous.name.mac]?.remove(id)
+        }
+        removed.insert(id)
+    }
 
     /// Checks the invariants over the whole batch; returns the changed records in first-change order.
     public func validate(describe: Validator.Describe = { $0.description }) throws(TreeError) -> [FileMetadata] {

@@ -1,3 +1,4 @@
+import CofferModel
 import Foundation
 import GRDBSQLite
 import Synchronization
@@ -44,6 +45,40 @@ final class FastReads: Sendable {
         try withReader { try $0.row(.chunk, key: id) }
     }
 
+    /// Tree records (local over base) a tree query finds, decoded; rows that do not decode are
+    /// left out, as when the vault loaded the whole tree (fsck reports them).
+    func records(_ query: Reader.Query, _ keys: [UInt8]...) throws -> [StoredFile] {
+        try withReader { r in
+            var out: [StoredFile] = []
+            try r.rows(query, keys: keys) { record, version, contentVersion, serverDeleted in
+                guard let signed = try? SignedMetadata(decoding: record) else { return }
+                out.append(
+                    StoredFile(
+                        signed: signed, version: version, contentVersion: contentVersion,
+                        serverDeleted: serverDeleted != 0))
+            }
+            return out
+        }
+    }
+
+    /// The first integer column of a tree query's first row.
+    func integer(_ query: Reader.Query, _ keys: [UInt8]...) throws -> Int64 {
+        try withReader { r in
+            var value: Int64 = 0
+            try r.rows(query, keys: keys) { _, first, _, _ in value = first }
+            return value
+        }
+    }
+
+    /// The first blob column of each row a tree query finds.
+    func blobs(_ query: Reader.Query) throws -> [[UInt8]] {
+        try withReader { r in
+            var out: [[UInt8]] = []
+            try r.rows(query, keys: []) { bytes, _, _, _ in out.append(bytes) }
+            return out
+        }
+    }
+
     private func withReader<T>(_ body: (Reader) throws -> T) throws -> T {
         let reader = try idle.withLock { $0.popLast() } ?? Reader(path: path)
         defer {
@@ -60,11 +95,64 @@ final class FastReads: Sendable {
 
 /// One read-only connection and its prepared statements. Used by one thread at a time.
 /// `@unchecked`: the handles are only touched by the thread that took the reader from `idle`.
-private final class Reader: @unchecked Sendable {
-    enum Query { case manifest, chunk }
+final class Reader: @unchecked Sendable {
+    /// The prepared lookups. The tree's read the current tree (a local record over the base
+    /// one); each is one statement, so one committed snapshot.
+    enum Query: CaseIterable {
+        case manifest, chunk
+        /// A record by id.
+        case record
+        /// A folder's children (the root, its own parent, is not its child).
+        case children
+        /// A folder's children with a name MAC.
+        case named
+        /// How many live folders a folder holds (its link count less two).
+        case subfolders
+        /// Root ids (one in a sound tree).
+        case roots
+        /// How many records the tree holds.
+        case count
+
+        /// Tree columns: record, version, content version, server-deleted flag.
+        var sql: String {
+            let columns = "record, version, content_version, server_deleted"
+            let notLocal = "NOT EXISTS (SELECT 1 FROM local_files l WHERE l.id = b.id)"
+            switch self {
+            case .manifest: return "SELECT sealed, 0 FROM manifests WHERE digest = ?"
+            case .chunk: return "SELECT sealed, place FROM chunks WHERE id = ?"
+            case .record:
+                return """
+                    SELECT \(columns), 0 AS side FROM local_files WHERE id = ?1
+                    UNION ALL SELECT \(columns), 1 AS side FROM base_files WHERE id = ?1 ORDER BY side LIMIT 1
+                    """
+            case .children:
+                return """
+                    SELECT \(columns) FROM local_files WHERE parent = ?1 AND id != parent
+                    UNION ALL SELECT \(columns) FROM base_files b WHERE parent = ?1 AND id != parent AND \(notLocal)
+                    """
+            case .named:
+                return """
+                    SELECT \(columns) FROM local_files WHERE parent = ?1 AND name_mac = ?2 AND id != parent
+                    UNION ALL SELECT \(columns) FROM base_files b
+                      WHERE parent = ?1 AND name_mac = ?2 AND id != parent AND \(notLocal)
+                    """
+            case .subfolders:
+                return """
+                    SELECT (SELECT count(*) FROM local_files WHERE parent = ?1 AND kind = 1 AND id != parent)
+                      + (SELECT count(*) FROM base_files b WHERE parent = ?1 AND kind = 1 AND id != parent AND \(notLocal))
+                    """
+            case .roots:
+                return """
+                    SELECT id FROM local_files WHERE parent = id
+                    UNION SELECT id FROM base_files b WHERE parent = id AND \(notLocal)
+                    """
+            case .count:
+                return "SELECT n FROM tree_count"
+            }
+        }
+    }
     private var db: OpaquePointer?
-    private var manifest: OpaquePointer?
-    private var chunk: OpaquePointer?
+    private var statements: [Query: OpaquePointer] = [:]
 
     init(path: String) throws {
         var handle: OpaquePointer?
@@ -76,15 +164,18 @@ private final class Reader: @unchecked Sendable {
             throw StoreError("cannot open a read connection to \(path): \(message)")
         }
         sqlite3_busy_timeout(handle, 30_000)
-        // The same page cache the pool's connections get (see Store.init).
-        sqlite3_exec(handle, "PRAGMA cache_size = -32768", nil, nil, nil)
-        manifest = try prepare("SELECT sealed, 0 FROM manifests WHERE digest = ?")
-        chunk = try prepare("SELECT sealed, place FROM chunks WHERE id = ?")
+        // 8 MiB each, at most `keep` of them: the tree's lookups and content's rows all come
+        // through here, and the rest of a large store is read from the kernel's page cache
+        // (see the page cache sizes in Store.init).
+        sqlite3_exec(handle, "PRAGMA cache_size = -8192", nil, nil, nil)
+        for q in Query.allCases { statements[q] = try prepare(q.sql) }
     }
 
-    private func prepare(_ sql: String) throws -> OpaquePointer? {
+    private func prepare(_ sql: String) throws -> OpaquePointer {
         var statement: OpaquePointer?
-        guard sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil) == SQLITE_OK else {
+        guard sqlite3_prepare_v3(db, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &statement, nil) == SQLITE_OK,
+            let statement
+        else {
             let message = String(cString: sqlite3_errmsg(db))
             close()
             throw StoreError("cannot prepare \(sql): \(message)")
@@ -94,9 +185,7 @@ private final class Reader: @unchecked Sendable {
 
     /// The first column of the row with `key` as a blob, and the second as an integer.
     func row(_ query: Query, key: [UInt8]) throws -> (bytes: [UInt8], flag: Int64)? {
-        guard let statement = query == .manifest ? manifest : chunk else {
-            throw StoreError("read connection is closed")
-        }
+        guard let statement = statements[query] else { throw StoreError("read connection is closed") }
         defer {
             sqlite3_reset(statement)
             sqlite3_clear_bindings(statement)
@@ -123,11 +212,53 @@ private final class Reader: @unchecked Sendable {
         }
     }
 
+    /// Runs `query` with `keys` bound to its parameters in order, and hands each row's first
+    /// four columns (a blob and three integers; absent ones read as zero) to `body`.
+    func rows(
+        _ query: Query, keys: [[UInt8]], _ body: (_ blob: [UInt8], Int64, Int64, Int64) throws -> Void
+    ) throws {
+        guard let statement = statements[query] else { throw StoreError("read connection is closed") }
+        defer {
+            sqlite3_reset(statement)
+            sqlite3_clear_bindings(statement)
+        }
+        for (i, key) in keys.enumerated() {
+            let bound = key.withUnsafeBytes {
+                sqlite3_bind_blob(
+                    statement, Int32(i + 1), $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32($0.count),
+                    SQLITE_TRANSIENT)
+            }
+            guard bound == SQLITE_OK else {
+                throw StoreError("cannot bind a key: \(String(cString: sqlite3_errmsg(db)))")
+            }
+        }
+        let columns = sqlite3_column_count(statement)
+        while true {
+            switch sqlite3_step(statement) {
+            case SQLITE_ROW:
+                var blob: [UInt8] = []
+                if sqlite3_column_type(statement, 0) == SQLITE_BLOB {
+                    let count = Int(sqlite3_column_bytes(statement, 0))
+                    if count > 0, let p = sqlite3_column_blob(statement, 0) {
+                        blob = [UInt8](UnsafeRawBufferPointer(start: p, count: count))
+                    }
+                }
+                let first = sqlite3_column_type(statement, 0) == SQLITE_INTEGER ? sqlite3_column_int64(statement, 0) : 0
+                try body(
+                    blob, columns > 1 ? sqlite3_column_int64(statement, 1) : first,
+                    columns > 2 ? sqlite3_column_int64(statement, 2) : 0,
+                    columns > 3 ? sqlite3_column_int64(statement, 3) : 0)
+            case SQLITE_DONE:
+                return
+            default:
+                throw StoreError("read failed: \(String(cString: sqlite3_errmsg(db)))")
+            }
+        }
+    }
+
     func close() {
-        sqlite3_finalize(manifest)
-        manifest = nil
-        sqlite3_finalize(chunk)
-        chunk = nil
+        for (_, statement) in statements { sqlite3_finalize(statement) }
+        statements = [:]
         sqlite3_close_v2(db)
         db = nil
     }

@@ -14,6 +14,8 @@ final class GroupCommit: Sendable {
         var lastWriteAt: Double = 0
         var lost = false
         var generation: UInt64 = 0
+        /// The newest group whose commit finished: readers on other connections see its writes.
+        var committed: UInt64 = 0
         var queued: [DeferredStatement] = []
     }
     private let state = Mutex(State())
@@ -64,9 +66,13 @@ final class GroupCommit: Sendable {
     }
     /// Which group transaction is open (each one gets a new number), nil if none.
     var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
+    var committedGeneration: UInt64 { state.withLock { $0.committed } }
     func closed(lost: Bool = false) {
         state.withLock { s in
-            if s.openedAt != nil { s.closedAt = Self.now() }
+            if s.openedAt != nil {
+                s.closedAt = Self.now()
+                if !lost { s.committed = s.generation }
+            }
             s.openedAt = nil
             s.queued = []
             if lost { s.lost = true }

@@ -35,6 +35,17 @@ public struct StoredFile: Sendable, Equatable {
     }
 }
 
+/// What the `kind` column of a tree row says: bit 0 a folder, bit 1 deleted (by its writer or,
+/// `serverDeleted`, by the server). A live folder is 1: what a folder's link count counts.
+enum TreeKind {
+    static let folder: Int64 = 1
+    static let deleted: Int64 = 2
+
+    static func of(_ m: FileMetadata, _ serverDeleted: Bool) -> Int64 {
+        (m.type == .folder ? folder : 0) | (m.isDeleted || serverDeleted ? deleted : 0)
+    }
+}
+
 public struct StoreError: Error, CustomStringConvertible {
     public let message: String
     public init(_ message: String) { self.message = message }
@@ -82,10 +93,13 @@ public final class Store: Sendable {
             // Commits are atomic either way; NORMAL skips the fsync per commit, and `makeDurable`
             // syncs explicitly when a caller (fsync, the CLI) needs durability.
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
-            // 32 MiB of page cache per connection (SQLite's default is 2 MiB): a tree of tens of
-            // thousands of records outgrows the default, and every miss is a pread. Measured on
-            // untar of 12,000 files: 10% less daemon CPU per operation.
-            try db.execute(sql: "PRAGMA cache_size = -32768")
+            // The writer's page cache is 16 MiB (SQLite's default is 2 MiB): a write touches
+            // the pages of several indexes, and every miss is a pread (untar of 12,000 files
+            // spent 10% more CPU per operation with the default). Readers get 4 MiB: the tree's
+            // hot reads go through `FastReads`, and a miss is a pread from the kernel's page
+            // cache, while a larger cache per connection would grow the daemon's memory with
+            // the tree (a million-file store is several hundred MB; docs/STORE.md).
+            try db.execute(sql: "PRAGMA cache_size = \(db.configuration.readonly ? -4096 : -16384)")
             // Savepoints (every write inside a group transaction is one) copy each page they
             // first touch to a statement journal; a few pages each, so memory, not a temp file.
             // (An A/B run on untar showed no difference beyond noise; kept for the syscalls.)
@@ -171,6 +185,56 @@ public final class Store: Sendable {
             try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (1, x'00')")
             try db.execute(sql: "DELETE FROM inodes WHERE ino = 1 AND file_id = x'00'")
         }
+        // The tree is read from the store, not held in memory (docs/STORE.md, "The tree in the
+        // store"): each record's name MAC and kind sit beside it, indexed under its parent, so a
+        // folder's children, a child by name and a folder's live subfolders are index lookups.
+        m.registerMigration("v2") { db in
+            for table in [TreeSide.base.table, TreeSide.local.table] {
+                try db.execute(
+                    sql: """
+                        ALTER TABLE \(table) ADD COLUMN name_mac BLOB NOT NULL DEFAULT x'';
+                        ALTER TABLE \(table) ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
+                        """)
+                var columns: [(id: Data, mac: Data, kind: Int64)] = []
+                let rows = try Row.fetchCursor(db, sql: "SELECT id, record, server_deleted FROM \(table)")
+                while let row = try rows.next() {
+                    let record: Data = row["record"]
+                    // A record that does not decode keeps empty columns: fsck reports it.
+                    guard let signed = try? SignedMetadata(decoding: [UInt8](record)) else { continue }
+                    let serverDeleted: Bool = row["server_deleted"]
+                    columns.append(
+                        (row["id"], Data(signed.metadata.name.mac), TreeKind.of(signed.metadata, serverDeleted)))
+                }
+                let update = try db.makeStatement(sql: "UPDATE \(table) SET name_mac = ?, kind = ? WHERE id = ?")
+                for c in columns { try update.execute(arguments: [c.mac, c.kind, c.id]) }
+                try db.execute(
+                    sql: """
+                        CREATE INDEX \(table)_children ON \(table)(parent, name_mac, kind);
+                        CREATE INDEX \(table)_root ON \(table)(id) WHERE parent = id;
+                        CREATE INDEX \(table)_deleted ON \(table)(id) WHERE kind >= 2;
+                        """)
+            }
+            // How many records the current tree holds (an id in either table), kept by triggers
+            // so `coffer status` and statfs do not count a million rows.
+            try db.execute(
+                sql: """
+                    CREATE TABLE tree_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
+                    INSERT INTO tree_count VALUES (1, (SELECT count(*) FROM base_files)
+                      + (SELECT count(*) FROM local_files l WHERE NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)));
+                    CREATE TRIGGER base_files_counted AFTER INSERT ON base_files
+                      WHEN NOT EXISTS (SELECT 1 FROM local_files WHERE id = new.id)
+                      BEGIN UPDATE tree_count SET n = n + 1; END;
+                    CREATE TRIGGER base_files_uncounted AFTER DELETE ON base_files
+                      WHEN NOT EXISTS (SELECT 1 FROM local_files WHERE id = old.id)
+                      BEGIN UPDATE tree_count SET n = n - 1; END;
+                    CREATE TRIGGER local_files_counted AFTER INSERT ON local_files
+                      WHEN NOT EXISTS (SELECT 1 FROM base_files WHERE id = new.id)
+                      BEGIN UPDATE tree_count SET n = n + 1; END;
+                    CREATE TRIGGER local_files_uncounted AFTER DELETE ON local_files
+                      WHEN NOT EXISTS (SELECT 1 FROM base_files WHERE id = old.id)
+                      BEGIN UPDATE tree_count SET n = n - 1; END;
+                    """)
+        }
         return m
     }
 
@@ -207,6 +271,40 @@ public final class Store: Sendable {
             return try body(StoreReader(db: db, files: files))
         }
     }
+
+    // MARK: The committed tree
+
+    // What the last commit left of the tree (local over base), read on the fast read connections
+    // (`FastReads`): never this process's open group nor an open write. The vault reads its tree
+    // this way and keeps what it wrote since in memory until that commits (`committedGroup`).
+
+    /// The current record of `id`.
+    public func committedRecord(_ id: FileID) throws -> StoredFile? {
+        try fast.records(.record, id.bytes).first
+    }
+
+    /// The current records under `parent`, all of them or those whose name has MAC `nameMAC`.
+    public func committedChildren(of parent: FileID, nameMAC: [UInt8]? = nil) throws -> [StoredFile] {
+        guard let nameMAC else { return try fast.records(.children, parent.bytes) }
+        return try fast.records(.named, parent.bytes, nameMAC)
+    }
+
+    /// How many live folders `parent` holds.
+    public func committedSubfolderCount(of parent: FileID) throws -> Int {
+        Int(clamping: try fast.integer(.subfolders, parent.bytes))
+    }
+
+    /// Every record that is its own parent (a sound tree has one root, or none yet).
+    public func committedRoots() throws -> [FileID] {
+        try fast.blobs(.roots).compactMap { try? FileID(bytes: $0) }
+    }
+
+    /// How many records the tree holds (kept by triggers, see the `v2` migration).
+    public func committedCount() throws -> Int { Int(clamping: try fast.integer(.count)) }
+
+    /// The newest group transaction whose commit finished (see `enableGroupCommit`): a write made
+    /// in a group up to this one is what the committed reads above see. 0 before any group.
+    public var committedGroup: UInt64 { group.committedGeneration }
 
     /// A sealed manifest by digest, on the fast path (see `FastReads`).
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {

@@ -69,6 +69,41 @@ public struct StoreReader {
         }
     }
 
+    /// Base records marked deleted (by their writer or the server) with no local record: where
+    /// pruning synced deletions starts (`Vault.pruneSyncedDeletions`). An index holds only these.
+    public func deletedBaseIDs() throws -> [FileID] {
+        try with { db in
+            try Data.fetchAll(
+                db.cachedStatement(
+                    sql: """
+                        SELECT id FROM base_files b WHERE kind >= 2
+                          AND NOT EXISTS (SELECT 1 FROM local_files l WHERE l.id = b.id)
+                        """)
+            ).compactMap { try? FileID(bytes: [UInt8]($0)) }
+        }
+    }
+
+    /// The ids of `side`'s records under `parent`, with their kind (`TreeKind`) and whether a
+    /// local record exists for each.
+    public func children(
+        of parent: FileID, _ side: TreeSide
+    ) throws -> [(id: FileID, isDeleted: Bool, hasLocal: Bool)] {
+        try with { db in
+            try Row.fetchAll(
+                db.cachedStatement(
+                    sql: """
+                        SELECT id, kind, EXISTS (SELECT 1 FROM local_files l WHERE l.id = t.id) AS has_local
+                        FROM \(side.table) t WHERE parent = ? AND id != parent
+                        """), arguments: [Data(parent.bytes)]
+            ).compactMap { row in
+                let id: Data = row["id"]
+                let kind: Int64 = row["kind"]
+                guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
+                return (f, kind & TreeKind.deleted != 0, row["has_local"])
+            }
+        }
+    }
+
     /// Whether `side` has a record for `id`, without decoding it.
     public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
         try with { db in

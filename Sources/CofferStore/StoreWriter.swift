@@ -75,6 +75,8 @@ public struct StoreWriter {
             let parent = Data(m.parent.bytes)
             let record = Data(f.signed.encoded())
             let digest = m.contentDigest.map { Data($0) }
+            let mac = Data(m.name.mac)
+            let kind = TreeKind.of(m, serverDeleted)
             let previous =
                 lookUpPrevious
                 ? try Data.fetchOne(
@@ -82,13 +84,15 @@ public struct StoreWriter {
                 : known
             try db.cachedStatement(
                 sql: """
-                    INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted,
+                      name_mac, kind)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT(id) DO UPDATE SET parent = excluded.parent, record = excluded.record,
                       content_digest = excluded.content_digest, version = excluded.version,
-                      content_version = excluded.content_version, server_deleted = excluded.server_deleted
+                      content_version = excluded.content_version, server_deleted = excluded.server_deleted,
+                      name_mac = excluded.name_mac, kind = excluded.kind
                     """
-            ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted])
+            ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted, mac, kind])
             if let previous, previous != digest { try Self.releaseManifest(previous, db) }
         }
         try logChange(m.id)

@@ -25,32 +25,56 @@ struct AccountKeyAccess: KeyAccess {
 /// staged on top of one.
 protocol StagingTree: TreeView {
     mutating func upsert(_ m: FileMetadata)
+    /// Takes a record out of the tree altogether.
+    mutating func drop(_ id: FileID)
 }
 
 extension FileTree: StagingTree {
     mutating func upsert(_ m: FileMetadata) { insert(m) }
+    mutating func drop(_ id: FileID) { remove(id) }
 }
 
 extension Batch: StagingTree {
     mutating func upsert(_ m: FileMetadata) { upsertUnchecked(m) }
+    mutating func drop(_ id: FileID) { removeUnchecked(id) }
 }
 
-/// What a keyed view has decrypted, by file id.
+/// What a keyed view has decrypted, by file id, each map bounded (`capacity` entries), so
+/// memory does not grow with the tree.
 struct KeyCache: Sendable {
-    var keys: [FileID: SymmetricKey] = [:]
-    var names: [FileID: String] = [:]
-    var attributes: [FileID: PosixAttributes] = [:]
+    var keys: BoundedCache<FileID, SymmetricKey>
+    var names: BoundedCache<FileID, String>
+    var attributes: BoundedCache<FileID, PosixAttributes>
+    /// The latest stamp of any attributes this view opened: a stamp issued after seeing them
+    /// must be later (`Vault.nextStamp`).
+    var latestStamp = HybridTimestamp.zero
+
+    /// Entries per map by default: about 5 MB of keys, names and attributes in all.
+    static let defaultCapacity = 32_768
+
+    init(capacity: Int = KeyCache.defaultCapacity) {
+        keys = BoundedCache(capacity: capacity)
+        names = BoundedCache(capacity: capacity)
+        attributes = BoundedCache(capacity: capacity)
+    }
 
     /// Forgets what `old` sealed that `new` seals differently. Keys stay: a file keeps its key
     /// for life (a move wraps the same key under the new parent's), and a merged tree may hold a
-    /// cycle until the merge undoes it, where no key could be derived again. A record wrapping
-    /// some other key gains nothing: whatever it seals fails to open under the file's key. That
-    /// holds because only this account's devices sign records; a key granted directly
-    /// (`KeyAccess`) is another matter, so a changed access list drops every cached key.
+    /// cycle until the merge undoes it, where no key could be derived again (the merge's view
+    /// has an unbounded cache for that reason). A record wrapping some other key gains nothing:
+    /// whatever it seals fails to open under the file's key. That holds because only this
+    /// account's devices sign records; a key granted directly (`KeyAccess`) is another matter,
+    /// so a changed access list drops every cached key.
     mutating func forget(from old: FileMetadata, to new: FileMetadata) {
-        if old.access != new.access { keys = [:] }
+        if old.access != new.access { keys.removeAll() }
         if old.name != new.name || old.parent != new.parent { names[new.id] = nil }
         if old.sealedAttributes != new.sealedAttributes { attributes[new.id] = nil }
+    }
+
+    /// Forgets the names and attributes of `id` (its record changed in ways not known here).
+    mutating func forget(_ id: FileID) {
+        names[id] = nil
+        attributes[id] = nil
     }
 }
 
@@ -68,9 +92,11 @@ struct KeyedTree<Tree: TreeView> {
     var cache = KeyCache()
     let access: any KeyAccess
 
-    /// The view with `tree` as the base of a new batch, keeping what was decrypted.
-    func staged() -> KeyedTree<Batch<Tree>> {
-        KeyedTree<Batch<Tree>>(tree: Batch(base: tree), cache: cache, access: access)
+    /// The view with `tree` as the base of a new batch, keeping what was decrypted; with
+    /// `capacity`, with a cache of its own that large instead.
+    func staged(capacity: Int? = nil) -> KeyedTree<Batch<Tree>> {
+        KeyedTree<Batch<Tree>>(
+            tree: Batch(base: tree), cache: capacity.map { KeyCache(capacity: $0) } ?? cache, access: access)
     }
 
     /// A file's key: from the cache, else unwrapped downwards from the nearest ancestor whose key
@@ -138,9 +164,11 @@ struct KeyedTree<Tree: TreeView> {
 
     /// The attributes a record carries (as `openName`, under the file's key). Not cached.
     mutating func openAttributes(_ m: FileMetadata) throws -> PosixAttributes {
-        try PosixAttributes(
+        let a = try PosixAttributes(
             decoding: AEAD.open(
                 m.sealedAttributes, key: key(m.id), purpose: .attributes, fileID: m.id.bytes, what: "file attributes"))
+        cache.latestStamp = max(cache.latestStamp, a.mtime.stamp, a.atime.stamp, a.mode.stamp, a.uid.stamp, a.gid.stamp)
+        return a
     }
 
     mutating func sealAttributes(_ a: PosixAttributes, of id: FileID) throws -> [UInt8] {
@@ -201,12 +229,30 @@ extension KeyedTree where Tree: StagingTree {
     }
 }
 
-extension KeyedTree where Tree == FileTree {
+extension KeyedTree where Tree: StagingTree {
     mutating func remove(_ id: FileID) {
-        tree.remove(id)
+        tree.drop(id)
         cache.keys[id] = nil
-        cache.names[id] = nil
-        cache.attributes[id] = nil
+        cache.forget(id)
+    }
+}
+
+extension KeyedTree where Tree == StoreTree {
+    /// Records what a committed write stored (see `StoreTree.wrote`), forgetting what the record
+    /// it replaced decrypted to.
+    mutating func wrote(_ id: FileID, before: FileMetadata?, after: TreeEntry?, generation: UInt64?) {
+        if let before, let after { cache.forget(from: before, to: after.metadata) }
+        if after == nil {
+            cache.keys[id] = nil
+            cache.forget(id)
+        }
+        tree.wrote(id, before: before, after: after, generation: generation)
+    }
+
+    /// Forgets what is cached of files other writers changed.
+    mutating func invalidate(_ ids: some Collection<FileID>) {
+        tree.invalidate(ids)
+        for id in ids { cache.forget(id) }
     }
 }
 

@@ -119,24 +119,24 @@ extension Vault {
 
     /// Counts of records with unsynced local changes, for `coffer status`.
     public func pendingChanges() throws -> (created: Int, modified: Int, deleted: Int) {
-        let (base, local) = try store.read { r in
-            (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files)
-        }
-        let baseIDs = Dictionary(uniqueKeysWithValues: base.map { ($0.metadata.id, $0.metadata) })
-        var created = 0
-        var modified = 0
-        var deleted = 0
-        for f in local {
-            if f.metadata.isDeleted {
-                deleted += 1
-            } else if baseIDs[f.metadata.id] == nil {
-                created += 1
-            } else if baseIDs[f.metadata.id] != f.metadata {
-                modified += 1
+        // What changed locally, each beside its base record: costs the changes, not the tree.
+        try store.read { r in
+            var created = 0
+            var modified = 0
+            var deleted = 0
+            for f in try r.filesLeniently(.local).files {
+                if f.metadata.isDeleted {
+                    deleted += 1
+                } else if let base = try? r.file(f.metadata.id, .base) {
+                    if base.metadata != f.metadata { modified += 1 }
+                } else {
+                    created += 1
+                }
             }
+            return (created, modified, deleted)
         }
-        return (created, modified, deleted)
     }
 
+    /// How many records the tree holds (a counter the store keeps, not a scan).
     public var fileCount: Int { state.withLock { $0.view.tree.count } }
 }

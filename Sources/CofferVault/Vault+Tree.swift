@@ -59,7 +59,7 @@ extension Vault {
             return try state.withLock { s in
                 guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
                 guard m.type == .folder else { throw TreeError.notAFolder(s.view.path(id)) }
-                return try s.view.tree.liveChildren(of: id).map { try node($0.id, &s) }
+                return try s.view.tree.liveChildren(of: id).map { try node($0, &s) }
                     .sorted { $0.name.utf8.lexicographicallyPrecedes($1.name.utf8) }
             }
         } catch { throw VaultError.wrap(error) }
@@ -174,7 +174,7 @@ extension Vault {
     /// With `coalesceFolderTimes` on, the new times go to memory at once (what stat reports)
     /// and reach the folder's record with a later commit: untar or rm -rf would otherwise
     /// re-seal and rewrite the same folder record for every entry (about a tenth of an unlink).
-    func touchParent(_ parent: FileID, _ batch: inout Batch<FileTree>, _ s: inout VaultState) throws {
+    func touchParent(_ parent: FileID, _ batch: inout Batch<StoreTree>, _ s: inout VaultState) throws {
         guard var attrs = try? attributes(parent, &s), batch.file(parent).map({ !$0.isDeleted }) == true else { return }
         let t = now()
         let stamp = nextStamp(&s)
@@ -208,7 +208,7 @@ extension Vault {
     }
 
     /// Adds the pending folder times to the batch being built, if they are due (or `force`).
-    func writeDueFolderTimes(_ batch: inout Batch<FileTree>, _ s: inout VaultState, force: Bool) throws {
+    func writeDueFolderTimes(_ batch: inout Batch<StoreTree>, _ s: inout VaultState, force: Bool) throws {
         guard let since = s.pendingFolderTimes.values.map(\.since).min() else { return }
         if !force {
             let t = now()
@@ -226,7 +226,7 @@ extension Vault {
     }
 
     func setSealedAttributes(
-        _ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<FileTree>, _ s: inout VaultState
+        _ id: FileID, _ attrs: PosixAttributes, _ batch: inout Batch<StoreTree>, _ s: inout VaultState
     ) throws {
         // Attributes built from `attributes(id)` carry a pending folder time: this write
         // settles it (`commit` puts it back if the batch fails).
@@ -292,7 +292,7 @@ extension Vault {
     }
 
     func moveInBatch(
-        _ id: FileID, to newParent: FileID, name newName: String, _ batch: inout Batch<FileTree>,
+        _ id: FileID, to newParent: FileID, name newName: String, _ batch: inout Batch<StoreTree>,
         _ s: inout VaultState, _ describe: Validator.Describe
     ) throws {
         guard let m = batch.file(id) else { throw TreeError.notFound(describe(id)) }
@@ -369,22 +369,22 @@ extension Vault {
         guard let id else { return }
         try state.withLock { s in
             let ids = [id] + s.view.tree.descendants(of: id)
-            let (removed, lastSeq) = try store.write { w -> ([FileID], Int64) in
-                var removed: [FileID] = []
-                // Children first, so no record is ever left without its parent.
+            let (removed, lastSeq, group) = try store.write { w -> ([(FileID, FileMetadata?)], Int64, UInt64?) in
+                var removed: [(FileID, FileMetadata?)] = []
+                var gone: Set<FileID> = []
+                // Children first (each comes after its parent in `ids`), and a folder only once
+                // every child is gone: one the server knows stays, and so does its parent.
                 for f in ids.reversed() {
                     guard try !w.reader.exists(f, .base) else { continue }
-                    if s.view.tree.childIDs(of: f).contains(where: { !ids.contains($0) }) { continue }
+                    if s.view.tree.childIDs(of: f).contains(where: { !gone.contains($0) }) { continue }
+                    gone.insert(f)
+                    removed.append((f, s.view.tree.file(f)))
                     try w.remove(f, .local)
                     try w.forgetInode(of: f)
-                    removed.append(f)
                 }
-                return (removed, try w.reader.lastChange())
+                return (removed, try w.reader.lastChange(), w.groupGeneration)
             }
-            for f in removed.reversed() {
-                s.view.remove(f)
-                s.versions[f] = nil
-            }
+            for (f, before) in removed { s.view.wrote(f, before: before, after: nil, generation: group) }
             s.lastSeq = lastSeq
         }
     }

@@ -8,8 +8,9 @@ import Synchronization
 /// The decrypted file tree one account works with on this device.
 ///
 /// A vault is the thin layer between the pure model and everything with I/O: it holds the
-/// account keys, keeps an in-memory copy of the current tree (local over base) with key, name and
-/// attribute caches, turns user operations into signed metadata batches validated by the model,
+/// account keys, reads the current tree (local over base) from the store as operations need it
+/// (`StoreTree`, with bounded record, key, name and attribute caches, so memory does not grow
+/// with the tree), turns user operations into signed metadata batches validated by the model,
 /// and commits each batch as one store transaction. The CLI and the FUSE daemon both drive one.
 ///
 /// Several vaults (processes) can share a store: every commit first catches up with the store's
@@ -31,6 +32,8 @@ public final class Vault: Sendable {
         }
     }
     let deviceID: UInt32
+    /// How many records, keys, names and attributes each of the tree's caches holds at most.
+    let cacheEntries: Int
     let locks: StoreLocks
     package let now: @Sendable () -> Timespec
 
@@ -38,6 +41,10 @@ public final class Vault: Sendable {
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
     /// See `coalesceFolderTimes`.
     let coalescing = Atomic<Bool>(false)
+
+    /// Entries each of the tree's caches holds at most by default (records, keys, names,
+    /// attributes): about 30 MB in all, whatever the tree's size.
+    public static let defaultCacheEntries = 32_768
 
     /// How many plaintext bytes an open document may buffer before it seals them into chunks.
     public static let writeBufferLimit = 16 * 1024 * 1024
@@ -51,7 +58,7 @@ public final class Vault: Sendable {
 
     init(
         dataDirectory: String, store: Store, secret: AccountSecret, username: String, deviceID: UInt32,
-        locks: StoreLocks, now: @escaping @Sendable () -> Timespec
+        locks: StoreLocks, now: @escaping @Sendable () -> Timespec, cacheEntries: Int
     ) throws {
         self.dataDirectory = dataDirectory
         self.store = store
@@ -65,7 +72,11 @@ public final class Vault: Sendable {
         self.locks = locks
         self.now = now
         let access = AccountKeyAccess(account: account, box: secret.boxKeys)
-        self.state = Mutex(VaultState(view: KeyedTree(tree: FileTree(), access: access)))
+        self.cacheEntries = cacheEntries
+        let view = KeyedTree(
+            tree: StoreTree(store: store, capacity: cacheEntries), cache: KeyCache(capacity: cacheEntries),
+            access: access)
+        self.state = Mutex(VaultState(view: view))
         try state.withLock { s in try reloadAll(&s) }
     }
 
@@ -85,7 +96,7 @@ public final class Vault: Sendable {
     public static func create(
         dataDirectory: String, username: String, secret: AccountSecret = .generate(),
         passphrase: (any PassphraseSource)? = nil, createRoot: Bool = true,
-        now: @escaping @Sendable () -> Timespec = Vault.systemNow
+        now: @escaping @Sendable () -> Timespec = Vault.systemNow, cacheEntries: Int = Vault.defaultCacheEntries
     ) throws -> Vault {
         // The model's one rule, which the server applies too: a name this device accepts is one
         // the server accepts, stored in the same normalised form.
@@ -108,16 +119,17 @@ public final class Vault: Sendable {
         try writeSecret(secret, to: dataDirectory, passphrase: sealing)
         let vault = try Vault(
             dataDirectory: dataDirectory, store: store, secret: secret, username: name,
-            deviceID: device, locks: locks, now: now)
+            deviceID: device, locks: locks, now: now, cacheEntries: cacheEntries)
         if createRoot { try vault.createRoot() }
         return vault
     }
 
     /// Opens the account stored in `dataDirectory`. `passphrase` is asked (once) only if the
-    /// account key is sealed under one.
+    /// account key is sealed under one. `cacheEntries` bounds each of the tree's caches (records,
+    /// keys, names, attributes; about 1 KB per entry in all).
     public static func open(
         dataDirectory: String, passphrase: (any PassphraseSource)? = nil,
-        now: @escaping @Sendable () -> Timespec = Vault.systemNow
+        now: @escaping @Sendable () -> Timespec = Vault.systemNow, cacheEntries: Int = Vault.defaultCacheEntries
     ) throws -> Vault {
         let secret = try readSecret(in: dataDirectory, passphrase: passphrase)
         let store = try Store(directory: dataDirectory)
@@ -129,7 +141,7 @@ public final class Vault: Sendable {
         }
         return try Vault(
             dataDirectory: dataDirectory, store: store, secret: secret, username: username,
-            deviceID: device, locks: locks, now: now)
+            deviceID: device, locks: locks, now: now, cacheEntries: cacheEntries)
     }
 
     /// The largest `account.secret` read: both formats are far smaller (a plain key is one
@@ -266,9 +278,24 @@ public final class Vault: Sendable {
         SignedMetadata(metadata: m, signature: [])
     }
 
+    /// A new stamp, later than every one this vault issued (across restarts: `clockLease`) or
+    /// opened (`KeyCache.latestStamp`): a change made after seeing another device's wins over it.
     func nextStamp(_ s: inout VaultState) -> HybridTimestamp {
-        s.clock = HybridTimestamp.next(after: s.clock, now: nowMillis, device: deviceID)
+        s.clock = HybridTimestamp.next(after: max(s.clock, s.view.cache.latestStamp), now: nowMillis, device: deviceID)
         return s.clock
+    }
+
+    /// How far ahead of the clock the stored lease is set (`clockLease`).
+    static let clockLeaseMillis: UInt64 = 10_000
+
+    /// Stores a new clock lease in this write if the clock has come near the stored one: a stamp
+    /// is never issued past the stored lease, so a reopened vault starting from the lease issues
+    /// only later stamps, without reading every record's attributes to find the latest.
+    func renewClockLease(_ s: inout VaultState, _ w: StoreWriter) throws {
+        guard s.clock.wallMillis &+ 1000 >= s.clockLease else { return }
+        let lease = s.clock.wallMillis &+ Self.clockLeaseMillis
+        try w.setSetting("clock", Self.bytes(Int64(clamping: lease)))
+        s.clockLease = lease
     }
 
     /// A file's attributes as stat shows them: a folder time not yet written wins over an older
@@ -288,6 +315,12 @@ public final class Vault: Sendable {
 
     func node(_ id: FileID, _ s: inout VaultState) throws -> Node {
         guard let m = s.view.tree.file(id) else { throw TreeError.notFound(id.description) }
+        return try node(m, &s)
+    }
+
+    /// The node of a record already read (a folder's listing reads its children in one query).
+    func node(_ m: FileMetadata, _ s: inout VaultState) throws -> Node {
+        let id = m.id
         var attrs = try attributes(id, &s)
         if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
             attrs.size = open.currentSize
@@ -305,54 +338,41 @@ public final class Vault: Sendable {
 
     // MARK: Loading and catching up
 
-    func reloadAll(_ s: inout VaultState) throws {
-        // Records that do not decode are left out here (fsck reports them) rather than making
-        // the whole store unopenable.
-        let (base, local, last) = try store.read { r in
-            (try r.filesLeniently(.base).files, try r.filesLeniently(.local).files, try r.lastChange())
+    /// Starts over from the store: every cache dropped, the change log's end and the clock's
+    /// lease read again. With `lost`, also what this process wrote that a failed group commit
+    /// took with it. Nothing here reads the tree: opening costs the same at any size.
+    func reloadAll(_ s: inout VaultState, lost: Bool = false) throws {
+        let (last, lease) = try store.read { r in
+            (try r.lastChange(), try r.setting("clock").map { Self.int64($0) } ?? 0)
         }
-        var merged: [FileID: StoredFile] = [:]
-        for f in base { merged[f.metadata.id] = f }
-        for f in local { merged[f.metadata.id] = f }
-        let keepClock = s.clock
-        var pending = s.externalChanges
         if s.lastSeq > 0, let (ids, _) = try? store.read({ try $0.changes(after: s.lastSeq) }) {
-            pending.formUnion(ids)
+            s.externalChanges.formUnion(ids)
         }
-        s = VaultState(view: KeyedTree(tree: FileTree(merged.values.map(\.effectiveMetadata)), access: s.view.access))
-        s.clock = keepClock
-        s.externalChanges = pending
-        s.versions = merged.mapValues { ($0.version, $0.contentVersion) }
+        s.view.tree.reset(pending: lost)
+        s.view.cache = KeyCache(capacity: cacheEntries)
+        s.pendingFolderTimes = lost ? [:] : s.pendingFolderTimes
         s.lastSeq = last
-        for m in s.view.tree.files.values {
-            if let a = try? attributes(m.id, &s) { s.clock = max(s.clock, a.mtime.stamp, a.atime.stamp, a.mode.stamp) }
+        s.clockLease = UInt64(clamping: max(lease, 0))
+        if s.clockLease > s.clock.wallMillis {
+            s.clock = HybridTimestamp(wallMillis: s.clockLease, counter: 0, device: deviceID)
         }
     }
 
     /// Applies other writers' commits since the last one this vault saw. Returns the changed ids.
     @discardableResult
     func catchUp(_ s: inout VaultState) throws -> Set<FileID> {
-        let (ids, last, records) = try store.read { r -> (Set<FileID>, Int64, [FileID: StoredFile?]) in
-            let (ids, last) = try r.changes(after: s.lastSeq)
-            var records: [FileID: StoredFile?] = [:]
-            for id in ids { records[id] = try r.current(id) }
-            return (ids, last, records)
-        }
-        apply(records, &s)
+        let (ids, last) = try store.read { r in try r.changes(after: s.lastSeq) }
+        s.view.invalidate(ids)
         s.lastSeq = last
         return ids
     }
 
-    func apply(_ records: [FileID: StoredFile?], _ s: inout VaultState) {
-        for (id, rec) in records {
-            if let rec {
-                s.view.put(rec.effectiveMetadata)
-                s.versions[id] = (rec.version, rec.contentVersion)
-            } else {
-                s.view.remove(id)
-                s.versions[id] = nil
-            }
-        }
+    /// After a write outside `commit` (a pull, a push's bookkeeping, pruning): makes the store's
+    /// readers see it (commits an open group) and forgets what is cached of `ids`.
+    func settle(_ ids: some Collection<FileID>, _ s: inout VaultState) throws {
+        try store.commitPendingWrites()
+        s.view.invalidate(ids)
+        s.lastSeq = try store.read { try $0.lastChange() }
     }
 
     /// Picks up commits made by other processes (the daemon calls this periodically). Returns the
@@ -372,7 +392,7 @@ public final class Vault: Sendable {
     /// Builds a batch under the state lock inside one store write transaction, validates it as a
     /// whole, signs and stores every changed record, and only then updates memory.
     @discardableResult
-    func commit<R: Sendable>(_ body: (inout Batch<FileTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
+    func commit<R: Sendable>(_ body: (inout Batch<StoreTree>, inout VaultState, StoreWriter) throws -> R) throws -> R {
         do {
             return try state.withLock { s in
                 let pendingBefore = s.pendingFolderTimes
@@ -380,11 +400,11 @@ public final class Vault: Sendable {
                     if store.takeLostGroup() {
                         // A group commit failed and took this vault's recent writes with it: what is
                         // in memory is ahead of the store. Start over from the store.
-                        try reloadAll(&s)
+                        try reloadAll(&s, lost: true)
                         for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
                     }
-                    let (result, changed, lastSeq, pruned, group) = try store.write {
-                        w -> (R, [FileMetadata], Int64, [FileID], UInt64?) in
+                    let (result, written, lastSeq, group) = try store.write {
+                        w -> (R, [(id: FileID, before: FileMetadata?, after: TreeEntry?)], Int64, UInt64?) in
                         // Catch up with other writers inside this transaction: nobody can commit in between.
                         // Usually nobody did, and the cheap check spares reading the log.
                         // Inside the group transaction this vault last committed in, with no change
@@ -395,9 +415,7 @@ public final class Vault: Sendable {
                         let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
                         let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
                         if !ids.isEmpty {
-                            var recs: [FileID: StoredFile?] = [:]
-                            for id in ids { recs[id] = try w.reader.current(id) }
-                            apply(recs, &s)
+                            s.view.invalidate(ids)
                             s.externalChanges.formUnion(ids)
                         }
                         s.lastSeq = last
@@ -405,8 +423,15 @@ public final class Vault: Sendable {
                         let result = try body(&batch, &s, w)
                         try writeDueFolderTimes(&batch, &s, force: false)
                         let changed = try batch.validate(describe: s.view.describe)
-                        var pruned: [FileID] = []
+                        // A batch checked against a tree the store could not read is not written.
+                        if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }
+                        try renewClockLease(&s, w)
+                        // Each record as the tree held it and as written, read before this write
+                        // commits: what the caches must forget.
+                        var written: [(id: FileID, before: FileMetadata?, after: TreeEntry?)] = []
+                        written.reserveCapacity(changed.count)
                         for m in changed {
+                            let before = s.view.tree.file(m.id)
                             // A deletion the server never saw is pruned right here, in the same
                             // transaction: nothing will ever need to push it.
                             if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
@@ -414,30 +439,29 @@ public final class Vault: Sendable {
                             {
                                 try w.remove(m.id, .local)  // a no-op if it never reached the store
                                 try w.forgetInode(of: m.id)
-                                pruned.append(m.id)
+                                written.append((m.id, before, nil))
                                 continue
                             }
-                            let v = s.versions[m.id] ?? (0, 0)
-                            // The tree in memory still holds the record as it was (the batch lands
-                            // below), so it knows what the row named.
+                            let v = s.view.tree.versions(m.id)
+                            // The tree still holds the record as it was (the batch lands below),
+                            // so it knows what the row named.
                             try w.put(
-                                StoredFile(signed: unsigned(m), version: v.0, contentVersion: v.1), .local,
-                                previousDigest: .some(s.view.tree.file(m.id)?.contentDigest))
+                                StoredFile(signed: unsigned(m), version: v.version, contentVersion: v.contentVersion),
+                                .local, previousDigest: .some(before?.contentDigest))
+                            written.append(
+                                (
+                                    m.id, before,
+                                    TreeEntry(metadata: m, version: v.version, contentVersion: v.contentVersion)
+                                )
+                            )
                         }
                         // Nobody else can log while this transaction is open: the last entry is ours,
                         // or the one read on the way in.
-                        return (
-                            result, changed.filter { !pruned.contains($0.id) }, w.lastLogged ?? latest, pruned,
-                            w.groupGeneration
-                        )
+                        return (result, written, w.lastLogged ?? latest, w.groupGeneration)
                     }
                     s.checkedGroup = group
                     s.pruneCandidates = []
-                    for m in changed { s.view.put(m) }
-                    for id in pruned {
-                        s.view.remove(id)
-                        s.versions[id] = nil
-                    }
+                    for x in written { s.view.wrote(x.id, before: x.before, after: x.after, generation: group) }
                     s.lastSeq = lastSeq
                     return result
                 } catch {
@@ -448,8 +472,9 @@ public final class Vault: Sendable {
                     s.pendingFolderTimes = pendingBefore
                     // Operations fill the name and attribute caches as they go; a refused batch may
                     // have left entries for changes that never happened, so start those caches over.
-                    s.view.cache.names.removeAll(keepingCapacity: true)
-                    s.view.cache.attributes.removeAll(keepingCapacity: true)
+                    s.view.cache.names.removeAll()
+                    s.view.cache.attributes.removeAll()
+                    _ = s.view.tree.takeFailure()
                     throw error
                 }
             }
@@ -471,12 +496,13 @@ struct PendingFolderTime: Sendable {
 
 /// Everything a vault caches about the tree, guarded by one lock.
 package struct VaultState: Sendable {
-    init(view: KeyedTree<FileTree>) { self.view = view }
+    init(view: KeyedTree<StoreTree>) { self.view = view }
 
     /// The current tree (local over base) and what was decrypted of it.
-    var view: KeyedTree<FileTree>
-    var versions: [FileID: (Int64, Int64)] = [:]
+    var view: KeyedTree<StoreTree>
     var clock = HybridTimestamp.zero
+    /// The clock's lease as stored (`Vault.renewClockLease`), in wall-clock milliseconds.
+    var clockLease: UInt64 = 0
     var lastSeq: Int64 = 0
     /// Ids other processes changed, noticed while committing; `refresh` hands them out.
     var externalChanges: Set<FileID> = []

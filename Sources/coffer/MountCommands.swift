@@ -19,6 +19,11 @@ struct Mount: ParsableCommand {
     @Option(name: .short, help: "FUSE mount options, e.g. -o allow_other (may repeat).") var o: [String] = []
     @Option(help: "Seconds between syncs when idle (with a server).") var syncInterval: Double = 30
     @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
+    @Option(
+        help: ArgumentHelp(
+            "Most records, keys, names and attributes each of the tree's caches holds (about 1 KB per entry in "
+                + "all); the rest is read from the store as needed.", valueName: "n"))
+    var cacheEntries: Int = Vault.defaultCacheEntries
     @Argument(help: "An existing, empty folder.") var mountPoint: String
 
     /// Where the daemon finds the pipe it reports readiness on (`COFFER_READY_FD`).
@@ -55,7 +60,9 @@ struct Mount: ParsableCommand {
         try MountService.prepareMountPoint(mountPoint, leftByThisStore: previous?.mountPoint == mountPoint) {
             logger.log($0)
         }
-        let vault = try Vault.open(dataDirectory: dataDir, passphrase: CLIPassphraseSource())
+        guard cacheEntries >= 16 else { throw CLIError("--cache-entries must be at least 16") }
+        let vault = try Vault.open(
+            dataDirectory: dataDir, passphrase: CLIPassphraseSource(), cacheEntries: cacheEntries)
         // Reclaim what interrupted writes left, while no other process has the store open.
         if let gc = try? vault.collectGarbage() {
             logger.log(
@@ -120,6 +127,7 @@ struct Mount: ParsableCommand {
         var args = ["coffer", "mount", "--foreground", "--data-dir", dataDir]
         for opt in o { args += ["-o", opt] }
         args += ["--sync-interval", String(syncInterval), "--sync-quiet", String(syncQuiet)]
+        args += ["--cache-entries", String(cacheEntries)]
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
         env["COFFER_READY_FD"] = String(Self.readyDescriptor)

@@ -339,7 +339,7 @@ struct StoreTests {
         do {
             let s = try Store(directory: dir)
             try s.write { w throws in
-                try w.withDatabase { db in try db.execute(sql: "INSERT INTO grdb_migrations VALUES ('v2')") }
+                try w.withDatabase { db in try db.execute(sql: "INSERT INTO grdb_migrations VALUES ('v999')") }
             }
         }
         let error = #expect(throws: StoreError.self) { _ = try Store(directory: dir) }

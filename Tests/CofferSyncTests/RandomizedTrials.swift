@@ -103,11 +103,13 @@ import Testing
                 tally.add(randomOperation(d, &rng))
             }
         }
-        do {
-            for _ in 0..<3 { for d in w.devices { try await d.sync() } }
-        } catch {
-            Issue.record("seed \(seed): final sync failed: \(error)")
-            return tally
+        for round in 0..<3 {
+            for d in w.devices {
+                do { try await d.sync() } catch {
+                    Issue.record("seed \(seed): final sync \(round + 1) of \(d.name) failed: \(error)")
+                    return tally
+                }
+            }
         }
         // Refusals are expected now and then, but a trial whose operations mostly fail, or that
         // ends with nothing in the tree, tests convergence of next to nothing.

@@ -149,6 +149,26 @@ private func text(_ s: String) -> TwoDevices.Entry { .document(Array(s.utf8)) }
         #expect(try d.a.resolve("/notes.txt").id != file.id, "the edit lives on as a new file")
     }
 
+    /// A folder the server never saw, holding a file it knows, deleted whole: the file stays as a
+    /// deletion to push, so its folder must stay too (pruning it once left the file's record
+    /// naming a parent that was gone, and every later sync failed: randomized trial 1417501).
+    @Test func aDeletedNewFolderHoldingASyncedFileKeepsItsRecordForTheFile() throws {
+        let d = try TwoDevices()
+        let file = try d.a.create(in: d.a.rootID, name: "f.txt", type: .document, mode: 0o644)
+        try d.a.writeAll(file.id, bytes("synced"))
+        try d.settle()
+
+        let folder = try d.a.create(in: d.a.rootID, name: "new", type: .folder, mode: 0o755)
+        try d.a.rename(file.id, to: folder.id, name: "f.txt")
+        try d.a.remove(folder.id, recursive: true)
+        #expect(try d.a.check().isClean)
+        try d.settle()
+
+        #expect(try d.converged() == [:])
+        #expect(try d.a.check().isClean)
+        #expect(try d.b.check().isClean)
+    }
+
     @Test func twoNewFilesWithOneNameKeepBothTheLaterPushedAsACopy() throws {
         let d = try TwoDevices()
         try d.a.writeAll(try d.a.create(in: d.a.rootID, name: "a.txt", type: .document, mode: 0o644).id, bytes("A"))

@@ -16,12 +16,17 @@ extension Vault {
         do {
             return try state.withLock { s in
                 let changed = try store.write { w -> Set<FileID> in
-                    var merge = PullMerge(vault: self, writer: w, view: s.view)
+                    // A cache of its own, unbounded: it holds the keys of every file the pull
+                    // touches, which a cycle the merge has yet to undo could not derive again.
+                    var merge = PullMerge(vault: self, writer: w, view: s.view.staged(capacity: .max))
                     let changed = try merge.run(files, &s)
+                    if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }
+                    s.clock = max(s.clock, merge.view.cache.latestStamp)
+                    try renewClockLease(&s, w)
                     try w.setSetting("cursor", Self.bytes(cursor))
                     return changed
                 }
-                try reloadAll(&s)
+                try settle(changed, &s)
                 return changed
             }
         } catch { throw VaultError.wrap(error) }
@@ -32,9 +37,9 @@ extension Vault {
 struct PullMerge {
     let vault: Vault
     let w: StoreWriter
-    /// The tree as it will be (new base under merged local), seen with keys: it starts as the
-    /// vault's, with what the vault decrypted of it, and `put` forgets what a pulled record changes.
-    var view: KeyedTree<FileTree>
+    /// The tree as it will be (new base under merged local), seen with keys: the vault's tree
+    /// with the merge's records staged over it, and `put` forgets what a pulled record changes.
+    var view: KeyedTree<Batch<StoreTree>>
     var newBase: [FileID: StoredFile] = [:]
     /// Final local records (to sign and store) by id; nil value = no local record.
     var local: [FileID: FileMetadata?] = [:]
@@ -42,14 +47,16 @@ struct PullMerge {
     /// Files this merge made (copies of conflicting or orphaned edits).
     var created: Set<FileID> = []
 
-    init(vault: Vault, writer: StoreWriter, view: KeyedTree<FileTree>) {
+    init(vault: Vault, writer: StoreWriter, view: KeyedTree<Batch<StoreTree>>) {
         self.vault = vault
         self.w = writer
         self.view = view
     }
 
     mutating func run(_ files: [RemoteFile], _ s: inout VaultState) throws -> Set<FileID> {
-        let before = view.tree
+        // The tree before this pull: what the store's readers see (this write is not
+        // committed) under what this process wrote that they cannot see yet.
+        let before = view.tree.base
         var remote: [FileID: RemoteFile] = [:]
         for f in files { remote[f.signed.metadata.id] = f }
         let remoteMeta = remote.mapValues { $0.signed.metadata }
@@ -84,12 +91,15 @@ struct PullMerge {
         applicable.sort { $0.signed.metadata.id < $1.signed.metadata.id }
         // Keys of files this device knows come from its own tree, before pulled records can
         // place them anywhere (even in a cycle that is undone below).
+        // So do the keys of this device's unpushed records, which the merge opens and may move.
+        let localRecords = try w.reader.files(.local)
         for r in applicable where before.file(r.signed.metadata.id) != nil { _ = try? view.key(r.signed.metadata.id) }
+        for l in localRecords where before.file(l.metadata.id) != nil { _ = try? view.key(l.metadata.id) }
 
         var conflicts: [FileID: (base: FileMetadata, local: FileMetadata, remote: FileMetadata)] = [:]
         // Local documents with unsynced content edits that are live before this pull.
         var editedLocally: [(FileMetadata, oldBaseDigest: [UInt8]?)] = []
-        for l in try w.reader.files(.local) where l.metadata.type == .document && before.isLive(l.metadata.id) {
+        for l in localRecords where l.metadata.type == .document && before.isLive(l.metadata.id) {
             let oldBase = try w.reader.file(l.metadata.id, .base)
             if oldBase == nil || oldBase?.metadata.contentDigest != l.metadata.contentDigest {
                 editedLocally.append((l.metadata, oldBase?.metadata.contentDigest))

@@ -6,41 +6,44 @@ extension Vault {
     /// Forgets files whose deletion the server has recorded: explicitly deleted (or made explicit
     /// by the server) in base, nothing pending locally, and the same for every descendant, so no
     /// record is ever left without its parent. Storage then scales with live files, not history.
+    /// Costs what the pruned subtrees hold: the base's deleted records are found by an index.
     @discardableResult
     public func pruneSyncedDeletions() throws -> Int {
         try state.withLock { s in
-            let pruned = try store.write { w -> Int in
-                let base = try w.reader.files(.base)
-                let localIDs = Set(try w.reader.files(.local).map(\.metadata.id))
-                var tree = FileTree(base.map(\.effectiveMetadata))
+            let pruned = try store.write { w -> [FileID] in
                 var removable: Set<FileID> = []
-                for f in base where f.effectiveMetadata.isDeleted && !localIDs.contains(f.metadata.id) {
-                    let subtree = [f.metadata.id] + tree.descendants(of: f.metadata.id)
-                    let allGone = subtree.allSatisfy { id in
-                        !localIDs.contains(id) && (tree.file(id)?.isDeleted ?? true)
+                var order: [FileID] = []
+                for id in try w.reader.deletedBaseIDs() where !removable.contains(id) {
+                    // The subtree must be all base records marked deleted, none changed locally.
+                    var subtree = [id]
+                    var queue = [id]
+                    var allGone = true
+                    while allGone, let next = queue.popLast() {
+                        for c in try w.reader.children(of: next, .base) where !removable.contains(c.id) {
+                            guard c.isDeleted, !c.hasLocal else {
+                                allGone = false
+                                break
+                            }
+                            subtree.append(c.id)
+                            queue.append(c.id)
+                        }
                     }
-                    if allGone { removable.formUnion(subtree) }
+                    // A child record only the local side has (created there) keeps its parent.
+                    if allGone, try subtree.allSatisfy({ try w.reader.children(of: $0, .local).isEmpty }) {
+                        removable.formUnion(subtree)
+                        order.append(contentsOf: subtree)
+                    }
                 }
-                // Children before parents.
-                var count = 0
-                while !removable.isEmpty {
-                    let leaves = removable.filter { id in
-                        tree.childIDs(of: id).allSatisfy { !removable.contains($0) || $0 == id }
-                    }
-                    if leaves.isEmpty { break }
-                    for id in leaves {
-                        try w.remove(id, .base)
-                        try w.addTombstone(id)
-                        try w.forgetInode(of: id)
-                        tree.remove(id)
-                        removable.remove(id)
-                        count += 1
-                    }
+                // One transaction: no reader ever sees a record without its parent.
+                for id in order {
+                    try w.remove(id, .base)
+                    try w.addTombstone(id)
+                    try w.forgetInode(of: id)
                 }
-                return count
+                return order
             }
-            if pruned > 0 { try reloadAll(&s) }
-            return pruned
+            if !pruned.isEmpty { try settle(pruned, &s) }
+            return pruned.count
         }
     }
 }

@@ -128,7 +128,7 @@ extension Vault {
                 }
                 return changed
             }
-            try reloadAll(&s)
+            try settle(changed, &s)
             return changed
         }
     }

@@ -1,0 +1,125 @@
+import CofferModel
+import Foundation
+import GRDB
+import Testing
+
+@testable import CofferStore
+
+/// The tree as the vault reads it from the store (local over base, by index), and the format
+/// migration that made it possible.
+@Suite("The committed tree")
+struct TreeQueryTests {
+    /// A record of kind `folder` unless it names content.
+    func put(_ w: StoreWriter, _ f: StoredFile, _ side: TreeSide) throws { try w.put(f, side) }
+
+    @Test func aLocalRecordHidesItsBaseRecordEverywhere() throws {
+        try withStore { store, _ throws in
+            try store.write { w in
+                try put(w, record(1, parent: 1, name: "root"), .base)
+                try put(w, record(2, parent: 1, name: "a"), .base)
+                try put(w, record(3, parent: 1, name: "b", digest: digest(1)), .base)
+                try put(w, record(4, parent: 2, name: "c"), .base)
+                // Locally: 4 moved from 2 to 1, 3 deleted, 5 created under 2.
+                try put(w, record(4, parent: 1, name: "c"), .local)
+                try put(w, record(3, parent: 1, name: "b", digest: digest(1), deleted: true), .local)
+                try put(w, record(5, parent: 2, name: "d"), .local)
+            }
+            #expect(try store.committedRecord(fid(4))?.metadata.parent == fid(1))
+            #expect(try store.committedRecord(fid(2))?.metadata.parent == fid(1))
+            #expect(try store.committedRecord(fid(9)) == nil)
+            #expect(Set(try store.committedChildren(of: fid(1)).map(\.metadata.id)) == [fid(2), fid(3), fid(4)])
+            #expect(Set(try store.committedChildren(of: fid(2)).map(\.metadata.id)) == [fid(5)])
+            #expect(try store.committedChildren(of: fid(1), nameMAC: Array("c".utf8)).map(\.metadata.id) == [fid(4)])
+            #expect(try store.committedChildren(of: fid(2), nameMAC: Array("c".utf8)).isEmpty)
+            // Live folders under the root: 2 and 4 (3 is a deleted document).
+            #expect(try store.committedSubfolderCount(of: fid(1)) == 2)
+            #expect(try store.committedSubfolderCount(of: fid(2)) == 1)
+            #expect(try store.committedRoots() == [fid(1)])
+            #expect(try store.committedCount() == 5)
+        }
+    }
+
+    /// The count the triggers keep matches a count of the rows after every kind of change.
+    @Test func theRecordCountFollowsInsertsAndDeletesOnBothSides() throws {
+        try withStore { store, _ throws in
+            func expected() throws -> Int {
+                try store.read { r in
+                    try r.count(
+                        """
+                        SELECT (SELECT count(*) FROM base_files) + (SELECT count(*) FROM local_files l
+                          WHERE NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id))
+                        """)
+                }
+            }
+            let steps: [(StoreWriter) throws -> Void] = [
+                { try $0.put(record(1, parent: 1), .base) },
+                { try $0.put(record(2, parent: 1), .local) },
+                { try $0.put(record(2, parent: 1), .base) },  // both sides: counted once
+                { try $0.put(record(2, parent: 1, name: "x"), .local) },  // an update is no insert
+                { try $0.remove(fid(2), .local) },
+                { try $0.put(record(3, parent: 1), .local) },
+                { try $0.remove(fid(2), .base) },
+                { try $0.remove(fid(3), .local) },
+                { try $0.remove(fid(9), .base) },  // nothing to remove
+            ]
+            for step in steps {
+                try store.write { try step($0) }
+                #expect(try store.committedCount() == expected())
+            }
+            #expect(try store.committedCount() == 1)
+        }
+    }
+
+    /// The group's writes stay invisible to the committed reads until the group commits, and
+    /// `committedGroup` says when they are visible.
+    @Test func committedReadsSeeAGroupOnlyOnceItCommits() throws {
+        try withStore { store, _ throws in
+            try store.write { try $0.put(record(1, parent: 1), .base) }
+            store.enableGroupCommit(window: 30, longest: 60)
+            defer { try? store.disableGroupCommit() }
+            let generation = try store.write { w -> UInt64? in
+                try w.put(record(2, parent: 1, name: "new"), .local)
+                return w.groupGeneration
+            }
+            let g = try #require(generation)
+            #expect(store.committedGroup < g)
+            #expect(try store.committedRecord(fid(2)) == nil)
+            #expect(try store.read { try $0.current(fid(2)) } != nil)  // the writer's own view has it
+            try store.commitPendingWrites()
+            #expect(store.committedGroup >= g)
+            #expect(try store.committedRecord(fid(2))?.metadata.name.mac == Array("new".utf8))
+        }
+    }
+
+    /// A store made before the tree lived in the store (format v1) gains the columns, indexes
+    /// and count, filled from its records, when it is opened.
+    @Test func aVersionOneStoreIsMigrated() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        do {
+            let pool = try DatabasePool(path: dir + "/coffer.sqlite")
+            try Store.migrator.migrate(pool, upTo: "v1")
+            try pool.write { db in
+                for (f, table) in [
+                    (record(1, parent: 1, name: "root"), "base_files"), (record(2, parent: 1, name: "a"), "base_files"),
+                    (record(3, parent: 1, name: "b", deleted: true), "local_files"),
+                    (record(2, parent: 1, name: "a2"), "local_files"),
+                ] {
+                    try db.execute(
+                        sql: "INSERT INTO \(table) (id, parent, record) VALUES (?, ?, ?)",
+                        arguments: [Data(f.metadata.id.bytes), Data(f.metadata.parent.bytes), Data(f.signed.encoded())])
+                }
+                // Damage: a record that does not decode keeps empty columns, and the rest migrate.
+                try db.execute(
+                    sql: "INSERT INTO base_files (id, parent, record) VALUES (?, ?, x'00')",
+                    arguments: [Data(fid(7).bytes), Data(fid(1).bytes)])
+            }
+        }
+        let store = try Store(directory: dir)
+        #expect(try store.committedChildren(of: fid(1), nameMAC: Array("a2".utf8)).map(\.metadata.id) == [fid(2)])
+        #expect(try store.committedChildren(of: fid(1), nameMAC: Array("a".utf8)).isEmpty)
+        #expect(try store.committedSubfolderCount(of: fid(1)) == 1)  // 2 is live, 3 deleted
+        #expect(try store.committedCount() == 4)
+        #expect(try store.read { try $0.deletedBaseIDs() }.isEmpty)  // 3 is deleted only locally
+    }
+}
