@@ -234,6 +234,58 @@ public final class Store: Sendable {
                       WHEN NOT EXISTS (SELECT 1 FROM base_files WHERE id = old.id)
                       BEGIN UPDATE tree_count SET n = n - 1; END;
                     """)
+            // What waits to be pushed, by kind, kept the same way for `coffer status`: a local row
+            // is a deletion if it says deleted, else a creation if no base row has its id, else a
+            // modification. Each trigger moves one row between these as its category changes.
+            let created = "kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
+            let modified = "kind < 2 AND EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
+            func category(_ row: String, _ sign: String) -> String {
+                """
+                deleted = deleted \(sign) (\(row).kind >= 2),
+                created = created \(sign) (\(row).kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files WHERE id = \(row).id)),
+                modified = modified \(sign) (\(row).kind < 2 AND EXISTS (SELECT 1 FROM base_files WHERE id = \(row).id))
+                """
+            }
+            try db.execute(
+                sql: """
+                    CREATE TABLE pending_count (
+                        one INTEGER PRIMARY KEY CHECK (one = 1),
+                        created INTEGER NOT NULL, modified INTEGER NOT NULL, deleted INTEGER NOT NULL);
+                    INSERT INTO pending_count SELECT 1,
+                      (SELECT count(*) FROM local_files l WHERE \(created)),
+                      (SELECT count(*) FROM local_files l WHERE \(modified)),
+                      (SELECT count(*) FROM local_files WHERE kind >= 2);
+                    CREATE TRIGGER local_files_pending_in AFTER INSERT ON local_files
+                      BEGIN UPDATE pending_count SET \(category("new", "+")); END;
+                    CREATE TRIGGER local_files_pending_out AFTER DELETE ON local_files
+                      BEGIN UPDATE pending_count SET \(category("old", "-")); END;
+                    CREATE TRIGGER local_files_pending_kind AFTER UPDATE OF kind ON local_files
+                      BEGIN
+                        UPDATE pending_count SET \(category("old", "-"));
+                        UPDATE pending_count SET \(category("new", "+"));
+                      END;
+                    CREATE TRIGGER base_files_pending_in AFTER INSERT ON base_files
+                      WHEN EXISTS (SELECT 1 FROM local_files WHERE id = new.id AND kind < 2)
+                      BEGIN UPDATE pending_count SET created = created - 1, modified = modified + 1; END;
+                    CREATE TRIGGER base_files_pending_out AFTER DELETE ON base_files
+                      WHEN EXISTS (SELECT 1 FROM local_files WHERE id = old.id AND kind < 2)
+                      BEGIN UPDATE pending_count SET created = created + 1, modified = modified - 1; END;
+                    """)
+            // How many document versions rows stopped naming since the last garbage collection:
+            // what decides whether a mount collects (`garbageSinceCollection`), since a
+            // collection reads every row and a mount must not.
+            var garbage = "CREATE TABLE garbage_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);"
+            garbage += "INSERT INTO garbage_count VALUES (1, 0);"
+            for table in [TreeSide.base.table, TreeSide.local.table] {
+                garbage += """
+                    CREATE TRIGGER \(table)_garbage_out AFTER DELETE ON \(table) WHEN old.content_digest IS NOT NULL
+                      BEGIN UPDATE garbage_count SET n = n + 1; END;
+                    CREATE TRIGGER \(table)_garbage_replaced AFTER UPDATE OF content_digest ON \(table)
+                      WHEN old.content_digest IS NOT NULL AND old.content_digest IS NOT new.content_digest
+                      BEGIN UPDATE garbage_count SET n = n + 1; END;
+                    """
+            }
+            try db.execute(sql: garbage)
         }
         return m
     }
@@ -297,6 +349,18 @@ public final class Store: Sendable {
     /// Every record that is its own parent (a sound tree has one root, or none yet).
     public func committedRoots() throws -> [FileID] {
         try fast.blobs(.roots).compactMap { try? FileID(bytes: $0) }
+    }
+
+    /// How many document versions records stopped naming since the last `collectGarbage`: an
+    /// upper bound on the manifests it would remove (kept by triggers, see the `v2` migration).
+    public func garbageSinceCollection() throws -> Int {
+        try readOne { r in try r.count("SELECT n FROM garbage_count") }
+    }
+
+    /// What waits to be pushed: local records that create, change or delete a file (kept by
+    /// triggers, see the `v2` migration).
+    public func pendingCounts() throws -> (created: Int, modified: Int, deleted: Int) {
+        try readOne { r in try r.pendingCounts() }
     }
 
     /// How many records the tree holds (kept by triggers, see the `v2` migration).
@@ -600,6 +664,7 @@ public final class Store: Sendable {
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")
                 try db.execute(sql: "DELETE FROM chunks WHERE id NOT IN (SELECT chunk_id FROM manifest_chunks)")
                 result.chunks = db.changesCount
+                try db.execute(sql: "UPDATE garbage_count SET n = 0")
                 return .commit
             }
             // Packs go after the commit (a crash before leaves packs no row names, swept next

@@ -104,6 +104,16 @@ public struct StoreReader {
         }
     }
 
+    /// See `Store.pendingCounts`.
+    public func pendingCounts() throws -> (created: Int, modified: Int, deleted: Int) {
+        try with { db in
+            let row = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT created, modified, deleted FROM pending_count"))
+            guard let row else { throw StoreError("the store has no pending count (damaged?)") }
+            return (row["created"], row["modified"], row["deleted"])
+        }
+    }
+
     /// Whether `side` has a record for `id`, without decoding it.
     public func exists(_ id: FileID, _ side: TreeSide) throws -> Bool {
         try with { db in
@@ -236,7 +246,7 @@ public struct StoreReader {
         }
     }
 
-    /// Any count, for tests only: outside this module SQL stays unspoken.
+    /// A count by a query of this module's own (and tests'): outside it SQL stays unspoken.
     func count(_ sql: String) throws -> Int { try with { db in try Int.fetchOne(db, sql: sql) ?? 0 } }
 
     /// Chunk ids listed by a manifest row (for integrity checks).

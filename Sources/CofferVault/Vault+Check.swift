@@ -117,24 +117,12 @@ extension Vault {
         }
     }
 
-    /// Counts of records with unsynced local changes, for `coffer status`.
+    /// Counts of records with unsynced local changes, for `coffer status`: counters the store
+    /// keeps as records change, so the answer costs the same however many there are. A local
+    /// record is a deletion if it says deleted, a creation if the server has never seen the file,
+    /// else a modification.
     public func pendingChanges() throws -> (created: Int, modified: Int, deleted: Int) {
-        // What changed locally, each beside its base record: costs the changes, not the tree.
-        try store.read { r in
-            var created = 0
-            var modified = 0
-            var deleted = 0
-            for f in try r.filesLeniently(.local).files {
-                if f.metadata.isDeleted {
-                    deleted += 1
-                } else if let base = try? r.file(f.metadata.id, .base) {
-                    if base.metadata != f.metadata { modified += 1 }
-                } else {
-                    created += 1
-                }
-            }
-            return (created, modified, deleted)
-        }
+        try store.pendingCounts()
     }
 
     /// How many records the tree holds (a counter the store keeps, not a scan).

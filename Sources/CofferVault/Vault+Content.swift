@@ -186,6 +186,24 @@ extension Vault {
         }
     }
 
+    /// Whether the mount daemon should collect garbage as it starts. A collection reads every
+    /// row (seconds at a million files), so a mount collects only when it pays: after a daemon
+    /// that did not exit cleanly (its spilled chunks may lie in packs no row names), or once the
+    /// versions records stopped naming since the last collection reach 2% of the tree (at
+    /// least 1,024). `coffer gc` collects whenever asked.
+    public func garbageWorthCollectingAtMount() throws -> Bool {
+        let unclean = try store.readOne { try $0.setting("daemon") } == [1]
+        let garbage = try store.garbageSinceCollection()
+        return unclean || garbage >= max(1024, fileCount / 50)
+    }
+
+    /// Marks the mount daemon running (`true`, as it starts) or gone cleanly (`false`, as it
+    /// exits): a mark left set tells the next mount the daemon did not exit cleanly.
+    public func markDaemon(running: Bool) throws {
+        try store.write { w in try w.setSetting("daemon", [running ? 1 : 0]) }
+        try store.makeDurable()
+    }
+
     /// Runs garbage collection if no other process has the store open; returns nil if it is busy.
     public func collectGarbage() throws -> (manifests: Int, chunks: Int, compactedPacks: Int)? {
         // Open documents may hold chunks no manifest names yet (spilled writes, unlinked files).

@@ -63,13 +63,15 @@ struct Mount: ParsableCommand {
         guard cacheEntries >= 16 else { throw CLIError("--cache-entries must be at least 16") }
         let vault = try Vault.open(
             dataDirectory: dataDir, passphrase: CLIPassphraseSource(), cacheEntries: cacheEntries)
-        // Reclaim what interrupted writes left, while no other process has the store open.
-        if let gc = try? vault.collectGarbage() {
+        // Reclaim what interrupted writes left, while no other process has the store open, when
+        // that pays (`garbageWorthCollectingAtMount`): a collection reads the whole store.
+        if (try? vault.garbageWorthCollectingAtMount()) ?? true, let gc = try? vault.collectGarbage() {
             logger.log(
                 "garbage collection: \(gc.chunks) chunks, \(gc.manifests) manifests, \(gc.compactedPacks) packs "
                     + "rewritten"
             )
         }
+        try vault.markDaemon(running: true)
         lock.record(mountPoint: mountPoint, pid: getpid())
         if readyFD == nil {
             print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.")
@@ -93,6 +95,7 @@ struct Mount: ParsableCommand {
                 close(fd)
             }
         }
+        try? vault.markDaemon(running: false)
         logger.log("daemon exiting")
         withExtendedLifetime(lock) {}
     }

@@ -39,7 +39,8 @@ struct TreeQueryTests {
         }
     }
 
-    /// The count the triggers keep matches a count of the rows after every kind of change.
+    /// The counts the triggers keep (records, and local changes by kind) match a count of the
+    /// rows after every kind of change.
     @Test func theRecordCountFollowsInsertsAndDeletesOnBothSides() throws {
         try withStore { store, _ throws in
             func expected() throws -> Int {
@@ -51,11 +52,26 @@ struct TreeQueryTests {
                         """)
                 }
             }
+            func expectedPending() throws -> [Int] {
+                try store.read { r in
+                    [
+                        try r.count(
+                            "SELECT count(*) FROM local_files l WHERE kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
+                        ),
+                        try r.count(
+                            "SELECT count(*) FROM local_files l WHERE kind < 2 AND EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
+                        ),
+                        try r.count("SELECT count(*) FROM local_files WHERE kind >= 2"),
+                    ]
+                }
+            }
             let steps: [(StoreWriter) throws -> Void] = [
                 { try $0.put(record(1, parent: 1), .base) },
                 { try $0.put(record(2, parent: 1), .local) },
                 { try $0.put(record(2, parent: 1), .base) },  // both sides: counted once
                 { try $0.put(record(2, parent: 1, name: "x"), .local) },  // an update is no insert
+                { try $0.put(record(2, parent: 1, name: "x", deleted: true), .local) },  // now a deletion
+                { try $0.put(record(2, parent: 1, name: "x"), .local) },  // and back
                 { try $0.remove(fid(2), .local) },
                 { try $0.put(record(3, parent: 1), .local) },
                 { try $0.remove(fid(2), .base) },
@@ -65,6 +81,8 @@ struct TreeQueryTests {
             for step in steps {
                 try store.write { try step($0) }
                 #expect(try store.committedCount() == expected())
+                let p = try store.pendingCounts()
+                #expect([p.created, p.modified, p.deleted] == (try expectedPending()))
             }
             #expect(try store.committedCount() == 1)
         }
