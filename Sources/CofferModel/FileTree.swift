@@ -1,10 +1,16 @@
-/// A whole tree of metadata with a parent→children index, plus the deletion-state queries.
-/// Value type; the validator reads it through `TreeView` so a batch can be checked as an
-/// overlay without copying the tree.
+/// A tree as the validator and the keyed view read it: a record by id, a folder's children, its
+/// children of one name, the root. `FileTree` holds a whole tree in memory; the server reads its
+/// stored tree through indexes (`StorageTreeView`); `Batch` overlays changes on either, so a batch
+/// is checked without copying the tree. Every walk the model makes through a view starts from
+/// the records a batch changed, so a view that reads lazily reads what the batch touches.
 public protocol TreeView {
     func file(_ id: FileID) -> FileMetadata?
+    /// Children in any deletion state.
     func childIDs(of id: FileID) -> [FileID]
-    /// Children whose sealed name has this MAC (any deletion state): the path-conflict lookup.
+    /// Children whose sealed name has this MAC: the path-conflict lookup. Every live one (by its
+    /// own flag); deleted ones may be listed too (`FileTree` lists them, the server's view does
+    /// not), and no caller may rely on them. Over such a base `Batch` still lists every child
+    /// live in the batch's tree: a record it changed is listed from the batch itself.
     func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID]
     var rootID: FileID? { get }
     /// A record's parent and deletion flag, all a deletion-state walk reads. The default reads

@@ -5,8 +5,10 @@ import Foundation
 import Synchronization
 
 /// The server's semantics, independent of HTTP: every endpoint of docs/PROTOCOL.md as a method
-/// taking the authenticated caller (its public key) and the decoded body. Stateless apart from
-/// caches, so several processes can share one `MetadataStorage` and `ContentStorage`.
+/// taking the authenticated caller (its public key) and the decoded body. Stateless: nothing is
+/// kept per account between requests (an upsert reads the part of the tree it touches from
+/// storage, inside its transaction), so memory does not grow with accounts or their trees, and
+/// several processes can share one `MetadataStorage` and `ContentStorage`.
 ///
 /// Every public method throws only `ServerError` (4xx for client mistakes, 500 for storage
 /// failures).
@@ -21,9 +23,7 @@ public final class CofferServer: Sendable {
     public let registration: RegistrationPolicy
     /// Milliseconds since the epoch; injectable for tests.
     let clock: @Sendable () -> Int64
-    let trees: Mutex<[Data: CachedTree]> = Mutex([:])
     let lastNoncePurge: Mutex<Int64> = Mutex(0)
-    static let maxCachedTrees = 256
     /// Largest `chunks/get` response (the bundle is streamed, so this bounds what the client must
     /// hold, not the server's memory).
     public let maxChunkResponseBytes: Int
@@ -315,11 +315,11 @@ public final class CofferServer: Sendable {
     // MARK: - Usage
 
     public func usage(caller: Data) throws(ServerError) -> UsageResponse {
-        let (account, files) = try guarded {
-            try metadata.read { tx in (try tx.account(key: caller), try tx.fileCount(account: caller, liveOnly: true)) }
+        // Both figures are kept on the account row as records change: nothing is counted here.
+        guard let account = try guarded({ try metadata.read { try $0.account(key: caller) } }) else {
+            throw .unauthorized("no account has this key")
         }
-        guard let account else { throw .unauthorized("no account has this key") }
-        return UsageResponse(files: files, bytes: account.bytesUsed, quotaBytes: quotaBytes)
+        return UsageResponse(files: account.liveFiles, bytes: account.bytesUsed, quotaBytes: quotaBytes)
     }
 
     // MARK: - Updates

@@ -74,7 +74,60 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     CREATE TABLE invite (hash BLOB PRIMARY KEY NOT NULL, created_at INTEGER NOT NULL) WITHOUT ROWID;
                     """)
         }
+        m.registerMigration("v2") { db in
+            // The tree as an index, so an upsert reads only the records it touches instead of
+            // the whole account: each file's parent (NULL for the root, so the root is one
+            // lookup and nobody's child) and name MAC beside its record, and an index on
+            // (account, parent, deleted, name_mac) that answers a folder's children, its live
+            // children, and its live children of one name. `live_files` keeps the count
+            // `GET /v1/usage` answers, which was a count over the account's records.
+            try db.execute(
+                sql: """
+                    ALTER TABLE file ADD COLUMN parent BLOB;
+                    ALTER TABLE file ADD COLUMN name_mac BLOB NOT NULL DEFAULT X'';
+                    ALTER TABLE account ADD COLUMN live_files INTEGER NOT NULL DEFAULT 0;
+                    """)
+            try SQLiteMetadataStorage.backfillPlacement(db)
+            try db.execute(
+                sql: """
+                    CREATE INDEX file_by_parent ON file (account, parent, deleted, name_mac);
+                    UPDATE account SET live_files =
+                        (SELECT COUNT(*) FROM file WHERE file.account = account.key AND file.deleted = 0);
+                    """)
+        }
         return m
+    }
+
+    /// Fills `parent` and `name_mac` of every stored file from its record, a page of rows at a
+    /// time so the migration holds one page, not the table. A record that does not decode
+    /// (storage damage; the audit reports it) gets an empty parent, which no file has: it is
+    /// then nobody's child and not a root, and reading it still fails as it did before.
+    static func backfillPlacement(_ db: Database) throws {
+        let update = try db.makeStatement(
+            sql: "UPDATE file SET parent = ?, name_mac = COALESCE(?, X'') WHERE id = ?")
+        let damaged = try db.makeStatement(sql: "UPDATE file SET parent = X'', name_mac = X'' WHERE id = ?")
+        var after: Data?
+        while true {
+            let rows =
+                if let after {
+                    try Row.fetchAll(
+                        db, sql: "SELECT id, record FROM file WHERE id > ? ORDER BY id LIMIT 1000", arguments: [after])
+                } else {
+                    try Row.fetchAll(db, sql: "SELECT id, record FROM file ORDER BY id LIMIT 1000")
+                }
+            guard let last = rows.last else { return }
+            for row in rows {
+                let id: Data = row["id"]
+                let record: Data = row["record"]
+                if let signed = try? SignedMetadata(decoding: Array(record)) {
+                    let placement = StoredFile.placement(of: signed.metadata)
+                    try update.execute(arguments: [placement.parent, placement.nameMAC, id])
+                } else {
+                    try damaged.execute(arguments: [id])
+                }
+            }
+            after = last["id"]
+        }
     }
 
     /// A setting as the reader and the writer connections have it (for the durability checks).
@@ -118,18 +171,28 @@ public final class SQLiteMetadataStorage: MetadataStorage {
 struct SQLiteTransaction: MetadataWriter {
     let db: Database
 
+    // Columns are named, never `SELECT *`: a connection opened before a migration expands `*`
+    // to the old columns and, when SQLite re-prepares the statement for the new schema, GRDB
+    // still names the old ones, so a row would lack a column a migration added. A named column
+    // missing from a stale schema makes SQLite reload the schema and prepare again instead.
+    static let fileColumns =
+        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac"
+    static let accountColumns = "key, username, box_key, version, bytes_used, live_files"
+
     private func accountRow(_ row: Row?) -> AccountRecord? {
         guard let row else { return nil }
         return AccountRecord(
             key: row["key"], username: row["username"], boxKey: row["box_key"],
-            version: row["version"], bytesUsed: row["bytes_used"])
+            version: row["version"], bytesUsed: row["bytes_used"], liveFiles: row["live_files"])
     }
 
     private func fileRow(_ row: Row) -> StoredFile {
-        StoredFile(
+        // An empty blob may come back as NULL; the name MAC column is never NULL as stored.
+        let nameMAC: Data? = row["name_mac"]
+        return StoredFile(
             id: row["id"], account: row["account"], record: row["record"], version: row["version"],
             contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
-            deleted: row["deleted"], digest: row["digest"])
+            deleted: row["deleted"], digest: row["digest"], parent: row["parent"], nameMAC: nameMAC ?? Data())
     }
 
     func accountKeys() throws -> [Data] {
@@ -137,13 +200,14 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func account(key: Data) throws -> AccountRecord? {
-        accountRow(try Row.fetchOne(db, sql: "SELECT * FROM account WHERE key = ?", arguments: [key]))
+        accountRow(
+            try Row.fetchOne(db, sql: "SELECT \(Self.accountColumns) FROM account WHERE key = ?", arguments: [key]))
     }
 
     func account(username: String) throws -> AccountRecord? {
         accountRow(
             try Row.fetchOne(
-                db, sql: "SELECT * FROM account WHERE username_key = ?",
+                db, sql: "SELECT \(Self.accountColumns) FROM account WHERE username_key = ?",
                 arguments: [SQLiteMetadataStorage.usernameKey(username)]))
     }
 
@@ -152,11 +216,13 @@ struct SQLiteTransaction: MetadataWriter {
         let rows: RowCursor
         if let afterID {
             rows = try Row.fetchCursor(
-                db, sql: "SELECT * FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
+                db,
+                sql:
+                    "SELECT \(Self.fileColumns) FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
                 arguments: [account, since, afterID])
         } else {
             rows = try Row.fetchCursor(
-                db, sql: "SELECT * FROM file WHERE account = ? AND version > ? ORDER BY version, id",
+                db, sql: "SELECT \(Self.fileColumns) FROM file WHERE account = ? AND version > ? ORDER BY version, id",
                 arguments: [account, since])
         }
         while let row = try rows.next() {
@@ -165,7 +231,35 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func file(id: Data) throws -> StoredFile? {
-        try Row.fetchOne(db, sql: "SELECT * FROM file WHERE id = ?", arguments: [id]).map(fileRow)
+        try Row.fetchOne(db, sql: "SELECT \(Self.fileColumns) FROM file WHERE id = ?", arguments: [id]).map(fileRow)
+    }
+
+    func rootID(account: Data) throws -> Data? {
+        try Data.fetchOne(
+            db, sql: "SELECT id FROM file WHERE account = ? AND parent IS NULL LIMIT 1", arguments: [account])
+    }
+
+    func children(account: Data, parent: Data, liveOnly: Bool) throws -> [StoredChild] {
+        // Both forms read the index file_by_parent alone (id is in every index of the table).
+        let statement = try db.cachedStatement(
+            sql: liveOnly
+                ? "SELECT id, deleted, name_mac FROM file WHERE account = ? AND parent = ? AND deleted = 0"
+                : "SELECT id, deleted, name_mac FROM file WHERE account = ? AND parent = ?")
+        var out: [StoredChild] = []
+        let rows = try Row.fetchCursor(statement, arguments: [account, parent])
+        while let row = try rows.next() {
+            let mac: Data? = row["name_mac"]
+            out.append(StoredChild(id: row["id"], deleted: row["deleted"], nameMAC: mac ?? Data()))
+        }
+        return out
+    }
+
+    func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data] {
+        try Data.fetchAll(
+            db.cachedStatement(
+                sql:
+                    "SELECT id FROM file WHERE account = ? AND parent = ? AND deleted = 0 AND name_mac = COALESCE(?, X'')"
+            ), arguments: [account, parent, nameMAC])
     }
 
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
@@ -267,18 +361,45 @@ struct SQLiteTransaction: MetadataWriter {
 
     func putFile(_ f: StoredFile) throws {
         let old = try Row.fetchOne(
-            db, sql: "SELECT account, length(record) AS n FROM file WHERE id = ?", arguments: [f.id])
+            db, sql: "SELECT account, length(record) AS n, deleted FROM file WHERE id = ?", arguments: [f.id])
+        // COALESCE: an empty name MAC may be bound as NULL; stored and looked up as an empty blob.
         try db.execute(
             sql: """
-                INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest,
+                    parent, name_mac)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, X''))
                 ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
                     version = excluded.version, content_version = excluded.content_version,
-                    server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest
+                    server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest,
+                    parent = excluded.parent, name_mac = excluded.name_mac
                 """,
-            arguments: [f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest])
-        if let old { try addUsage(account: old["account"], bytes: -QuotaRule.counted(row: old["n"])) }
+            arguments: [
+                f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest,
+                f.parent, f.nameMAC,
+            ])
+        if let old {
+            let account: Data = old["account"]
+            try addUsage(account: account, bytes: -QuotaRule.counted(row: old["n"]))
+            if !old["deleted"] { try addLiveFiles(account: account, -1) }
+        }
         try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
+        if !f.deleted { try addLiveFiles(account: f.account, 1) }
+    }
+
+    func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data? {
+        guard
+            let old = try Row.fetchOne(
+                db, sql: "SELECT deleted, digest FROM file WHERE id = ? AND account = ?", arguments: [id, account])
+        else { return nil }
+        try db.execute(
+            sql: "UPDATE file SET version = ?, server_deleted = 1, deleted = 1 WHERE id = ?", arguments: [version, id])
+        if !old["deleted"] { try addLiveFiles(account: account, -1) }
+        return old["digest"]
+    }
+
+    private func addLiveFiles(account: Data, _ delta: Int64) throws {
+        try db.execute(
+            sql: "UPDATE account SET live_files = MAX(0, live_files + ?) WHERE key = ?", arguments: [delta, account])
     }
 
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool {

@@ -2,25 +2,33 @@ import CofferProtocol
 import Foundation
 
 /// An account as the server stores it. `version` is the highest metadata version of any of the
-/// account's files (0 before its first upsert); it doubles as the key of the in-memory tree cache.
+/// account's files (0 before its first upsert). `bytesUsed` and `liveFiles` are kept by the
+/// storage as records come and go, so answering `GET /v1/usage` counts nothing.
 public struct AccountRecord: Sendable, Equatable {
     public var key: Data
     public var username: String
     public var boxKey: Data
     public var version: Int64
     public var bytesUsed: Int64
-    public init(key: Data, username: String, boxKey: Data, version: Int64 = 0, bytesUsed: Int64 = 0) {
+    /// Files whose `deleted` is false.
+    public var liveFiles: Int64
+    public init(
+        key: Data, username: String, boxKey: Data, version: Int64 = 0, bytesUsed: Int64 = 0, liveFiles: Int64 = 0
+    ) {
         self.key = key
         self.username = username
         self.boxKey = boxKey
         self.version = version
         self.bytesUsed = bytesUsed
+        self.liveFiles = liveFiles
     }
 }
 
 /// A file record as the server stores it: the client's signed bytes untouched, plus what the
 /// server derives from them. `deleted` is the effective state (the record's own flag or
-/// `serverDeleted`); `digest` is the record's content digest (documents only).
+/// `serverDeleted`); `digest` is the record's content digest (documents only); `parent` (nil for
+/// the root, which is its own parent) and `nameMAC` are the record's, kept apart so the tree can
+/// be read through an index without decoding records (`children`, `liveChildIDs`).
 public struct StoredFile: Sendable, Equatable {
     public var id: Data
     public var account: Data
@@ -30,9 +38,11 @@ public struct StoredFile: Sendable, Equatable {
     public var serverDeleted: Bool
     public var deleted: Bool
     public var digest: Data?
+    public var parent: Data?
+    public var nameMAC: Data
     public init(
         id: Data, account: Data, record: Data, version: Int64, contentVersion: Int64,
-        serverDeleted: Bool, deleted: Bool, digest: Data?
+        serverDeleted: Bool, deleted: Bool, digest: Data?, parent: Data?, nameMAC: Data
     ) {
         self.id = id
         self.account = account
@@ -42,10 +52,25 @@ public struct StoredFile: Sendable, Equatable {
         self.serverDeleted = serverDeleted
         self.deleted = deleted
         self.digest = digest
+        self.parent = parent
+        self.nameMAC = nameMAC
     }
 
     public var wire: ServerFile {
         ServerFile(record: record, version: version, contentVersion: contentVersion, serverDeleted: serverDeleted)
+    }
+}
+
+/// A child of a folder as the storage's index on (account, parent, deleted, name MAC) holds it:
+/// what walks of the tree need, read without the record.
+public struct StoredChild: Sendable, Equatable {
+    public var id: Data
+    public var deleted: Bool
+    public var nameMAC: Data
+    public init(id: Data, deleted: Bool, nameMAC: Data) {
+        self.id = id
+        self.deleted = deleted
+        self.nameMAC = nameMAC
     }
 }
 
@@ -111,18 +136,11 @@ public protocol MetadataStorage: Sendable {
     func write<T>(_ body: (any MetadataWriter) throws -> T) throws -> T
 }
 
-extension MetadataReader {
-    /// Every file of `account` with version > `since`, in (version, id) order (`visitFiles`).
-    public func files(account: Data, since: Int64) throws -> [StoredFile] {
-        var out: [StoredFile] = []
-        try visitFiles(account: account, since: since, afterID: nil) { f in
-            out.append(f)
-            return true
-        }
-        return out
-    }
-}
-
+/// Reads are indexed lookups sized by what they return, never a walk of an account (but for
+/// the audit's and cleanup's, which say so): an upsert reads the records its batch touches, their
+/// ancestors and their same-name siblings (`file`, `liveChildIDs`), and a pull one page of
+/// records by version (`visitFiles`), whatever the size of the account's tree. Each query is one
+/// plain indexed SQL statement, so a PostgreSQL implementation keeps the same costs.
 public protocol MetadataReader {
     /// Every account's key (for the audit).
     func accountKeys() throws -> [Data]
@@ -134,6 +152,16 @@ public protocol MetadataReader {
     /// read one at a time (records may be megabytes each); `body` returns false to stop.
     func visitFiles(account: Data, since: Int64, afterID: Data?, _ body: (StoredFile) throws -> Bool) throws
     func file(id: Data) throws -> StoredFile?
+    /// The id of `account`'s root: the file stored with no parent.
+    func rootID(account: Data) throws -> Data?
+    /// The files of `account` whose parent is `parent` (the root is nobody's child); with
+    /// `liveOnly`, those not `deleted`. Read from the index alone.
+    func children(account: Data, parent: Data, liveOnly: Bool) throws -> [StoredChild]
+    /// The ids of the files of `account` under `parent` with this name MAC that are not
+    /// `deleted`: the path-conflict lookup. Deleted ones are left out, since on the server a
+    /// deleted file never comes back and a name saved over many times leaves many of them.
+    func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data]
+    /// Counts the account's files afresh (the audit; `AccountRecord.liveFiles` keeps the count).
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64
     func manifest(_ key: ManifestKey) throws -> Data?
     func hasManifest(_ key: ManifestKey) throws -> Bool
@@ -161,8 +189,12 @@ public protocol MetadataWriter: MetadataReader {
     /// Increments and returns the server-wide metadata version counter.
     func nextVersion() throws -> Int64
     /// Stores a record (replacing the file's previous one); keeps usage: the file counts once,
-    /// at its current record's size (`QuotaRule`).
+    /// at its current record's size (`QuotaRule`), and `liveFiles`.
     func putFile(_ file: StoredFile) throws
+    /// Marks a file of `account` deleted by the server (`serverDeleted` and `deleted` set,
+    /// `version` given, the record untouched) and returns its content digest, whose manifest it
+    /// no longer needs; nil when it names none or `account` has no such file (then nothing changes).
+    func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data?
     /// Stores a manifest and the chunk ids it lists; returns false if it was already stored.
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool
     /// Removes a manifest; returns the chunk ids it listed (empty if it was not stored).

@@ -19,7 +19,7 @@ import Testing
         let path = tempDirectory().appendingPathComponent("metadata.sqlite").path
         do {
             let storage = try SQLiteMetadataStorage(path: path)
-            try storage.pool.write { try $0.execute(sql: "INSERT INTO grdb_migrations VALUES ('v2')") }
+            try storage.pool.write { try $0.execute(sql: "INSERT INTO grdb_migrations VALUES ('v99')") }
         }
         let error = #expect(throws: StorageError.self) { _ = try SQLiteMetadataStorage(path: path) }
         #expect(error?.description.contains("a format this server does not know") == true)
