@@ -1,0 +1,98 @@
+import CofferCrypto
+import CofferModel
+import Foundation
+import Testing
+
+@testable import CofferStore
+@testable import CofferVault
+
+/// The vault's tree as it lives in the store: what an open group wrote is seen by the vault
+/// before the store's readers see it, and after; caches stay within their bound.
+@Suite struct StoreTreeTests {
+    /// Creates, a move between folders and a deletion inside one open group: the vault answers
+    /// from its overlay while the store's read connections still see the tree before the group,
+    /// and the same once the group commits.
+    @Test func writesOfAnOpenGroupAreSeenBeforeAndAfterItCommits() throws {
+        let f = try VaultFixture()
+        let a = try f.folder("a")
+        let b = try f.folder("b")
+        let keep = try f.document("keep.txt", in: a.id, contents: Array("k".utf8))
+        f.vault.enableGroupCommit(window: 60, longest: 120)
+        defer { try? f.vault.disableGroupCommit() }
+
+        let sub = try f.folder("sub", in: a.id)
+        let moved = try f.document("moved.txt", in: a.id)
+        try f.vault.rename(moved.id, to: b.id, name: "moved.txt")
+        try f.vault.rename(sub.id, to: b.id, name: "sub")
+        try f.vault.remove(keep.id)
+        let fresh = try f.folder("fresh", in: b.id)
+
+        func check(_ when: Comment) throws {
+            #expect(try f.names(a.id) == [], when)
+            #expect(try f.names(b.id) == ["fresh", "moved.txt", "sub"], when)
+            #expect(try f.vault.node(a.id).subfolders == 0, when)
+            #expect(try f.vault.node(b.id).subfolders == 2, when)
+            #expect(try f.vault.lookup(b.id, "sub")?.id == sub.id, when)
+            #expect(try f.vault.lookup(a.id, "keep.txt") == nil, when)
+            #expect(try f.vault.resolve("/b/fresh").id == fresh.id, when)
+            // The root, a, b, sub, moved.txt and fresh: keep.txt never reached a server, so its
+            // deletion removed it.
+            #expect(f.vault.fileCount == 6, when)
+        }
+        // The store's readers do not see the group yet; the vault does.
+        #expect(try f.vault.store.committedChildren(of: b.id).isEmpty)
+        try check("while the group is open")
+        try f.vault.store.commitPendingWrites()
+        #expect(try Set(f.vault.store.committedChildren(of: b.id).map(\.metadata.id)) == [sub.id, moved.id, fresh.id])
+        try check("after it committed")
+        // A new vault on the same store (another process) sees the same tree.
+        let other = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try other.children(of: b.id).map(\.name) == ["fresh", "moved.txt", "sub"])
+        #expect(try other.node(b.id).subfolders == 2)
+        #expect(try f.vault.check().isClean)
+    }
+
+    /// A tree far larger than the caches: every file is still found, listed and renamed, and
+    /// no cache holds more than its bound.
+    @Test func aTreeLargerThanTheCachesIsReadFromTheStore() throws {
+        let dir = NSTemporaryDirectory() + "coffer-storetree-" + UUID().uuidString
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let vault = try Vault.create(dataDirectory: dir, username: "alice", cacheEntries: 16)
+        var folders: [FileID] = []
+        for i in 0..<10 {
+            folders.append(try vault.create(in: vault.rootID, name: "d\(i)", type: .folder, mode: 0o755).id)
+        }
+        for (i, folder) in folders.enumerated() {
+            for j in 0..<20 { try vault.create(in: folder, name: "f\(i)-\(j)", type: .document, mode: 0o644) }
+        }
+        let reopened = try Vault.open(dataDirectory: dir, cacheEntries: 16)
+        for (i, folder) in folders.enumerated() {
+            #expect(try reopened.children(of: folder).map(\.name).sorted() == (0..<20).map { "f\(i)-\($0)" }.sorted())
+        }
+        for (i, folder) in folders.enumerated() {
+            let n = try #require(try reopened.lookup(folder, "f\(i)-7"))
+            try reopened.rename(n.id, to: folders[(i + 1) % folders.count], name: "moved\(i)")
+        }
+        #expect(try reopened.node(reopened.rootID).subfolders == 10)
+        for (i, folder) in folders.enumerated() {
+            #expect(try reopened.lookup(folder, "moved\((i + folders.count - 1) % folders.count)") != nil)
+        }
+        let sizes = reopened.state.withLock { s in
+            (s.view.cache.keys.count, s.view.cache.names.count, s.view.cache.attributes.count)
+        }
+        #expect(sizes.0 <= 16 && sizes.1 <= 16 && sizes.2 <= 16, "caches \(sizes)")
+        #expect(reopened.fileCount == 211)
+        #expect(try reopened.check().isClean)
+    }
+
+    /// A later process's stamps win: the clock a reopened vault starts from is ahead of every
+    /// stamp it issued before, without reading every record.
+    @Test func aReopenedVaultStampsLaterThanEverBefore() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("d.txt")
+        let before = try f.vault.node(doc.id).attributes.mode.stamp
+        let reopened = try Vault.open(dataDirectory: f.dataDir, now: { Timespec(seconds: 1) })  // a clock gone back
+        try reopened.setAttributes(doc.id, AttributeChanges(mode: 0o600))
+        #expect(try reopened.node(doc.id).attributes.mode.stamp > before)
+    }
+}
