@@ -49,10 +49,7 @@ struct KeyCache: Sendable {
     /// must be later (`Vault.nextStamp`).
     var latestStamp = HybridTimestamp.zero
 
-    /// Entries per map by default: about 5 MB of keys, names and attributes in all.
-    static let defaultCapacity = 32_768
-
-    init(capacity: Int = KeyCache.defaultCapacity) {
+    init(capacity: Int = Vault.defaultCacheEntries) {
         keys = BoundedCache(capacity: capacity)
         names = BoundedCache(capacity: capacity)
         attributes = BoundedCache(capacity: capacity)

@@ -88,10 +88,7 @@ final class StoreTree: TreeView, Sendable {
     let store: Store
     private let state: Mutex<State>
 
-    /// Records and subfolder counts cached at most (each), by default.
-    static let defaultCapacity = 32_768
-
-    init(store: Store, capacity: Int = StoreTree.defaultCapacity) {
+    init(store: Store, capacity: Int = Vault.defaultCacheEntries) {
         self.store = store
         state = Mutex(State(capacity: capacity))
     }

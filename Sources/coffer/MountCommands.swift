@@ -21,7 +21,7 @@ struct Mount: ParsableCommand {
     @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
     @Option(
         help: ArgumentHelp(
-            "Most records, keys, names and attributes each of the tree's caches holds (about 1 KB per entry in "
+            "Most records, keys, names and attributes each of the tree's caches holds (about 2 KB per entry in "
                 + "all); the rest is read from the store as needed.", valueName: "n"))
     var cacheEntries: Int = Vault.defaultCacheEntries
     @Argument(help: "An existing, empty folder.") var mountPoint: String
