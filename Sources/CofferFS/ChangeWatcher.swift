@@ -48,20 +48,20 @@ public final class ChangeWatcher: Sendable {
         }
     }
 
+    /// Tells the kernel what changed, for the inodes it holds: each changed file's attributes and
+    /// pages, the dentry it knew it by (if that name is still cached, `InodeTable`: one evicted
+    /// stays until its entry timeout, 1 s), and the attributes of the folders it left or joined.
     public func invalidate(_ ids: Set<FileID>) {
         var parents: Set<InodeNumber> = []
         for id in ids {
-            guard let ino = fs.inodes.knownInode(for: id) else {
-                if let n = try? fs.vault.node(id), let p = fs.inodes.knownInode(for: n.parent) { parents.insert(p) }
-                continue
-            }
-            if let (parent, name) = fs.inodes.knownName(ino), let pino = fs.inodes.knownInode(for: parent) {
-                try? session.invalidateEntry(parent: pino, name: name)
-                parents.insert(pino)
-            }
-            if let n = try? fs.vault.node(id), !n.isRoot, let p = fs.inodes.knownInode(for: n.parent) {
+            // The folder it is in now: its listing, link count or times changed.
+            if let n = try? fs.vault.node(id), !n.isRoot, let p = fs.inodes.referencedInode(for: n.parent) {
                 parents.insert(p)
-                if fs.inodes.knownName(ino)?.1 != n.name { fs.inodes.remember(ino, parent: n.parent, name: n.name) }
+            }
+            guard let ino = fs.inodes.referencedInode(for: id) else { continue }
+            if let known = fs.inodes.takeKnownName(ino) {
+                try? session.invalidateEntry(parent: known.parent, name: known.name)
+                parents.insert(known.parent)
             }
             try? session.invalidateInode(ino)
         }

@@ -6,21 +6,18 @@ import Foundation
 /// Directory listing and filesystem statistics.
 extension CofferFileSystem {
     /// Lists are snapshotted at opendir, so readdir offsets stay stable while the folder changes
-    /// (POSIX allows entries added or removed meanwhile to be shown or not).
+    /// (POSIX allows entries added or removed meanwhile to be shown or not). The snapshot is the
+    /// handle's alone, read in place by each readdir, and dropped at releasedir.
     public func opendir(inode: InodeNumber, flags: Int32) throws -> OpenReply {
         try op {
             let folder = try folderID(inode)
             let self_ = try vault.node(folder)
             let parentNode = self_.isRoot ? self_ : try vault.node(self_.parent)
-            var entries = [
-                DirectorySnapshotEntry(name: ".", node: self_), DirectorySnapshotEntry(name: "..", node: parentNode),
-            ]
-            for child in try vault.children(of: folder) {
-                entries.append(DirectorySnapshotEntry(name: child.name, node: child))
-            }
+            let snapshot = DirectorySnapshot(
+                folder: self_, parent: parentNode, children: try vault.children(of: folder))
             let fh = handles.withLock { t -> UInt64 in
                 let fh = t.allocate()
-                t.directories[fh] = entries
+                t.directories[fh] = snapshot
                 return fh
             }
             return OpenReply(handle: fh)
@@ -31,26 +28,23 @@ extension CofferFileSystem {
         inode: InodeNumber, handle fh: UInt64, offset: Int64, maxEntries: Int, withAttributes: Bool
     ) throws -> [DirectoryEntry] {
         try op {
-            guard let entries = handles.withLock({ $0.directories[fh] }) else { throw FSError.badHandle }
+            guard let snapshot = handles.withLock({ $0.directories[fh] }) else { throw FSError.badHandle }
             guard offset >= 0 else { throw FSError.invalid }
+            // The offset is any cookie a caller seeked to: clamped before any arithmetic.
+            let start = Int(min(offset, Int64(snapshot.count)))
+            let range = start..<start + min(max(0, maxEntries), snapshot.count - start)
+            // This reply's inodes in one go: a listing the kernel has not seen asks the store once
+            // per reply, not once per entry.
+            let numbers = try inodes.inodes(for: range.map { snapshot.node(at: $0).id })
             var out: [DirectoryEntry] = []
-            var index = Int(offset)
-            while index < entries.count && out.count < maxEntries {
-                let e = entries[index]
-                let ino: InodeNumber
-                if e.name == ".." && e.node.isRoot && e.node.id == vault.rootID && index == 1 {
-                    ino = 1
-                } else {
-                    ino = try inodes.inode(for: e.node.id)
-                }
-                if withAttributes && e.name != "." && e.name != ".." {
-                    inodes.addLookup(ino)
-                    inodes.remember(ino, parent: e.node.parent, name: e.name)
-                }
+            out.reserveCapacity(range.count)
+            for (index, ino) in zip(range, numbers) {
+                let node = snapshot.node(at: index)
+                let name = snapshot.name(at: index)
+                // "." and ".." are never counted: the bridge does not hand the kernel their inodes.
+                if withAttributes && index >= 2 { inodes.addLookup(ino, id: node.id, parent: inode, name: name) }
                 out.append(
-                    DirectoryEntry(
-                        name: e.name, inode: ino, attributes: attributes(e.node), nextOffset: Int64(index + 1)))
-                index += 1
+                    DirectoryEntry(name: name, inode: ino, attributes: attributes(node), nextOffset: Int64(index + 1)))
             }
             return out
         }

@@ -10,15 +10,14 @@ extension CofferFileSystem {
             if name.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
             let folder = try folderID(parent)
             guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
-            return try entry(node)
+            return try entry(node, parent: parent)
         }
     }
 
     public func forget(inode: InodeNumber, lookups: UInt64) {
-        guard inodes.forget(inode, lookups) else { return }
-        let id = inodes.fileID(inode)
+        guard let id = inodes.forget(inode, lookups) else { return }
         let zombie = handles.withLock { t -> OpenDocument? in
-            if let id, t.unlinkedNodes[id]?.type == .folder { t.unlinkedNodes[id] = nil }
+            if t.unlinkedNodes[id]?.type == .folder { t.unlinkedNodes[id] = nil }
             guard let doc = t.zombies.removeValue(forKey: inode) else { return nil }
             if !t.files.values.contains(where: { $0.document.id == doc.id }) { t.unlinkedNodes[doc.id] = nil }
             return doc
@@ -158,7 +157,7 @@ extension CofferFileSystem {
             let node = try createNode(
                 in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid,
                 gid: groupFor(folder, context))
-            return try entry(node)
+            return try entry(node, parent: parent)
         }
     }
 
@@ -171,7 +170,7 @@ extension CofferFileSystem {
             let node = try createNode(
                 in: folder, name: name, type: .folder, mode: mode & 0o7777 | (inherits ? 0o2000 : 0),
                 uid: context.uid, gid: groupFor(folder, context))
-            return try entry(node)
+            return try entry(node, parent: parent)
         }
     }
 
@@ -207,7 +206,7 @@ extension CofferFileSystem {
     /// Skipping it spares rm -rf loading every manifest it deletes (a tenth of unlink's CPU).
     func keepIfOpen(_ node: Node, racingOpens: Bool = true) {
         guard node.type == .document else { return }
-        let ino = inodes.knownInode(for: node.id)
+        let ino = inodes.existingInode(for: node.id)
         let referenced = ino.map { inodes.isReferenced($0) } ?? false
         let keep =
             referenced
@@ -227,7 +226,7 @@ extension CofferFileSystem {
     /// A removed folder the kernel still holds (a process's working directory, an open
     /// descriptor) still answers fstat, with no links, as on ext4, until the kernel forgets it.
     func keepIfReferenced(folder node: Node) {
-        guard let ino = inodes.knownInode(for: node.id), inodes.isReferenced(ino) else { return }
+        guard inodes.referencedInode(for: node.id) != nil else { return }
         // Losing its name changes it: its ctime moves.
         handles.withLock { t in t.unlinkedNodes[node.id] = Self.changed(node) }
     }
@@ -248,7 +247,7 @@ extension CofferFileSystem {
             let node = try createNode(
                 in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context),
                 symlinkTarget: target)
-            return try entry(node)
+            return try entry(node, parent: parent)
         }
     }
 
@@ -264,6 +263,8 @@ extension CofferFileSystem {
             if flags.contains(.exchange) {
                 guard let target else { throw FSError.notFound }
                 try vault.exchange(source.id, target.id)
+                inodes.moved(source.id, to: newParent, name: newName)
+                inodes.moved(target.id, to: parent, name: name)
                 return
             }
             if let target, target.id != source.id {
@@ -273,6 +274,9 @@ extension CofferFileSystem {
                 keepIfOpen(target)
             }
             try vault.rename(source.id, to: to, name: newName, mode: flags.contains(.noReplace) ? .noReplace : .replace)
+            // The kernel moved its dentry along: a later change from elsewhere must invalidate
+            // the new name, not the old.
+            inodes.moved(source.id, to: newParent, name: newName)
             if let target, target.id != source.id, target.type == .folder { keepIfReferenced(folder: target) }
         }
     }

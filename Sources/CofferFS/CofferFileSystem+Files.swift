@@ -77,13 +77,13 @@ extension CofferFileSystem {
             let folder = try folderID(parent)
             if let existing = try vault.lookup(folder, name) {
                 if flags & O_EXCL != 0 { throw FSError.exists }
-                let e = try entry(existing)
+                let e = try entry(existing, parent: parent)
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
             let node = try createNode(
                 in: folder, name: name, type: .document, mode: mode & 0o7777,
                 uid: context.uid, gid: groupFor(folder, context))
-            let e = try entry(node)
+            let e = try entry(node, parent: parent)
             let doc = try vault.openDocument(node.id)
             return (e, register(inode: e.inode, document: doc, flags: flags))
         }

@@ -35,15 +35,24 @@ public final class CofferFileSystem: FileSystemOperations {
     }
 
     /// `measuringOperations`: account the CPU time of each operation and log it at unmount.
-    public init(
+    public convenience init(
         vault: Vault, measuringOperations: Bool = false, log: @escaping @Sendable (String) -> Void = { _ in }
     )
         throws
     {
+        self.init(
+            vault: vault, measuringOperations: measuringOperations, inodeCacheCapacity: InodeTable.cacheCapacity,
+            log: log)
+    }
+
+    /// `inodeCacheCapacity`: entries each of the inode table's caches keeps (tests make it small).
+    init(
+        vault: Vault, measuringOperations: Bool, inodeCacheCapacity: Int, log: @escaping @Sendable (String) -> Void
+    ) {
         self.vault = vault
         self.log = log
         self.stats = measuringOperations ? OperationStats() : nil
-        self.inodes = try InodeTable(vault: vault)
+        self.inodes = InodeTable(vault: vault, cacheCapacity: inodeCacheCapacity)
     }
 
     // MARK: Errors
@@ -137,10 +146,11 @@ public final class CofferFileSystem: FileSystemOperations {
         return node
     }
 
-    func entry(_ node: Node) throws -> Entry {
+    /// The reply for a name the kernel will know in the folder it calls `parent`: one more
+    /// reference to its inode.
+    func entry(_ node: Node, parent: InodeNumber) throws -> Entry {
         let ino = try inodes.inode(for: node.id)
-        inodes.remember(ino, parent: node.parent, name: node.name)
-        inodes.addLookup(ino)
+        inodes.addLookup(ino, id: node.id, parent: parent, name: node.name)
         return Entry(inode: ino, attributes: attributes(node))
     }
 
@@ -184,11 +194,13 @@ public final class CofferFileSystem: FileSystemOperations {
     }
 }
 
-/// Open files and directories by handle number.
+/// Open files and directories by handle number. Everything here lives while a file is open or
+/// held by the kernel, and goes at its release or forget.
 struct HandleTable {
     var next: UInt64 = 1
     var files: [UInt64: OpenFileHandle] = [:]
-    var directories: [UInt64: [DirectorySnapshotEntry]] = [:]
+    /// One listing per open directory handle, dropped at releasedir.
+    var directories: [UInt64: DirectorySnapshot] = [:]
     /// Nodes of documents unlinked (or replaced by a rename) while open or still known to the
     /// kernel, so fstat keeps working until the last close.
     var unlinkedNodes: [FileID: Node] = [:]
@@ -210,91 +222,234 @@ struct OpenFileHandle {
     let writable: Bool
 }
 
-struct DirectorySnapshotEntry {
-    let name: String
-    let node: Node
-}
+/// A folder's listing as opendir saw it: "." and ".." first, then its children, so readdir's
+/// offsets stay stable however the folder changes meanwhile.
+struct DirectorySnapshot {
+    let folder: Node
+    let parent: Node
+    let children: [Node]
 
-/// Inode numbers and the kernel's references to them: the one place for reference counting.
-final class InodeTable: Sendable {
-    private struct State {
-        var byInode: [InodeNumber: FileID] = [:]
-        var byID: [FileID: InodeNumber] = [:]
-        var lookups: [InodeNumber: UInt64] = [:]
-        /// The (parent, name) the kernel last learned for an inode, to invalidate its dentry
-        /// when the file changes behind the kernel's back.
-        var names: [InodeNumber: (FileID, String)] = [:]
-    }
-    private let state = Mutex(State())
-    let vault: Vault
+    var count: Int { children.count + 2 }
 
-    init(vault: Vault) throws {
-        self.vault = vault
-        let all = try vault.allInodes()
-        state.withLock { s in
-            for (ino, id) in all {
-                s.byInode[ino] = id
-                s.byID[id] = ino
-            }
-            let root = vault.rootID
-            s.byInode[1] = root
-            s.byID[root] = 1
+    func name(at index: Int) -> String {
+        switch index {
+        case 0: "."
+        case 1: ".."
+        default: children[index - 2].name
         }
     }
 
+    func node(at index: Int) -> Node {
+        switch index {
+        case 0: folder
+        case 1: parent
+        default: children[index - 2]
+        }
+    }
+}
+
+/// Inode numbers and the kernel's references to them: the one place for reference counting.
+///
+/// Memory grows with what the kernel holds, never with the tree: nothing is loaded at mount,
+/// and the store (one indexed query) answers whatever the table does not hold. After `ls -lR`
+/// the kernel may hold every inode of the tree (it keeps them until memory is short), so a
+/// referenced inode costs one entry of one dictionary: 8 bytes of key and 24 of value, about
+/// 45-85 bytes with the dictionary's free slots (docs/FILESYSTEM.md, "Memory per file"). Its name, and the recent file ids' inodes,
+/// live in bounded caches (`RecentCache`).
+///
+/// Inode numbers are the store's (`StoreWriter.inode(for:)`): never reused, never changed for
+/// a file, and a file loses its row only when it is pruned for good. So a cached pair can only
+/// be missing, never wrong, and an inode the kernel holds is never handed out for another file.
+final class InodeTable: Sendable {
+    /// An inode the kernel holds: its file and the kernel's lookup count, exact (each entry
+    /// reply adds one, `forget` takes back what the kernel says; `FileSystemOperations`).
+    struct Reference {
+        let id: FileID
+        var lookups: UInt64
+    }
+
+    /// The (parent inode, name) the kernel last learned for an inode, to invalidate its dentry
+    /// when the file changes behind the kernel's back.
+    struct KnownName {
+        let parent: InodeNumber
+        let name: String
+    }
+
+    private struct State {
+        /// Inodes the kernel holds, dropped at the last forget. The root is not here: the
+        /// kernel holds it for the life of the mount without ever looking it up.
+        var referenced: [InodeNumber: Reference] = [:]
+        /// Recent file ids' inodes, so a lookup or a listing of what was just seen asks the
+        /// store nothing.
+        var inodes: RecentCache<FileID, InodeNumber>
+        var names: RecentCache<InodeNumber, KnownName>
+    }
+
+    /// Entries each cache keeps at most: a few MB, enough for a working set of folders.
+    static let cacheCapacity = 1 << 16
+
+    private let state: Mutex<State>
+    let vault: Vault
+    let rootID: FileID
+
+    init(vault: Vault, cacheCapacity: Int = InodeTable.cacheCapacity) {
+        self.vault = vault
+        self.rootID = vault.rootID
+        state = Mutex(State(inodes: RecentCache(capacity: cacheCapacity), names: RecentCache(capacity: cacheCapacity)))
+    }
+
+    /// The file behind an inode: the kernel's references, then the store (an inode the kernel
+    /// does not hold, e.g. a request that crossed the reply making it known). Nil if no file
+    /// has that number (any more).
     func fileID(_ ino: InodeNumber) -> FileID? {
-        if let id = state.withLock({ $0.byInode[ino] }) { return id }
+        // A vault whose root had not arrived yet at mount finds it in the store (inode 1).
+        if ino == FuseRootInode && rootID != .none { return rootID }
+        if let id = state.withLock({ $0.referenced[ino]?.id }) { return id }
         guard let id = try? vault.fileID(ofInode: ino) else { return nil }
         learn(ino, for: id)
         return id
     }
 
+    /// The inode of a file, assigned now if it has none yet (it arrived by sync). Files created
+    /// through the mount are learned at their create (`createNode`); one another process
+    /// created already has its row, read without opening a write.
     func inode(for id: FileID) throws -> InodeNumber {
-        if let ino = state.withLock({ $0.byID[id] }) { return ino }
-        // Files created through the mount are learned at their create (`createNode`). One
-        // another process created already has its inode row: read it without opening a write.
-        // Files that arrived by sync get theirs here.
+        if id == rootID { return FuseRootInode }
+        if let ino = state.withLock({ $0.inodes.get(id) }) { return ino }
         let ino = try vault.inode(of: id)
         learn(ino, for: id)
         return ino
     }
 
-    func knownInode(for id: FileID) -> InodeNumber? { state.withLock { $0.byID[id] } }
+    /// `inode(for:)` of many files (a listing's next entries), with one store transaction for
+    /// those the cache does not hold rather than one each.
+    func inodes(for ids: [FileID]) throws -> [InodeNumber] {
+        var out: [InodeNumber?] = state.withLock { s in ids.map { $0 == rootID ? FuseRootInode : s.inodes.get($0) } }
+        let missing = out.indices.filter { out[$0] == nil }
+        if !missing.isEmpty {
+            let found = try vault.inodes(of: missing.map { ids[$0] })
+            state.withLock { s in
+                for (i, ino) in zip(missing, found) {
+                    out[i] = ino
+                    s.inodes.set(ids[i], ino)
+                }
+            }
+        }
+        let all = out.compactMap { $0 }
+        guard all.count == ids.count else { throw FSError.io }
+        return all
+    }
+
+    /// The inode a file has, without giving it one: nil if the store never numbered it (then
+    /// the kernel cannot hold it).
+    func existingInode(for id: FileID) -> InodeNumber? {
+        if id == rootID { return FuseRootInode }
+        if let ino = state.withLock({ $0.inodes.get(id) }) { return ino }
+        guard let ino = try? vault.existingInode(of: id) else { return nil }
+        learn(ino, for: id)
+        return ino
+    }
+
+    /// The inode of a file if the kernel holds it (the root always).
+    func referencedInode(for id: FileID) -> InodeNumber? {
+        guard let ino = existingInode(for: id), isReferenced(ino) else { return nil }
+        return ino
+    }
 
     /// Records which inode a file has (assigned by the store, never changed).
     func learn(_ ino: InodeNumber, for id: FileID) {
+        state.withLock { $0.inodes.set(id, ino) }
+    }
+
+    /// One more kernel reference: an entry reply for `ino` (lookup, create, readdirplus) is
+    /// about to be sent, and the kernel will know it as `name` in the folder `parent`. Counted
+    /// before the reply, so a forget crossing it can never take the count below what the
+    /// kernel holds.
+    func addLookup(_ ino: InodeNumber, id: FileID, parent: InodeNumber, name: String) {
+        guard ino != FuseRootInode else { return }
         state.withLock { s in
-            s.byInode[ino] = id
-            s.byID[id] = ino
+            s.referenced[ino, default: Reference(id: id, lookups: 0)].lookups += 1
+            s.inodes.set(id, ino)
+            s.names.set(ino, KnownName(parent: parent, name: name))
         }
     }
 
-    func addLookup(_ ino: InodeNumber) { state.withLock { $0.lookups[ino, default: 0] += 1 } }
-
-    /// Drops `n` kernel references; true when none are left.
-    @discardableResult
-    func forget(_ ino: InodeNumber, _ n: UInt64) -> Bool {
+    /// Drops `n` kernel references. When none are left the entry goes, and its file is
+    /// returned (the caller releases what it kept for the kernel).
+    func forget(_ ino: InodeNumber, _ n: UInt64) -> FileID? {
         state.withLock { s in
-            let left = (s.lookups[ino] ?? 0) > n ? (s.lookups[ino] ?? 0) - n : 0
-            if left == 0 {
-                s.lookups[ino] = nil
-                s.names[ino] = nil
-            } else {
-                s.lookups[ino] = left
+            guard let r = s.referenced[ino] else { return nil }
+            guard r.lookups <= n else {
+                s.referenced[ino]?.lookups = r.lookups - n
+                return nil
             }
-            return left == 0
+            s.referenced[ino] = nil
+            s.names.remove(ino)
+            return r.id
         }
     }
 
-    func isReferenced(_ ino: InodeNumber) -> Bool { state.withLock { ($0.lookups[ino] ?? 0) > 0 } }
-
-    func remember(_ ino: InodeNumber, parent: FileID, name: String) {
-        state.withLock { $0.names[ino] = (parent, name) }
+    func isReferenced(_ ino: InodeNumber) -> Bool {
+        ino == FuseRootInode || state.withLock { $0.referenced[ino] != nil }
     }
 
-    func knownName(_ ino: InodeNumber) -> (FileID, String)? { state.withLock { $0.names[ino] } }
+    /// The kernel moved its dentry for `id` (a rename through the mount), if the name is known.
+    func moved(_ id: FileID, to parent: InodeNumber, name: String) {
+        state.withLock { s in
+            guard let ino = s.inodes.get(id), s.names.get(ino) != nil else { return }
+            s.names.set(ino, KnownName(parent: parent, name: name))
+        }
+    }
 
-    var referencedInodes: Int { state.withLock { $0.lookups.count } }
+    /// The name the kernel last learned for `ino`, forgotten: its dentry is being invalidated,
+    /// and the kernel's next lookup teaches it again.
+    func takeKnownName(_ ino: InodeNumber) -> KnownName? {
+        state.withLock { s in
+            guard let known = s.names.get(ino) else { return nil }
+            s.names.remove(ino)
+            return known
+        }
+    }
+
+    /// Entries held: the kernel's references, and the two caches (bounded).
+    var counts: (referenced: Int, cachedInodes: Int, names: Int) {
+        state.withLock { ($0.referenced.count, $0.inodes.count, $0.names.count) }
+    }
+}
+
+/// A map keeping only its recent entries, at most `capacity`: two generations, the older one
+/// dropped whole when the newer fills, so an entry costs no list links or clock (an LRU would
+/// add two pointers to every entry). An entry read from the older generation moves up.
+struct RecentCache<Key: Hashable, Value> {
+    private var young: [Key: Value] = [:]
+    private var old: [Key: Value] = [:]
+    private let generation: Int
+
+    init(capacity: Int) { generation = max(1, capacity / 2) }
+
+    mutating func get(_ key: Key) -> Value? {
+        if let v = young[key] { return v }
+        guard let v = old.removeValue(forKey: key) else { return nil }
+        set(key, v)
+        return v
+    }
+
+    mutating func set(_ key: Key, _ value: Value) {
+        if young.updateValue(value, forKey: key) == nil {
+            old[key] = nil
+            if young.count >= generation {
+                old = young
+                young = [:]
+            }
+        }
+    }
+
+    mutating func remove(_ key: Key) {
+        young[key] = nil
+        old[key] = nil
+    }
+
+    var count: Int { young.count + old.count }
 }
 
 /// CPU time spent per filesystem operation (thread CPU time, so waiting is not counted).

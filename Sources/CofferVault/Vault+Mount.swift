@@ -6,10 +6,8 @@ import CofferStore
 extension Vault {
     // MARK: Inodes
 
-    /// Every file's inode, as the store assigned them (stable per device, across remounts).
-    public func allInodes() throws -> [(inode: UInt64, id: FileID)] {
-        try store.read { try $0.allInodes() }.map { (inode: $0.0, id: $0.1) }
-    }
+    // Inode numbers are the store's, stable per device across remounts; the daemon asks for
+    // the ones it needs as the kernel meets them, never for the whole tree.
 
     /// The file an inode names, or nil if none does.
     public func fileID(ofInode inode: UInt64) throws -> FileID? {
@@ -20,6 +18,23 @@ extension Vault {
     /// exists is read without opening a write.
     public func inode(of id: FileID) throws -> UInt64 {
         try store.readOne { try $0.inode(of: id) } ?? store.write { try $0.inode(for: id) }
+    }
+
+    /// The inode of `id` if it has one, never assigning one.
+    public func existingInode(of id: FileID) throws -> UInt64? {
+        try store.readOne { try $0.inode(of: id) }
+    }
+
+    /// `inode(of:)` for many files, in order: one read for those that have one, one write for
+    /// those that do not (a listing's next entries).
+    public func inodes(of ids: [FileID]) throws -> [UInt64] {
+        var found = try store.read { r in try ids.map { try r.inode(of: $0) } }
+        let missing = found.indices.filter { found[$0] == nil }
+        if !missing.isEmpty {
+            let assigned = try store.write { w in try missing.map { try w.inode(for: ids[$0]) } }
+            for (i, ino) in zip(missing, assigned) { found[i] = ino }
+        }
+        return found.compactMap { $0 }
     }
 
     // MARK: Commits

@@ -1,0 +1,163 @@
+import CofferFuse
+import CofferModel
+import Foundation
+import Testing
+
+@testable import CofferFS
+@testable import CofferVault
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The daemon's per-inode memory follows what the kernel holds, not the size of the tree
+/// (issue 21): nothing is loaded at mount, an entry goes when the kernel forgets its inode, the
+/// caches stay bounded, and what the table does not hold comes from the store.
+@Suite struct InodeTableTests {
+    let context = RequestContext(uid: 0, gid: 0, pid: 1, umask: 0o022)
+
+    final class Fixture {
+        let dir = NSTemporaryDirectory() + "coffer-fs-inodes-" + UUID().uuidString
+        let vault: Vault
+        init() throws { vault = try Vault.create(dataDirectory: dir + "/data", username: "rita") }
+        deinit { try? FileManager.default.removeItem(atPath: dir) }
+
+        /// A filesystem over the vault, as a fresh mount would start.
+        func mount(cacheCapacity: Int = InodeTable.cacheCapacity) -> CofferFileSystem {
+            CofferFileSystem(vault: vault, measuringOperations: false, inodeCacheCapacity: cacheCapacity, log: { _ in })
+        }
+    }
+
+    /// A folder `d` holding `count` documents, made behind the filesystem's back (as the CLI or
+    /// a sync would); their names in order.
+    func tree(_ f: Fixture, _ count: Int) throws -> [String] {
+        let folder = try f.vault.create(in: f.vault.rootID, name: "d", type: .folder, mode: 0o755)
+        let names = (0..<count).map { String(format: "file-%04d", $0) }
+        for name in names { _ = try f.vault.create(in: folder.id, name: name, type: .document, mode: 0o644) }
+        return names
+    }
+
+    /// Looks up `d` and every name in it, as `stat d/*` does: one kernel reference each.
+    func lookUpAll(_ fs: CofferFileSystem, _ names: [String]) throws -> (folder: InodeNumber, files: [InodeNumber]) {
+        let folder = try fs.lookup(parent: FuseRootInode, name: "d").inode
+        return (folder, try names.map { try fs.lookup(parent: folder, name: $0).inode })
+    }
+
+    /// Before issue 21 the table loaded every inode of the store at mount and kept four
+    /// dictionaries' entries for every inode the kernel had seen; now it holds nothing at
+    /// mount, one entry per inode the kernel holds, and none once the kernel forgets them.
+    @Test func entriesFollowTheKernelsReferences() throws {
+        let f = try Fixture()
+        let names = try tree(f, 300)
+        let fs = f.mount()
+        #expect(fs.inodes.counts == (0, 0, 0), "nothing is loaded at mount")
+
+        let (folder, files) = try lookUpAll(fs, names)
+        #expect(Set(files).count == names.count)
+        #expect(fs.inodes.counts.referenced == names.count + 1)
+        // Each looked up twice more (a dentry revalidated after its timeout): still one entry.
+        for (name, ino) in zip(names, files) {
+            #expect(try fs.lookup(parent: folder, name: name).inode == ino)
+            #expect(try fs.lookup(parent: folder, name: name).inode == ino)
+        }
+        #expect(fs.inodes.counts.referenced == names.count + 1)
+        // Counts are exact: two of three references given back keep the entry.
+        for ino in files { fs.forget(inode: ino, lookups: 2) }
+        #expect(fs.inodes.counts.referenced == names.count + 1)
+        for ino in files { fs.forget(inode: ino, lookups: 1) }
+        fs.forget(inode: folder, lookups: 1)
+        #expect(fs.inodes.counts.referenced == 0)
+        #expect(fs.inodes.counts.names == 0, "a forgotten inode's name goes with it")
+        // The root is never dropped, whatever the kernel sends.
+        fs.forget(inode: FuseRootInode, lookups: 1)
+        #expect(try fs.getattr(inode: FuseRootInode, handle: nil).mode & UInt32(S_IFMT) == UInt32(S_IFDIR))
+    }
+
+    /// readdirplus counts every entry but "." and "..", like lookup; the listing's snapshot goes
+    /// at releasedir; a cookie far past the end (seekdir) ends the listing without a trap.
+    @Test func aListingsReferencesAndSnapshotAreGivenBack() throws {
+        let f = try Fixture()
+        let names = try tree(f, 200)
+        let fs = f.mount()
+        let folder = try fs.lookup(parent: FuseRootInode, name: "d").inode
+        let handle = try fs.opendir(inode: folder, flags: O_RDONLY).handle
+        var listed: [DirectoryEntry] = []
+        while true {
+            let next = try fs.readdir(
+                inode: folder, handle: handle, offset: listed.last?.nextOffset ?? 0, maxEntries: 37,
+                withAttributes: true)
+            if next.isEmpty { break }
+            listed += next
+        }
+        #expect(listed.map(\.name) == [".", ".."] + names)
+        #expect(listed[0].inode == folder && listed[1].inode == FuseRootInode)
+        #expect(fs.inodes.counts.referenced == names.count + 1)
+        #expect(
+            try fs.readdir(inode: folder, handle: handle, offset: .max, maxEntries: 10, withAttributes: true).isEmpty)
+        try fs.releasedir(inode: folder, handle: handle)
+        #expect(fs.handles.withLock { $0.directories.isEmpty })
+        for e in listed.dropFirst(2) { fs.forget(inode: e.inode, lookups: 1) }
+        fs.forget(inode: folder, lookups: 1)
+        #expect(fs.inodes.counts.referenced == 0)
+        // The inodes a listing gave are the ones lookup gives.
+        let (_, looked) = try lookUpAll(fs, names)
+        #expect(looked == listed.dropFirst(2).map(\.inode))
+    }
+
+    /// With caches far smaller than what the kernel holds, every inode still resolves (the
+    /// kernel's references hold their files), the caches stay within their bound, and once the
+    /// kernel has forgotten everything the store answers for inodes the table no longer holds.
+    @Test func whatTheTableDoesNotHoldComesFromTheStore() throws {
+        let f = try Fixture()
+        let names = try tree(f, 100)
+        let fs = f.mount(cacheCapacity: 8)
+        let (folder, files) = try lookUpAll(fs, names)
+        let counts = fs.inodes.counts
+        #expect(counts.referenced == names.count + 1)
+        #expect(counts.cachedInodes <= 8 && counts.names <= 8)
+        for ino in files { #expect(try fs.getattr(inode: ino, handle: nil).mode & 0o777 == 0o644) }
+        for ino in files { fs.forget(inode: ino, lookups: 1) }
+        fs.forget(inode: folder, lookups: 1)
+        #expect(fs.inodes.counts.referenced == 0)
+
+        // A new mount knows nothing, yet an inode number the kernel kept (as it may across a
+        // request that crossed a forget) names the same file, with content.
+        let fresh = f.mount()
+        let (entry, reply) = try fresh.create(
+            parent: try fresh.lookup(parent: FuseRootInode, name: "d").inode, name: "written",
+            mode: UInt32(S_IFREG) | 0o644, flags: O_WRONLY | O_CREAT, context: context)
+        let written = entry.inode
+        let d = try #require(try f.vault.lookup(f.vault.rootID, "d"))
+        let node = try #require(try f.vault.lookup(d.id, "written"))
+        #expect(try f.vault.existingInode(of: node.id) == written, "the store's number, not one of the table's own")
+        _ = try fresh.write(inode: written, handle: reply.handle, offset: 0, data: Array("kept".utf8))
+        try fresh.flush(inode: written, handle: reply.handle, lockOwner: 0)
+        try fresh.release(inode: written, handle: reply.handle, flags: O_WRONLY)
+
+        let other = f.mount()
+        #expect(other.inodes.counts == (0, 0, 0))
+        #expect(try other.getattr(inode: files[42], handle: nil).size == 0)
+        #expect(try other.getattr(inode: written, handle: nil).size == 4)
+        let h = try other.open(inode: written, flags: O_RDONLY, context: context)
+        #expect(try other.read(inode: written, handle: h.handle, offset: 0, size: 10) == Array("kept".utf8))
+        try other.release(inode: written, handle: h.handle, flags: O_RDONLY)
+        #expect(other.inodes.counts.referenced == 0, "resolving an inode is not a kernel reference")
+        // A number the store never gave: no such file.
+        #expect(throws: FSError.self) { try other.getattr(inode: 1 << 40, handle: nil) }
+        fresh.destroy()
+    }
+
+    /// The cache's bound, and that a recently used entry survives a generation change.
+    @Test func recentCacheKeepsAtMostItsCapacity() {
+        var cache = RecentCache<Int, Int>(capacity: 8)
+        for i in 0..<1000 {
+            cache.set(i, i * 2)
+            #expect(cache.get(0) == 0, "used every time, so never dropped")
+            #expect(cache.count <= 8)
+        }
+        #expect(cache.get(999) == 1998)
+        #expect(cache.get(1) == nil)
+        cache.remove(0)
+        #expect(cache.get(0) == nil)
+    }
+}
