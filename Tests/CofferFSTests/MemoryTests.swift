@@ -16,12 +16,12 @@ import Testing
         let made = sh("head -c 2147483648 /dev/urandom | tee '\(source)' | md5sum")
         try #require(made.status == 0 && statOf(source)?.st_size == 2 << 30, "\(made.err)")
         let expected = made.out.prefix(32)
-        let before = peakResidentKiB(pid) ?? 0
+        let before = processMemoryKiB(pid, "VmHWM") ?? 0
         let start = Date()
         let dd = run("/bin/dd", ["if=" + source, "of=" + m.path("big"), "bs=1M", "conv=fsync"])
         let writeTime = Date().timeIntervalSince(start)
         #expect(dd.status == 0, "\(dd.err)")
-        let peakKiB = peakResidentKiB(pid) ?? Int.max
+        let peakKiB = processMemoryKiB(pid, "VmHWM") ?? Int.max
         print(
             "2 GiB of random bytes, dd conv=fsync through the mount: \(String(format: "%.1f", writeTime)) s; "
                 + "daemon VmHWM \(peakKiB / 1024) MiB (\(peakKiB) KiB; \(before / 1024) MiB before)")
@@ -37,15 +37,8 @@ import Testing
         let readTime = Date().timeIntervalSince(readStart)
         #expect(md5.status == 0)
         #expect(md5.out.prefix(32) == expected)
-        let readPeak = m.daemonPID.flatMap(peakResidentKiB) ?? Int.max
+        let readPeak = m.daemonPID.flatMap { processMemoryKiB($0, "VmHWM") } ?? Int.max
         print("2 GiB md5sum read back: \(String(format: "%.1f", readTime)) s; daemon VmHWM \(readPeak / 1024) MiB")
         #expect(readPeak < 300_000_000 / 1024, "daemon peak RSS while reading \(readPeak) KiB")
-    }
-
-    /// A process's peak resident set (VmHWM) in KiB.
-    private func peakResidentKiB(_ pid: pid_t) -> Int? {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
-        return status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }
-            .flatMap { Int($0.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") }
     }
 }
