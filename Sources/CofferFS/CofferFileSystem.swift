@@ -255,7 +255,7 @@ struct DirectorySnapshot {
 /// the kernel may hold every inode of the tree (it keeps them until memory is short), so a
 /// referenced inode costs one entry of one dictionary: 8 bytes of key and 24 of value, about
 /// 45-85 bytes with the dictionary's free slots (docs/FILESYSTEM.md, "Memory per file"). Its name, and the recent file ids' inodes,
-/// live in bounded caches (`RecentCache`).
+/// live in bounded caches (`BoundedCache`).
 ///
 /// Inode numbers are the store's (`StoreWriter.inode(for:)`): never reused, never changed for
 /// a file, and a file loses its row only when it is pruned for good. So a cached pair can only
@@ -281,12 +281,12 @@ final class InodeTable: Sendable {
         var referenced: [InodeNumber: Reference] = [:]
         /// Recent file ids' inodes, so a lookup or a listing of what was just seen asks the
         /// store nothing.
-        var inodes: RecentCache<FileID, InodeNumber>
-        var names: RecentCache<InodeNumber, KnownName>
+        var inodes: BoundedCache<FileID, InodeNumber>
+        var names: BoundedCache<InodeNumber, KnownName>
     }
 
     /// Entries each cache keeps at most: a few MB, enough for a working set of folders.
-    static let cacheCapacity = 1 << 16
+    static let cacheCapacity = 1 << 14
 
     private let state: Mutex<State>
     let vault: Vault
@@ -295,7 +295,8 @@ final class InodeTable: Sendable {
     init(vault: Vault, cacheCapacity: Int = InodeTable.cacheCapacity) {
         self.vault = vault
         self.rootID = vault.rootID
-        state = Mutex(State(inodes: RecentCache(capacity: cacheCapacity), names: RecentCache(capacity: cacheCapacity)))
+        state = Mutex(
+            State(inodes: BoundedCache(capacity: cacheCapacity), names: BoundedCache(capacity: cacheCapacity)))
     }
 
     /// The file behind an inode: the kernel's references, then the store (an inode the kernel
@@ -315,7 +316,7 @@ final class InodeTable: Sendable {
     /// created already has its row, read without opening a write.
     func inode(for id: FileID) throws -> InodeNumber {
         if id == rootID { return FuseRootInode }
-        if let ino = state.withLock({ $0.inodes.get(id) }) { return ino }
+        if let ino = state.withLock({ $0.inodes[id] }) { return ino }
         let ino = try vault.inode(of: id)
         learn(ino, for: id)
         return ino
@@ -324,14 +325,14 @@ final class InodeTable: Sendable {
     /// `inode(for:)` of many files (a listing's next entries), with one store transaction for
     /// those the cache does not hold rather than one each.
     func inodes(for ids: [FileID]) throws -> [InodeNumber] {
-        var out: [InodeNumber?] = state.withLock { s in ids.map { $0 == rootID ? FuseRootInode : s.inodes.get($0) } }
+        var out: [InodeNumber?] = state.withLock { s in ids.map { $0 == rootID ? FuseRootInode : s.inodes[$0] } }
         let missing = out.indices.filter { out[$0] == nil }
         if !missing.isEmpty {
             let found = try vault.inodes(of: missing.map { ids[$0] })
             state.withLock { s in
                 for (i, ino) in zip(missing, found) {
                     out[i] = ino
-                    s.inodes.set(ids[i], ino)
+                    s.inodes[ids[i]] = ino
                 }
             }
         }
@@ -344,7 +345,7 @@ final class InodeTable: Sendable {
     /// the kernel cannot hold it).
     func existingInode(for id: FileID) -> InodeNumber? {
         if id == rootID { return FuseRootInode }
-        if let ino = state.withLock({ $0.inodes.get(id) }) { return ino }
+        if let ino = state.withLock({ $0.inodes[id] }) { return ino }
         guard let ino = try? vault.existingInode(of: id) else { return nil }
         learn(ino, for: id)
         return ino
@@ -358,7 +359,7 @@ final class InodeTable: Sendable {
 
     /// Records which inode a file has (assigned by the store, never changed).
     func learn(_ ino: InodeNumber, for id: FileID) {
-        state.withLock { $0.inodes.set(id, ino) }
+        state.withLock { $0.inodes[id] = ino }
     }
 
     /// One more kernel reference: an entry reply for `ino` (lookup, create, readdirplus) is
@@ -369,8 +370,8 @@ final class InodeTable: Sendable {
         guard ino != FuseRootInode else { return }
         state.withLock { s in
             s.referenced[ino, default: Reference(id: id, lookups: 0)].lookups += 1
-            s.inodes.set(id, ino)
-            s.names.set(ino, KnownName(parent: parent, name: name))
+            s.inodes[id] = ino
+            s.names[ino] = KnownName(parent: parent, name: name)
         }
     }
 
@@ -384,7 +385,7 @@ final class InodeTable: Sendable {
                 return nil
             }
             s.referenced[ino] = nil
-            s.names.remove(ino)
+            s.names[ino] = nil
             return r.id
         }
     }
@@ -396,8 +397,8 @@ final class InodeTable: Sendable {
     /// The kernel moved its dentry for `id` (a rename through the mount), if the name is known.
     func moved(_ id: FileID, to parent: InodeNumber, name: String) {
         state.withLock { s in
-            guard let ino = s.inodes.get(id), s.names.get(ino) != nil else { return }
-            s.names.set(ino, KnownName(parent: parent, name: name))
+            guard let ino = s.inodes[id], s.names[ino] != nil else { return }
+            s.names[ino] = KnownName(parent: parent, name: name)
         }
     }
 
@@ -405,8 +406,8 @@ final class InodeTable: Sendable {
     /// and the kernel's next lookup teaches it again.
     func takeKnownName(_ ino: InodeNumber) -> KnownName? {
         state.withLock { s in
-            guard let known = s.names.get(ino) else { return nil }
-            s.names.remove(ino)
+            guard let known = s.names[ino] else { return nil }
+            s.names[ino] = nil
             return known
         }
     }
@@ -415,41 +416,6 @@ final class InodeTable: Sendable {
     var counts: (referenced: Int, cachedInodes: Int, names: Int) {
         state.withLock { ($0.referenced.count, $0.inodes.count, $0.names.count) }
     }
-}
-
-/// A map keeping only its recent entries, at most `capacity`: two generations, the older one
-/// dropped whole when the newer fills, so an entry costs no list links or clock (an LRU would
-/// add two pointers to every entry). An entry read from the older generation moves up.
-struct RecentCache<Key: Hashable, Value> {
-    private var young: [Key: Value] = [:]
-    private var old: [Key: Value] = [:]
-    private let generation: Int
-
-    init(capacity: Int) { generation = max(1, capacity / 2) }
-
-    mutating func get(_ key: Key) -> Value? {
-        if let v = young[key] { return v }
-        guard let v = old.removeValue(forKey: key) else { return nil }
-        set(key, v)
-        return v
-    }
-
-    mutating func set(_ key: Key, _ value: Value) {
-        if young.updateValue(value, forKey: key) == nil {
-            old[key] = nil
-            if young.count >= generation {
-                old = young
-                young = [:]
-            }
-        }
-    }
-
-    mutating func remove(_ key: Key) {
-        young[key] = nil
-        old[key] = nil
-    }
-
-    var count: Int { young.count + old.count }
 }
 
 /// CPU time spent per filesystem operation (thread CPU time, so waiting is not counted).

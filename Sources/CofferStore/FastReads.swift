@@ -164,10 +164,10 @@ final class Reader: @unchecked Sendable {
             throw StoreError("cannot open a read connection to \(path): \(message)")
         }
         sqlite3_busy_timeout(handle, 30_000)
-        // 4 MiB each, at most `keep` of them: the tree's lookups and content's rows all come
+        // 2 MiB each, at most `keep` of them: the tree's lookups and content's rows all come
         // through here, and the rest of a large store is read from the kernel's page cache
         // (see the page cache sizes in Store.init).
-        sqlite3_exec(handle, "PRAGMA cache_size = -4096", nil, nil, nil)
+        sqlite3_exec(handle, "PRAGMA cache_size = -2048", nil, nil, nil)
         for q in Query.allCases { statements[q] = try prepare(q.sql) }
     }
 

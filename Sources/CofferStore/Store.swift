@@ -87,6 +87,9 @@ public final class Store: Sendable {
         databasePath = directory + "/coffer.sqlite"
         var config = Configuration()
         config.busyMode = .timeout(30)
+        // Two readers at most: the hot reads go through `FastReads`, and each reader keeps a page
+        // cache of its own (see below) that a large store would fill.
+        config.maximumReaderCount = 2
         // Group commit (see `GroupCommit`) leaves the writer's transaction open between calls.
         config.allowsUnsafeTransactions = true
         config.prepareDatabase { db in

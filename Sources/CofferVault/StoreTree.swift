@@ -2,56 +2,6 @@ import CofferModel
 import CofferStore
 import Synchronization
 
-/// A map that holds at most `capacity` entries, dropping the least recently used ones roughly
-/// first: two generations, the young one filled by inserts and hits, the old one dropped whole
-/// when the young one reaches half the capacity. O(1) per access, no per-entry bookkeeping.
-struct BoundedCache<Key: Hashable, Value> {
-    let capacity: Int
-    private var young: [Key: Value] = [:]
-    private var old: [Key: Value] = [:]
-
-    init(capacity: Int) { self.capacity = max(capacity, 2) }
-
-    /// A hit moves the entry to the young generation, so what is used survives the next drop.
-    subscript(key: Key) -> Value? {
-        mutating get {
-            if let v = young[key] { return v }
-            guard let v = old.removeValue(forKey: key) else { return nil }
-            insert(key, v)
-            return v
-        }
-        set {
-            if let newValue {
-                old[key] = nil
-                insert(key, newValue)
-            } else {
-                young[key] = nil
-                old[key] = nil
-            }
-        }
-    }
-
-    /// The entry, without counting as a use.
-    func peek(_ key: Key) -> Value? { young[key] ?? old[key] }
-
-    var count: Int { young.count + old.count }
-
-    mutating func removeAll() {
-        young = [:]
-        old = [:]
-    }
-
-    private mutating func insert(_ key: Key, _ value: Value) {
-        young[key] = value
-        if young.count >= capacity / 2 {
-            old = young
-            young = [:]
-        }
-    }
-}
-
-extension BoundedCache: Sendable where Key: Sendable, Value: Sendable {}
-
 /// A record as the vault's tree holds it: the metadata as the tree sees it (deleted if the
 /// server said so), and the server's versions the device keeps beside it.
 struct TreeEntry: Sendable {

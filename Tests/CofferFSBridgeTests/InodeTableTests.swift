@@ -146,18 +146,4 @@ import Testing
         #expect(throws: FSError.self) { try other.getattr(inode: 1 << 40, handle: nil) }
         fresh.destroy()
     }
-
-    /// The cache's bound, and that a recently used entry survives a generation change.
-    @Test func recentCacheKeepsAtMostItsCapacity() {
-        var cache = RecentCache<Int, Int>(capacity: 8)
-        for i in 0..<1000 {
-            cache.set(i, i * 2)
-            #expect(cache.get(0) == 0, "used every time, so never dropped")
-            #expect(cache.count <= 8)
-        }
-        #expect(cache.get(999) == 1998)
-        #expect(cache.get(1) == nil)
-        cache.remove(0)
-        #expect(cache.get(0) == nil)
-    }
 }

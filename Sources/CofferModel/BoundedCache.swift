@@ -1,0 +1,57 @@
+/// A map that holds at most `capacity` entries, dropping the least recently used ones roughly
+/// first: two generations, the young one filled by inserts and hits, the old one dropped whole
+/// when the young one reaches half the capacity. O(1) per access, no per-entry bookkeeping (an
+/// LRU list would add two pointers to every entry). The vault's tree caches and the mount's
+/// inode caches use it, so their memory stays bounded whatever the tree's size.
+///
+/// ```swift
+/// var cache = BoundedCache<Int, String>(capacity: 4)
+/// cache[1] = "one"
+/// cache[1]  // "one", now among the recently used
+/// ```
+public struct BoundedCache<Key: Hashable, Value> {
+    public let capacity: Int
+    private var young: [Key: Value] = [:]
+    private var old: [Key: Value] = [:]
+
+    public init(capacity: Int) { self.capacity = max(capacity, 2) }
+
+    /// A hit moves the entry to the young generation, so what is used survives the next drop.
+    public subscript(key: Key) -> Value? {
+        mutating get {
+            if let v = young[key] { return v }
+            guard let v = old.removeValue(forKey: key) else { return nil }
+            insert(key, v)
+            return v
+        }
+        set {
+            if let newValue {
+                old[key] = nil
+                insert(key, newValue)
+            } else {
+                young[key] = nil
+                old[key] = nil
+            }
+        }
+    }
+
+    /// The entry, without counting as a use.
+    public func peek(_ key: Key) -> Value? { young[key] ?? old[key] }
+
+    public var count: Int { young.count + old.count }
+
+    public mutating func removeAll() {
+        young = [:]
+        old = [:]
+    }
+
+    private mutating func insert(_ key: Key, _ value: Value) {
+        young[key] = value
+        if young.count >= capacity / 2 {
+            old = young
+            young = [:]
+        }
+    }
+}
+
+extension BoundedCache: Sendable where Key: Sendable, Value: Sendable {}
