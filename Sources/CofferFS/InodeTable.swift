@@ -46,9 +46,9 @@ final class InodeTable: Sendable {
         state = Mutex(State(inodes: RecentCache(capacity: cacheCapacity), names: RecentCache(capacity: cacheCapacity)))
     }
 
-    /// The file behind an inode: the kernel's references, then the store (an inode the kernel
-    /// does not hold, e.g. a request that crossed the reply making it known). Nil if no file
-    /// has that number (any more).
+    /// The file behind an inode: the kernel's references, then the store (for a number the
+    /// table does not hold, which the kernel should not send, but which still names the same
+    /// file if it does). Nil if no file has that number (any more).
     func fileID(_ ino: InodeNumber) -> FileID? {
         // A vault whose root had not arrived yet at mount finds it in the store (inode 1).
         if ino == FuseRootInode && rootID != .none { return rootID }
