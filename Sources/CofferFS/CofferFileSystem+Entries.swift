@@ -206,10 +206,9 @@ extension CofferFileSystem {
     /// Skipping it spares rm -rf loading every manifest it deletes (a tenth of unlink's CPU).
     func keepIfOpen(_ node: Node, racingOpens: Bool = true) {
         guard node.type == .document else { return }
-        let ino = inodes.existingInode(for: node.id)
-        let referenced = ino.map { inodes.isReferenced($0) } ?? false
+        let ino = inodes.referencedInode(for: node.id)
         let keep =
-            referenced
+            ino != nil
             && (racingOpens || handles.withLock { t in t.files.values.contains(where: { $0.document.id == node.id }) })
         let zombie = keep ? try? vault.openDocument(node.id) : nil
         let unused = handles.withLock { t -> OpenDocument? in

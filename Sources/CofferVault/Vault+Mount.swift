@@ -20,11 +20,6 @@ extension Vault {
         try store.readOne { try $0.inode(of: id) } ?? store.write { try $0.inode(for: id) }
     }
 
-    /// The inode of `id` if it has one, never assigning one.
-    public func existingInode(of id: FileID) throws -> UInt64? {
-        try store.readOne { try $0.inode(of: id) }
-    }
-
     /// `inode(of:)` for many files, in order: one read for those that have one, one write for
     /// those that do not (a listing's next entries).
     public func inodes(of ids: [FileID]) throws -> [UInt64] {

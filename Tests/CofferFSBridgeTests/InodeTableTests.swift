@@ -129,7 +129,7 @@ import Testing
         let written = entry.inode
         let d = try #require(try f.vault.lookup(f.vault.rootID, "d"))
         let node = try #require(try f.vault.lookup(d.id, "written"))
-        #expect(try f.vault.existingInode(of: node.id) == written, "the store's number, not one of the table's own")
+        #expect(try f.vault.inode(of: node.id) == written, "the store's number, not one of the table's own")
         _ = try fresh.write(inode: written, handle: reply.handle, offset: 0, data: Array("kept".utf8))
         try fresh.flush(inode: written, handle: reply.handle, lockOwner: 0)
         try fresh.release(inode: written, handle: reply.handle, flags: O_WRONLY)
@@ -145,5 +145,39 @@ import Testing
         // A number the store never gave: no such file.
         #expect(throws: FSError.self) { try other.getattr(inode: 1 << 40, handle: nil) }
         fresh.destroy()
+    }
+
+    /// The kernel's references found by number and by file id through any order of lookups and
+    /// forgets, growing and shrinking, against a plain dictionary.
+    @Test func referenceTableAgreesWithADictionary() throws {
+        var table = ReferenceTable()
+        var model: [InodeNumber: (id: FileID, lookups: UInt64)] = [:]
+        var rng = SystemRandomNumberGenerator()
+        func id(_ ino: InodeNumber) throws -> FileID {
+            try FileID(bytes: (0..<16).map { UInt8(truncatingIfNeeded: ino >> (8 * ($0 % 8))) ^ UInt8($0) })
+        }
+        for round in 0..<3 {
+            // Grows to a few thousand, then the kernel forgets nearly everything.
+            for _ in 0..<6000 {
+                let ino = InodeNumber.random(in: 2...4000, using: &rng)
+                let fid = try id(ino)
+                table.add(ino, id: fid)
+                model[ino, default: (fid, 0)].lookups += 1
+            }
+            #expect(table.count == model.count, "round \(round)")
+            for ino in model.keys.shuffled(using: &rng) where ino % 50 != 0 {
+                let lookups = model[ino]?.lookups ?? 0
+                if lookups > 1 { #expect(table.remove(lookups - 1, from: ino) == nil) }
+                #expect(table.remove(1, from: ino) == (try id(ino)))
+                model[ino] = nil
+            }
+            #expect(table.count == model.count)
+            for ino: InodeNumber in 2...4000 {
+                let held = model[ino] != nil
+                #expect(table.inode(of: try id(ino)) == (held ? ino : nil))
+                #expect(table.fileID(ino) == (held ? try id(ino) : nil))
+            }
+        }
+        #expect(table.remove(1, from: 99_999) == nil, "an inode the kernel does not hold")
     }
 }
