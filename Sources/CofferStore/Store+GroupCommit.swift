@@ -16,6 +16,8 @@ final class GroupCommit: Sendable {
         var generation: UInt64 = 0
         /// The newest group whose commit finished: readers on other connections see its writes.
         var committed: UInt64 = 0
+        /// Groups that failed to commit (their writes are gone), the most recent few.
+        var lostGenerations: [UInt64] = []
         var queued: [DeferredStatement] = []
     }
     private let state = Mutex(State())
@@ -67,11 +69,18 @@ final class GroupCommit: Sendable {
     /// Which group transaction is open (each one gets a new number), nil if none.
     var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
     var committedGeneration: UInt64 { state.withLock { $0.committed } }
+    /// The newest group committed, and the recent groups lost, read together.
+    var fates: (committed: UInt64, lost: [UInt64]) { state.withLock { ($0.committed, $0.lostGenerations) } }
     func closed(lost: Bool = false) {
         state.withLock { s in
             if s.openedAt != nil {
                 s.closedAt = Self.now()
-                if !lost { s.committed = s.generation }
+                if lost {
+                    s.lostGenerations.append(s.generation)
+                    if s.lostGenerations.count > 64 { s.lostGenerations.removeFirst() }
+                } else {
+                    s.committed = s.generation
+                }
             }
             s.openedAt = nil
             s.queued = []

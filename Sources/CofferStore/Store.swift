@@ -373,6 +373,9 @@ public final class Store: Sendable {
     /// in a group up to this one is what the committed reads above see. 0 before any group.
     public var committedGroup: UInt64 { group.committedGeneration }
 
+    /// `committedGroup`, and the most recent groups that failed to commit (their writes gone).
+    public var groupFates: (committed: UInt64, lost: [UInt64]) { group.fates }
+
     /// A sealed manifest by digest, on the fast path (see `FastReads`).
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
         if group.isOpen { return try readOne { try $0.manifest(digest) } }
@@ -504,7 +507,9 @@ public final class Store: Sendable {
     /// reload what it holds in memory. Caller holds the gate and the connection.
     private func commitGroup(_ db: Database) throws {
         guard db.isInsideTransaction else {
-            group.closed()
+            // An open group whose transaction is gone was rolled back by SQLite itself (a full
+            // disk, an I/O error in a statement): its writes are lost, not committed.
+            group.closed(lost: group.isOpen)
             return
         }
         do {

@@ -73,7 +73,8 @@ final class StoreTree: TreeView, Sendable {
         /// Pending files by each parent they had or have: what a folder's children and count
         /// must lay over the store's answer.
         var pendingUnder: [FileID: Set<FileID>] = [:]
-        var swept: UInt64 = 0
+        /// The group fates the last sweep saw (`Store.groupFates`).
+        var swept: (committed: UInt64, lost: UInt64) = (0, 0)
         var root: FileID?
         var failure: String?
 
@@ -251,15 +252,23 @@ final class StoreTree: TreeView, Sendable {
         }
     }
 
-    /// Moves the writes of groups that have committed from `pending` to the cache.
+    /// Moves the writes of groups that have committed from `pending` to the cache, and drops
+    /// those of groups that failed to commit (the store never took them).
     private func sweep(_ s: inout State) {
         guard !s.pending.isEmpty else { return }
-        let committed = store.committedGroup
-        guard committed != s.swept else { return }
-        s.swept = committed
+        let (committed, lost) = store.groupFates
+        // Both only grow: a sweep is due when either moved.
+        let mark = (committed: committed, lost: lost.last ?? 0)
+        guard mark != s.swept else { return }
+        s.swept = mark
         for (id, var p) in s.pending {
             var folded = 0
-            for w in p.writes where w.generation <= committed {
+            for w in p.writes {
+                if lost.contains(w.generation) {
+                    folded += 1  // gone with its group: what the store's readers see is unchanged
+                    continue
+                }
+                guard w.generation <= committed else { break }
                 let was = p.committed
                 p.committed = Placement(w.entry?.metadata)
                 if let e = w.entry { s.records[id] = e } else { s.records[id] = nil }
@@ -270,7 +279,7 @@ final class StoreTree: TreeView, Sendable {
                 folded += 1
             }
             guard folded > 0 else { continue }
-            p.writes.removeFirst(folded)
+            p.writes.removeFirst(min(folded, p.writes.count))
             if p.writes.isEmpty {
                 s.pending[id] = nil
                 for parent in p.parents {

@@ -46,6 +46,17 @@ extension Vault {
         try store.disableGroupCommit()
     }
 
+    /// Takes notice of a group transaction that failed to commit since the last commit through
+    /// this vault (which would notice it itself): counts it in `lostGroups` and starts over
+    /// from the store.
+    public func noticeLostGroup() throws {
+        try state.withLock { s in
+            guard store.takeLostGroup() else { return }
+            lostGroups.add(1, ordering: .relaxed)
+            try reloadAll(&s, lost: true)
+        }
+    }
+
     /// Waits until everything committed so far is on the device's disk (fsync).
     public func makeDurable() throws {
         try store.makeDurable()

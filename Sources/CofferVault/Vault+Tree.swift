@@ -382,6 +382,8 @@ extension Vault {
                     try w.remove(f, .local)
                     try w.forgetInode(of: f)
                 }
+                // A child list that could not be read looked empty: remove nothing on its word.
+                if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }
                 return (removed, try w.reader.lastChange(), w.groupGeneration)
             }
             for (f, before) in removed { s.view.wrote(f, before: before, after: nil, generation: group) }

@@ -41,6 +41,9 @@ public final class Vault: Sendable {
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
     /// See `coalesceFolderTimes`.
     let coalescing = Atomic<Bool>(false)
+    /// Group transactions found lost (their writes gone) by this vault: a batch tool such as
+    /// `coffer import` compares it before and after, as no single call reports the loss.
+    public let lostGroups = Atomic<Int>(0)
 
     /// Entries each of the tree's caches holds at most by default (records, keys, names,
     /// attributes): about 2 KB per entry in all (measured: a mount's memory after `ls -lR` of
@@ -370,11 +373,14 @@ public final class Vault: Sendable {
     }
 
     /// After a write outside `commit` (a pull, a push's bookkeeping, pruning): makes the store's
-    /// readers see it (commits an open group) and forgets what is cached of `ids`.
+    /// readers see it (commits an open group) and forgets what is cached of `ids`, and of every
+    /// file another process changed since this vault last looked (kept for `refresh`, so the
+    /// kernel hears of them too).
     func settle(_ ids: some Collection<FileID>, _ s: inout VaultState) throws {
         try store.commitPendingWrites()
         s.view.invalidate(ids)
-        s.lastSeq = try store.read { try $0.lastChange() }
+        let theirs = try catchUp(&s).subtracting(ids)
+        s.externalChanges.formUnion(theirs)
     }
 
     /// Picks up commits made by other processes (the daemon calls this periodically). Returns the
@@ -398,10 +404,12 @@ public final class Vault: Sendable {
         do {
             return try state.withLock { s in
                 let pendingBefore = s.pendingFolderTimes
+                let leaseBefore = s.clockLease
                 do {
                     if store.takeLostGroup() {
                         // A group commit failed and took this vault's recent writes with it: what is
                         // in memory is ahead of the store. Start over from the store.
+                        lostGroups.add(1, ordering: .relaxed)
                         try reloadAll(&s, lost: true)
                         for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
                     }
@@ -457,6 +465,8 @@ public final class Vault: Sendable {
                                 )
                             )
                         }
+                        // The reads above (records as they were, versions) must have worked too.
+                        if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }
                         // Nobody else can log while this transaction is open: the last entry is ours,
                         // or the one read on the way in.
                         return (result, written, w.lastLogged ?? latest, w.groupGeneration)
@@ -472,6 +482,7 @@ public final class Vault: Sendable {
                     // A refused batch changed no folder: the bumps it made are forgotten, and the
                     // ones it would have written are pending again.
                     s.pendingFolderTimes = pendingBefore
+                    s.clockLease = leaseBefore  // the write that stored a new one did not land
                     // Operations fill the name and attribute caches as they go; a refused batch may
                     // have left entries for changes that never happened, so start those caches over.
                     s.view.cache.names.removeAll()

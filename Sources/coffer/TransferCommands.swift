@@ -69,6 +69,7 @@ struct Import: ParsableCommand {
             // Many small files: share commits as the mount does (a group every 50-500 ms, its
             // statements run on the other core), then make everything durable once at the end.
             vault.enableGroupCommit()
+            let lostBefore = vault.lostGroups.load(ordering: .relaxed)
             do {
                 try importEntry(vault, src, into: parent.id, name: name, progress)
                 try vault.disableGroupCommit()
@@ -77,6 +78,11 @@ struct Import: ParsableCommand {
                 throw error
             }
             try vault.makeDurable()
+            // A group that failed to commit took files already counted as copied with it.
+            try vault.noticeLostGroup()
+            guard vault.lostGroups.load(ordering: .relaxed) == lostBefore else {
+                throw CLIError("a commit failed during the import and some files were not stored; run it again")
+            }
             progress.finish()
         }
     }

@@ -85,6 +85,24 @@ import Testing
         #expect(try reopened.check().isClean)
     }
 
+    /// Another process's change made just before a pull is not lost behind it: the pull's write
+    /// catches up with every change, not only its own (a move by the CLI while the mount pulled
+    /// was undone by the mount's next write to the file).
+    @Test func aPullStillSeesWhatAnotherProcessChangedBeforeIt() throws {
+        let f = try VaultFixture()
+        let x = try f.folder("x")
+        let d = try f.document("d", contents: Array("d".utf8))
+        let other = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try other.lookup(other.rootID, "d")?.id == d.id)  // cached there
+        try f.vault.rename(d.id, to: x.id, name: "d")
+        try other.applyPull([], cursor: 0)
+        #expect(try other.lookup(other.rootID, "d") == nil)
+        #expect(try other.refresh().contains(d.id), "the kernel must hear of it")
+        try other.setAttributes(d.id, AttributeChanges(mode: 0o600))
+        #expect(try f.vault.resolve("/x/d").attributes.mode.value == 0o600)
+        #expect(try f.vault.lookup(f.root, "d") == nil)
+    }
+
     /// A later process's stamps win: the clock a reopened vault starts from is ahead of every
     /// stamp it issued before, without reading every record.
     @Test func aReopenedVaultStampsLaterThanEverBefore() throws {
