@@ -186,21 +186,29 @@ extension Vault {
         }
     }
 
+    /// The long writers whose interruption can leave chunks in packs no row names (a spill, or
+    /// a group that never committed): each marks itself running while it works.
+    public enum LongWriter: String, Sendable, CaseIterable {
+        case daemon, `import`
+    }
+
     /// Whether the mount daemon should collect garbage as it starts. A collection reads every
-    /// row (seconds at a million files), so a mount collects only when it pays: after a daemon
-    /// that did not exit cleanly (its spilled chunks may lie in packs no row names), or once the
-    /// versions records stopped naming since the last collection reach 2% of the tree (at
-    /// least 1,024). `coffer gc` collects whenever asked.
+    /// row (seconds at a million files), so a mount collects only when it pays: after a long
+    /// writer that did not finish cleanly (`LongWriter`), or once the versions records stopped
+    /// naming since the last collection reach 2% of the tree (at least 1,024). `coffer gc`
+    /// collects whenever asked.
     public func garbageWorthCollectingAtMount() throws -> Bool {
-        let unclean = try store.readOne { try $0.setting("daemon") } == [1]
+        let unclean = try LongWriter.allCases.contains { w in
+            try store.readOne { try $0.setting("running." + w.rawValue) } == [1]
+        }
         let garbage = try store.garbageSinceCollection()
         return unclean || garbage >= max(1024, fileCount / 50)
     }
 
-    /// Marks the mount daemon running (`true`, as it starts) or gone cleanly (`false`, as it
-    /// exits): a mark left set tells the next mount the daemon did not exit cleanly.
-    public func markDaemon(running: Bool) throws {
-        try store.write { w in try w.setSetting("daemon", [running ? 1 : 0]) }
+    /// Marks a long writer running (`true`, as it starts) or finished cleanly (`false`): a mark
+    /// left set tells the next mount to collect garbage.
+    public func mark(_ writer: LongWriter, running: Bool) throws {
+        try store.write { w in try w.setSetting("running." + writer.rawValue, [running ? 1 : 0]) }
         try store.makeDurable()
     }
 

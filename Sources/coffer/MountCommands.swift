@@ -71,7 +71,7 @@ struct Mount: ParsableCommand {
                     + "rewritten"
             )
         }
-        try vault.markDaemon(running: true)
+        try vault.mark(.daemon, running: true)
         lock.record(mountPoint: mountPoint, pid: getpid())
         if readyFD == nil {
             print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.")
@@ -95,7 +95,7 @@ struct Mount: ParsableCommand {
                 close(fd)
             }
         }
-        try? vault.markDaemon(running: false)
+        try? vault.mark(.daemon, running: false)
         logger.log("daemon exiting")
         withExtendedLifetime(lock) {}
     }

@@ -68,6 +68,7 @@ struct Import: ParsableCommand {
             let progress = Progress(total: countEntries(src))
             // Many small files: share commits as the mount does (a group every 50-500 ms, its
             // statements run on the other core), then make everything durable once at the end.
+            try vault.mark(.import, running: true)
             vault.enableGroupCommit()
             let lostBefore = vault.lostGroups.load(ordering: .relaxed)
             do {
@@ -83,6 +84,7 @@ struct Import: ParsableCommand {
             guard vault.lostGroups.load(ordering: .relaxed) == lostBefore else {
                 throw CLIError("a commit failed during the import and some files were not stored; run it again")
             }
+            try vault.mark(.import, running: false)
             progress.finish()
         }
     }
