@@ -376,18 +376,6 @@ public final class Store: Sendable {
     /// `committedGroup`, and the most recent groups that failed to commit (their writes gone).
     public var groupFates: (committed: UInt64, lost: [UInt64]) { group.fates }
 
-    /// Asks the kernel to read the database file into its page cache, in the background, and
-    /// returns at once. Why: the tree is read from the store as a walk needs it, one random page
-    /// at a time, and after a reboot each is a disk read (a cold `find` of 10,000 files took 4
-    /// times as long as gocryptfs's); the file is one sequential read instead. It costs the
-    /// kernel's page cache, not this process's memory, and the kernel drops it under pressure.
-    public func prefetchDatabase() {
-        let fd = open(databasePath, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return }
-        _ = posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED)
-        close(fd)
-    }
-
     /// A sealed manifest by digest, on the fast path (see `FastReads`).
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
         if group.isOpen { return try readOne { try $0.manifest(digest) } }

@@ -57,10 +57,6 @@ extension Vault {
         }
     }
 
-    /// Starts reading the store's database into the kernel's page cache (`Store.prefetchDatabase`):
-    /// the mount's first walks then find the tree's pages in memory.
-    public func prefetchStore() { store.prefetchDatabase() }
-
     /// Waits until everything committed so far is on the device's disk (fsync).
     public func makeDurable() throws {
         try store.makeDurable()

@@ -72,7 +72,6 @@ struct Mount: ParsableCommand {
             )
         }
         try vault.mark(.daemon, running: true)
-        vault.prefetchStore()
         lock.record(mountPoint: mountPoint, pid: getpid())
         if readyFD == nil {
             print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.")

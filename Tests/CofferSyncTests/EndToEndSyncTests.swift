@@ -70,7 +70,10 @@ import Testing
         try b.unmount()
         #expect(filesContaining(marker, under: server.dataDirectory).isEmpty)
         #expect(filesContaining(marker, under: a.dataDir).isEmpty && filesContaining(marker, under: b.dataDir).isEmpty)
-        #expect(coffer(a.dataDir, ["fsck"]).status == 0 && coffer(b.dataDir, ["fsck"]).status == 0)
+        for d in [a, b] {
+            let fsck = coffer(d.dataDir, ["fsck"])
+            #expect(fsck.status == 0, "fsck of \(d.dataDir): \(fsck.out) \(fsck.err)")
+        }
         let audit = server.audit()
         #expect(audit.status == 0, "\(audit.out)")
     }
