@@ -217,8 +217,8 @@ struct SQLiteTransaction: MetadataWriter {
         if let afterID {
             rows = try Row.fetchCursor(
                 db,
-                sql:
-                    "SELECT \(Self.fileColumns) FROM file WHERE account = ? AND (version, id) > (?, ?) ORDER BY version, id",
+                sql: "SELECT \(Self.fileColumns) FROM file WHERE account = ? AND (version, id) > (?, ?) "
+                    + "ORDER BY version, id",
                 arguments: [account, since, afterID])
         } else {
             rows = try Row.fetchCursor(
@@ -257,8 +257,9 @@ struct SQLiteTransaction: MetadataWriter {
     func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data] {
         try Data.fetchAll(
             db.cachedStatement(
-                sql:
-                    "SELECT id FROM file WHERE account = ? AND parent = ? AND deleted = 0 AND name_mac = COALESCE(?, X'')"
+                // An empty MAC may be bound as NULL: compared as the empty blob the column holds.
+                sql: "SELECT id FROM file WHERE account = ? AND parent = ? AND deleted = 0 "
+                    + "AND name_mac = COALESCE(?, X'')"
             ), arguments: [account, parent, nameMAC])
     }
 

@@ -139,7 +139,8 @@ final class Reader: @unchecked Sendable {
             case .subfolders:
                 return """
                     SELECT (SELECT count(*) FROM local_files WHERE parent = ?1 AND kind = 1 AND id != parent)
-                      + (SELECT count(*) FROM base_files b WHERE parent = ?1 AND kind = 1 AND id != parent AND \(notLocal))
+                      + (SELECT count(*) FROM base_files b
+                         WHERE parent = ?1 AND kind = 1 AND id != parent AND \(notLocal))
                     """
             case .roots:
                 return """

@@ -192,105 +192,109 @@ public final class Store: Sendable {
         // store"): each record's name MAC and kind sit beside it, indexed under its parent, so a
         // folder's children, a child by name and a folder's live subfolders are index lookups.
         m.registerMigration("v2") { db in
-            for table in [TreeSide.base.table, TreeSide.local.table] {
-                try db.execute(
-                    sql: """
-                        ALTER TABLE \(table) ADD COLUMN name_mac BLOB NOT NULL DEFAULT x'';
-                        ALTER TABLE \(table) ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
-                        """)
-                var columns: [(id: Data, mac: Data, kind: Int64)] = []
-                let rows = try Row.fetchCursor(db, sql: "SELECT id, record, server_deleted FROM \(table)")
-                while let row = try rows.next() {
-                    let record: Data = row["record"]
-                    // A record that does not decode keeps empty columns: fsck reports it.
-                    guard let signed = try? SignedMetadata(decoding: [UInt8](record)) else { continue }
-                    let serverDeleted: Bool = row["server_deleted"]
-                    columns.append(
-                        (row["id"], Data(signed.metadata.name.mac), TreeKind.of(signed.metadata, serverDeleted)))
-                }
-                let update = try db.makeStatement(sql: "UPDATE \(table) SET name_mac = ?, kind = ? WHERE id = ?")
-                for c in columns { try update.execute(arguments: [c.mac, c.kind, c.id]) }
-                try db.execute(
-                    sql: """
-                        CREATE INDEX \(table)_children ON \(table)(parent, name_mac, kind);
-                        CREATE INDEX \(table)_root ON \(table)(id) WHERE parent = id;
-                        CREATE INDEX \(table)_deleted ON \(table)(id) WHERE kind >= 2;
-                        """)
-            }
-            // How many records the current tree holds (an id in either table), kept by triggers
-            // so `coffer status` and statfs do not count a million rows.
-            try db.execute(
-                sql: """
-                    CREATE TABLE tree_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
-                    INSERT INTO tree_count VALUES (1, (SELECT count(*) FROM base_files)
-                      + (SELECT count(*) FROM local_files l WHERE NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)));
-                    CREATE TRIGGER base_files_counted AFTER INSERT ON base_files
-                      WHEN NOT EXISTS (SELECT 1 FROM local_files WHERE id = new.id)
-                      BEGIN UPDATE tree_count SET n = n + 1; END;
-                    CREATE TRIGGER base_files_uncounted AFTER DELETE ON base_files
-                      WHEN NOT EXISTS (SELECT 1 FROM local_files WHERE id = old.id)
-                      BEGIN UPDATE tree_count SET n = n - 1; END;
-                    CREATE TRIGGER local_files_counted AFTER INSERT ON local_files
-                      WHEN NOT EXISTS (SELECT 1 FROM base_files WHERE id = new.id)
-                      BEGIN UPDATE tree_count SET n = n + 1; END;
-                    CREATE TRIGGER local_files_uncounted AFTER DELETE ON local_files
-                      WHEN NOT EXISTS (SELECT 1 FROM base_files WHERE id = old.id)
-                      BEGIN UPDATE tree_count SET n = n - 1; END;
-                    """)
-            // What waits to be pushed, by kind, kept the same way for `coffer status`: a local row
-            // is a deletion if it says deleted, else a creation if no base row has its id, else a
-            // modification. Each trigger moves one row between these as its category changes.
-            let created = "kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
-            let modified = "kind < 2 AND EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
-            func category(_ row: String, _ sign: String) -> String {
-                """
-                deleted = deleted \(sign) (\(row).kind >= 2),
-                created = created \(sign) (\(row).kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files WHERE id = \(row).id)),
-                modified = modified \(sign) (\(row).kind < 2 AND EXISTS (SELECT 1 FROM base_files WHERE id = \(row).id))
-                """
-            }
-            try db.execute(
-                sql: """
-                    CREATE TABLE pending_count (
-                        one INTEGER PRIMARY KEY CHECK (one = 1),
-                        created INTEGER NOT NULL, modified INTEGER NOT NULL, deleted INTEGER NOT NULL);
-                    INSERT INTO pending_count SELECT 1,
-                      (SELECT count(*) FROM local_files l WHERE \(created)),
-                      (SELECT count(*) FROM local_files l WHERE \(modified)),
-                      (SELECT count(*) FROM local_files WHERE kind >= 2);
-                    CREATE TRIGGER local_files_pending_in AFTER INSERT ON local_files
-                      BEGIN UPDATE pending_count SET \(category("new", "+")); END;
-                    CREATE TRIGGER local_files_pending_out AFTER DELETE ON local_files
-                      BEGIN UPDATE pending_count SET \(category("old", "-")); END;
-                    CREATE TRIGGER local_files_pending_kind AFTER UPDATE OF kind ON local_files
-                      BEGIN
-                        UPDATE pending_count SET \(category("old", "-"));
-                        UPDATE pending_count SET \(category("new", "+"));
-                      END;
-                    CREATE TRIGGER base_files_pending_in AFTER INSERT ON base_files
-                      WHEN EXISTS (SELECT 1 FROM local_files WHERE id = new.id AND kind < 2)
-                      BEGIN UPDATE pending_count SET created = created - 1, modified = modified + 1; END;
-                    CREATE TRIGGER base_files_pending_out AFTER DELETE ON base_files
-                      WHEN EXISTS (SELECT 1 FROM local_files WHERE id = old.id AND kind < 2)
-                      BEGIN UPDATE pending_count SET created = created + 1, modified = modified - 1; END;
-                    """)
-            // How many document versions rows stopped naming since the last garbage collection:
-            // what decides whether a mount collects (`garbageSinceCollection`), since a
-            // collection reads every row and a mount must not.
-            var garbage = "CREATE TABLE garbage_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);"
-            garbage += "INSERT INTO garbage_count VALUES (1, 0);"
-            for table in [TreeSide.base.table, TreeSide.local.table] {
-                garbage += """
-                    CREATE TRIGGER \(table)_garbage_out AFTER DELETE ON \(table) WHEN old.content_digest IS NOT NULL
-                      BEGIN UPDATE garbage_count SET n = n + 1; END;
-                    CREATE TRIGGER \(table)_garbage_replaced AFTER UPDATE OF content_digest ON \(table)
-                      WHEN old.content_digest IS NOT NULL AND old.content_digest IS NOT new.content_digest
-                      BEGIN UPDATE garbage_count SET n = n + 1; END;
-                    """
-            }
-            try db.execute(sql: garbage)
+            for side in [TreeSide.base, .local] { try indexTree(side.table, db) }
+            try createTreeCounters(db)
         }
         return m
+    }
+
+    /// Gives a tree table the columns and indexes the tree is read by (format `v2`), filled from
+    /// each record; one that does not decode keeps empty columns, for fsck to report.
+    private static func indexTree(_ table: String, _ db: Database) throws {
+        try db.execute(
+            sql: """
+                ALTER TABLE \(table) ADD COLUMN name_mac BLOB NOT NULL DEFAULT x'';
+                ALTER TABLE \(table) ADD COLUMN kind INTEGER NOT NULL DEFAULT 0;
+                """)
+        var columns: [(id: Data, mac: Data, kind: Int64)] = []
+        let rows = try Row.fetchCursor(db, sql: "SELECT id, record, server_deleted FROM \(table)")
+        while let row = try rows.next() {
+            let record: Data = row["record"]
+            guard let signed = try? SignedMetadata(decoding: [UInt8](record)) else { continue }
+            let serverDeleted: Bool = row["server_deleted"]
+            columns.append((row["id"], Data(signed.metadata.name.mac), TreeKind.of(signed.metadata, serverDeleted)))
+        }
+        let update = try db.makeStatement(sql: "UPDATE \(table) SET name_mac = ?, kind = ? WHERE id = ?")
+        for c in columns { try update.execute(arguments: [c.mac, c.kind, c.id]) }
+        try db.execute(
+            sql: """
+                CREATE INDEX \(table)_children ON \(table)(parent, name_mac, kind);
+                CREATE INDEX \(table)_root ON \(table)(id) WHERE parent = id;
+                CREATE INDEX \(table)_deleted ON \(table)(id) WHERE kind >= 2;
+                """)
+    }
+
+    /// SQL that is true when `row` (a tree row: an alias, or a trigger's `new` or `old`) has a row
+    /// with its id in `table`.
+    private static func has(_ row: String, in table: String) -> String {
+        "EXISTS (SELECT 1 FROM \(table) WHERE id = \(row).id)"
+    }
+
+    /// Counters the triggers keep exact as rows come and go (format `v2`), so `coffer status`,
+    /// statfs and a mount deciding whether to collect garbage read one row, not a million:
+    /// - `tree_count`: records in the current tree (an id in either table);
+    /// - `pending_count`: local rows by what they push: a deletion if the row says deleted, else
+    ///   a creation if no base row has its id, else a modification; each trigger moves one row
+    ///   between these as its category changes;
+    /// - `garbage_count`: document versions rows stopped naming since the last collection.
+    private static func createTreeCounters(_ db: Database) throws {
+        let (base, local) = (TreeSide.base.table, TreeSide.local.table)
+        var sql = """
+            CREATE TABLE tree_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
+            INSERT INTO tree_count SELECT 1,
+              (SELECT count(*) FROM \(base)) + (SELECT count(*) FROM \(local) l WHERE NOT \(has("l", in: base)));
+            CREATE TABLE pending_count (
+                one INTEGER PRIMARY KEY CHECK (one = 1),
+                created INTEGER NOT NULL, modified INTEGER NOT NULL, deleted INTEGER NOT NULL);
+            INSERT INTO pending_count SELECT 1,
+              (SELECT count(*) FROM \(local) l WHERE kind < 2 AND NOT \(has("l", in: base))),
+              (SELECT count(*) FROM \(local) l WHERE kind < 2 AND \(has("l", in: base))),
+              (SELECT count(*) FROM \(local) WHERE kind >= 2);
+            CREATE TABLE garbage_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
+            INSERT INTO garbage_count VALUES (1, 0);
+
+            """
+        for (table, other) in [(base, local), (local, base)] {
+            for (event, row, sign) in [("insert", "new", "+"), ("delete", "old", "-")] {
+                sql += """
+                    CREATE TRIGGER \(table)_counted_\(event) AFTER \(event) ON \(table)
+                      WHEN NOT \(has(row, in: other)) BEGIN UPDATE tree_count SET n = n \(sign) 1; END;
+
+                    """
+            }
+            sql += """
+                CREATE TRIGGER \(table)_garbage_out AFTER DELETE ON \(table) WHEN old.content_digest IS NOT NULL
+                  BEGIN UPDATE garbage_count SET n = n + 1; END;
+                CREATE TRIGGER \(table)_garbage_replaced AFTER UPDATE OF content_digest ON \(table)
+                  WHEN old.content_digest IS NOT NULL AND old.content_digest IS NOT new.content_digest
+                  BEGIN UPDATE garbage_count SET n = n + 1; END;
+
+                """
+        }
+        func category(_ row: String, _ sign: String) -> String {
+            """
+            deleted = deleted \(sign) (\(row).kind >= 2),
+            created = created \(sign) (\(row).kind < 2 AND NOT \(has(row, in: base))),
+            modified = modified \(sign) (\(row).kind < 2 AND \(has(row, in: base)))
+            """
+        }
+        let liveLocal = { (row: String) in "EXISTS (SELECT 1 FROM \(local) WHERE id = \(row).id AND kind < 2)" }
+        sql += """
+            CREATE TRIGGER \(local)_pending_in AFTER INSERT ON \(local)
+              BEGIN UPDATE pending_count SET \(category("new", "+")); END;
+            CREATE TRIGGER \(local)_pending_out AFTER DELETE ON \(local)
+              BEGIN UPDATE pending_count SET \(category("old", "-")); END;
+            CREATE TRIGGER \(local)_pending_kind AFTER UPDATE OF kind ON \(local)
+              BEGIN
+                UPDATE pending_count SET \(category("old", "-"));
+                UPDATE pending_count SET \(category("new", "+"));
+              END;
+            CREATE TRIGGER \(base)_pending_in AFTER INSERT ON \(base) WHEN \(liveLocal("new"))
+              BEGIN UPDATE pending_count SET created = created - 1, modified = modified + 1; END;
+            CREATE TRIGGER \(base)_pending_out AFTER DELETE ON \(base) WHEN \(liveLocal("old"))
+              BEGIN UPDATE pending_count SET created = created + 1, modified = modified - 1; END;
+            """
+        try db.execute(sql: sql)
     }
 
     /// Runs `body` in one read transaction (a consistent snapshot). While a group transaction

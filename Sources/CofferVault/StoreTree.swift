@@ -105,11 +105,6 @@ final class StoreTree: TreeView, Sendable {
         entry(id).map { FileLink(parent: $0.metadata.parent, isDeleted: $0.metadata.isDeleted) }
     }
 
-    /// The server's versions of the current record (0 for a record the server has not seen).
-    func versions(_ id: FileID) -> (version: Int64, contentVersion: Int64) {
-        entry(id).map { ($0.version, $0.contentVersion) } ?? (0, 0)
-    }
-
     var rootID: FileID? {
         state.withLock { s in
             sweep(&s)
@@ -177,10 +172,13 @@ final class StoreTree: TreeView, Sendable {
 
     /// How many records the tree holds (a scan of the store; not for requests).
     var count: Int {
-        let stored = state.withLock { s in read(&s, { try store.committedCount() }) ?? 0 }
-        return state.withLock { s in
-            stored
-                + s.pending.values.reduce(0) { n, p in n + (p.committed == nil ? 1 : 0) - (p.current == nil ? 1 : 0) }
+        state.withLock { s in
+            sweep(&s)
+            let stored = read(&s, { try store.committedCount() }) ?? 0
+            // A pending file adds one if the store lacks it and takes one if it is now removed.
+            return s.pending.values.reduce(stored) { n, p in
+                n + (p.committed == nil ? 1 : 0) - (p.current == nil ? 1 : 0)
+            }
         }
     }
 

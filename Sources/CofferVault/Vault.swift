@@ -441,7 +441,9 @@ public final class Vault: Sendable {
                         var written: [(id: FileID, before: FileMetadata?, after: TreeEntry?)] = []
                         written.reserveCapacity(changed.count)
                         for m in changed {
-                            let before = s.view.tree.file(m.id)
+                            // One read gives the record as it was and the server's versions of it.
+                            let old = s.view.tree.entry(m.id)
+                            let before = old?.metadata
                             // A deletion the server never saw is pruned right here, in the same
                             // transaction: nothing will ever need to push it.
                             if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
@@ -452,18 +454,15 @@ public final class Vault: Sendable {
                                 written.append((m.id, before, nil))
                                 continue
                             }
-                            let v = s.view.tree.versions(m.id)
                             // The tree still holds the record as it was (the batch lands below),
                             // so it knows what the row named.
+                            let entry = TreeEntry(
+                                metadata: m, version: old?.version ?? 0, contentVersion: old?.contentVersion ?? 0)
                             try w.put(
-                                StoredFile(signed: unsigned(m), version: v.version, contentVersion: v.contentVersion),
+                                StoredFile(
+                                    signed: unsigned(m), version: entry.version, contentVersion: entry.contentVersion),
                                 .local, previousDigest: .some(before?.contentDigest))
-                            written.append(
-                                (
-                                    m.id, before,
-                                    TreeEntry(metadata: m, version: v.version, contentVersion: v.contentVersion)
-                                )
-                            )
+                            written.append((m.id, before, entry))
                         }
                         // The reads above (records as they were, versions) must have worked too.
                         if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }

@@ -17,16 +17,13 @@ import Testing
     let context = RequestContext(uid: 0, gid: 0, pid: 1, umask: 0o022)
 
     final class Fixture {
-        let dir = NSTemporaryDirectory() + "coffer-fs-race-" + UUID().uuidString
+        let store: TemporaryVault
         let fs: CofferFileSystem
         init() throws {
-            let vault = try Vault.create(dataDirectory: dir + "/data", username: "rita")
-            fs = try CofferFileSystem(vault: vault)
+            store = try TemporaryVault("fs-race")
+            fs = try CofferFileSystem(vault: store.vault)
         }
-        deinit {
-            fs.destroy()
-            try? FileManager.default.removeItem(atPath: dir)
-        }
+        deinit { fs.destroy() }  // before `store` goes, and its folder with it
     }
 
     /// Creates, writes and closes a file, and lets the kernel forget it, as `echo > name` would.

@@ -17,10 +17,9 @@ import Testing
     let context = RequestContext(uid: 0, gid: 0, pid: 1, umask: 0o022)
 
     final class Fixture {
-        let dir = NSTemporaryDirectory() + "coffer-fs-inodes-" + UUID().uuidString
-        let vault: Vault
-        init() throws { vault = try Vault.create(dataDirectory: dir + "/data", username: "rita") }
-        deinit { try? FileManager.default.removeItem(atPath: dir) }
+        let store: TemporaryVault
+        var vault: Vault { store.vault }
+        init() throws { store = try TemporaryVault("fs-inodes") }
 
         /// A filesystem over the vault, as a fresh mount would start.
         func mount(cacheCapacity: Int = InodeTable.cacheCapacity) -> CofferFileSystem {

@@ -14,10 +14,11 @@ import Testing
 /// Run alone: `swift test --filter ScaleMemoryTests`.
 @Suite struct ScaleMemoryTests {
     /// How much any figure may grow from 20,000 to 100,000 files: 60 MiB, about 770 bytes per
-    /// added file (measured: 34 MiB for the daemon after `ls -lR`, nothing for the rest). Past what an empty tree needs, a daemon or CLI that reads the tree from SQLite
-    /// as it goes needs only bounded caches, which the bigger walk can fill where the smaller one
-    /// did not: SQLite's page caches (16 MiB for the writer, 2-4 MiB per read connection, see
-    /// `Store`), the vault's and the inode table's caches (16,384 entries each), and, in the
+    /// added file (measured: 34 MiB for the daemon after `ls -lR`, nothing for the rest). Past
+    /// what an empty tree needs, a daemon or CLI that reads the tree from SQLite as it goes needs
+    /// only bounded caches, which the bigger walk can fill where the smaller one did not:
+    /// SQLite's page caches (16 MiB for the writer, 2-4 MiB per read connection, see `Store`),
+    /// the vault's and the inode table's caches (16,384 entries each), and, in the
     /// daemon, an entry per inode the kernel still remembers after the walk (45-56 bytes, 4 MiB
     /// for 80,000 more): about 40 MiB in all, and the allocator's slack on top. Holding the tree
     /// in memory costs kilobytes per file, 250-330 MiB here, so the bound tells the two apart

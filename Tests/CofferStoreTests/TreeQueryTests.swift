@@ -52,15 +52,12 @@ struct TreeQueryTests {
                         """)
                 }
             }
+            let inBase = "EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
             func expectedPending() throws -> [Int] {
                 try store.read { r in
                     [
-                        try r.count(
-                            "SELECT count(*) FROM local_files l WHERE kind < 2 AND NOT EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
-                        ),
-                        try r.count(
-                            "SELECT count(*) FROM local_files l WHERE kind < 2 AND EXISTS (SELECT 1 FROM base_files b WHERE b.id = l.id)"
-                        ),
+                        try r.count("SELECT count(*) FROM local_files l WHERE kind < 2 AND NOT \(inBase)"),
+                        try r.count("SELECT count(*) FROM local_files l WHERE kind < 2 AND \(inBase)"),
                         try r.count("SELECT count(*) FROM local_files WHERE kind >= 2"),
                     ]
                 }

@@ -104,13 +104,17 @@ import Testing
     }
 
     /// A later process's stamps win: the clock a reopened vault starts from is ahead of every
-    /// stamp it issued before, without reading every record.
+    /// stamp it issued before, without reading every record. The stamp compared is another
+    /// file's, which the reopened vault never opens, and its wall clock has gone back, so only
+    /// the stored lease can put the new stamp ahead.
     @Test func aReopenedVaultStampsLaterThanEverBefore() throws {
         let f = try VaultFixture()
-        let doc = try f.document("d.txt")
-        let before = try f.vault.node(doc.id).attributes.mode.stamp
-        let reopened = try Vault.open(dataDirectory: f.dataDir, now: { Timespec(seconds: 1) })  // a clock gone back
-        try reopened.setAttributes(doc.id, AttributeChanges(mode: 0o600))
-        #expect(try reopened.node(doc.id).attributes.mode.stamp > before)
+        let untouched = try f.document("old.txt")
+        let changed = try f.document("d.txt")
+        try f.vault.setAttributes(changed.id, AttributeChanges(mode: 0o640))
+        let latest = try f.vault.node(changed.id).attributes.mode.stamp
+        let reopened = try Vault.open(dataDirectory: f.dataDir, now: { Timespec(seconds: 1) })
+        try reopened.setAttributes(untouched.id, AttributeChanges(mode: 0o600))
+        #expect(try reopened.node(untouched.id).attributes.mode.stamp > latest)
     }
 }
