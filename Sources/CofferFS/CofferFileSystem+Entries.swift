@@ -90,12 +90,19 @@ extension CofferFileSystem {
             }
             if let mt = changes.modificationTime {
                 let ts = Timespec(mt.resolved(now: now))
-                // utimens on a document with unflushed writes: the time rides along with the
-                // content commit at close (later writes move it again, as POSIX wants). An atime
-                // set with it is still committed now; the content commit keeps it.
-                if let doc = openDocumentHandle(for: n.id), doc.setPendingModificationTime(ts) {
+                // utimens on a document with unflushed writes (cp -a, rsync and tar set both
+                // times before closing): the times ride along with the content commit at close
+                // (later writes move mtime again, as POSIX wants), instead of a commit of their
+                // own for every file copied in.
+                let doc = openDocumentHandle(for: n.id)
+                if let doc, doc.setPendingTimes(modification: ts, access: vc.atime) {
                     vc.mtime = nil
+                    vc.atime = nil
                 } else {
+                    // Unflushed writes that cannot carry these times (outside the years
+                    // 1677-2262) are committed first: committed at close, they would move
+                    // mtime to the time of the write, which came before this call.
+                    try doc?.flush()
                     vc.mtime = ts
                 }
             }

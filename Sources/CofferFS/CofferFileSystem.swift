@@ -162,11 +162,14 @@ public final class CofferFileSystem: FileSystemOperations {
         throw FSError.notFound
     }
 
+    /// The folder an inode names; ENOENT if it is gone (unlinked), ENOTDIR if it is no folder.
     func folderID(_ ino: InodeNumber) throws -> FileID {
-        let (n, unlinked) = try node(ino)
-        if unlinked { throw FSError.notFound }
-        guard n.type == .folder else { throw FSError.notDirectory }
-        return n.id
+        guard let id = inodes.fileID(ino) else { throw FSError.notFound }
+        switch vault.liveType(id) {
+        case .folder: return id
+        case nil: throw FSError.notFound
+        default: throw FSError.notDirectory
+        }
     }
 
     // MARK: Lifecycle

@@ -70,6 +70,21 @@ final class FastReads: Sendable {
         }
     }
 
+    /// The inode of each file that has one, in order, on one connection (a listing's entries),
+    /// in one read transaction: each statement on its own took and dropped the file's shared
+    /// lock (two fcntl calls), a fifth of what these lookups cost.
+    func inodes(_ ids: [[UInt8]]) throws -> [UInt64?] {
+        try withReader { r in
+            try r.inReadTransaction {
+                try ids.map { id in
+                    var ino: UInt64?
+                    try r.rows(.inode, keys: [id]) { _, first, _, _ in ino = UInt64(exactly: first) }
+                    return ino
+                }
+            }
+        }
+    }
+
     /// The first blob column of each row a tree query finds.
     func blobs(_ query: Reader.Query) throws -> [[UInt8]] {
         try withReader { r in
@@ -112,6 +127,8 @@ final class Reader: @unchecked Sendable {
         case roots
         /// How many records the tree holds.
         case count
+        /// A file's inode number.
+        case inode
 
         /// Tree columns: record, version, content version, server-deleted flag.
         var sql: String {
@@ -149,6 +166,8 @@ final class Reader: @unchecked Sendable {
                     """
             case .count:
                 return "SELECT n FROM tree_count"
+            case .inode:
+                return "SELECT ino FROM inodes WHERE file_id = ?1"
             }
         }
     }
@@ -255,6 +274,15 @@ final class Reader: @unchecked Sendable {
                 throw StoreError("read failed: \(String(cString: sqlite3_errmsg(db)))")
             }
         }
+    }
+
+    /// Runs `body` in one read transaction: every statement in it reads the same snapshot.
+    func inReadTransaction<T>(_ body: () throws -> T) throws -> T {
+        guard sqlite3_exec(db, "BEGIN", nil, nil, nil) == SQLITE_OK else {
+            throw StoreError("cannot begin a read: \(String(cString: sqlite3_errmsg(db)))")
+        }
+        defer { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
+        return try body()
     }
 
     func close() {

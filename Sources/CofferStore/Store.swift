@@ -194,8 +194,52 @@ public final class Store: Sendable {
         m.registerMigration("v2") { db in
             for side in [TreeSide.base, .local] { try indexTree(side.table, db) }
             try createTreeCounters(db)
+            try db.execute(sql: treeTriggers)
+        }
+        // Rows clustered under their parent (docs/STORE.md, "The tree in the store"): keyed by
+        // id, a folder's children sat on as many pages as it has children, anywhere in the
+        // table, and listing every folder of 100,000 files read the whole table at random (1.0 s
+        // cold or warm through a 2 MiB cache, against 0.15 s cold and 0.06 s warm clustered).
+        m.registerMigration("v3") { db in
+            let triggers = try String.fetchAll(
+                db, sql: "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?)",
+                arguments: [TreeSide.base.table, TreeSide.local.table])
+            for t in triggers { try db.execute(sql: "DROP TRIGGER \(t)") }
+            for side in [TreeSide.base, .local] { try clusterTree(side.table, db) }
+            try db.execute(sql: treeTriggers)
         }
         return m
+    }
+
+    /// Rebuilds a tree table keyed by (parent, name MAC, id) (format `v3`), so a folder's
+    /// children, and a child by name, are one range of the table; the id stays unique through
+    /// an index, which lookups by id and the writer's upsert use. The caller drops the table's
+    /// triggers first and creates them again after.
+    private static func clusterTree(_ table: String, _ db: Database) throws {
+        let columns = "id, parent, record, content_digest, version, content_version, server_deleted, name_mac, kind"
+        try db.execute(
+            sql: """
+                CREATE TABLE \(table)_clustered (
+                    id BLOB NOT NULL,
+                    parent BLOB NOT NULL,
+                    record BLOB NOT NULL,
+                    content_digest BLOB,
+                    version INTEGER NOT NULL DEFAULT 0,
+                    content_version INTEGER NOT NULL DEFAULT 0,
+                    server_deleted INTEGER NOT NULL DEFAULT 0,
+                    name_mac BLOB NOT NULL DEFAULT x'',
+                    kind INTEGER NOT NULL DEFAULT 0,
+                    PRIMARY KEY (parent, name_mac, id)
+                ) WITHOUT ROWID;
+                INSERT INTO \(table)_clustered (\(columns))
+                  SELECT \(columns) FROM \(table) ORDER BY parent, name_mac, id;
+                DROP TABLE \(table);
+                ALTER TABLE \(table)_clustered RENAME TO \(table);
+                CREATE UNIQUE INDEX \(table)_id ON \(table)(id);
+                CREATE INDEX \(table)_digest ON \(table)(content_digest);
+                CREATE INDEX \(table)_root ON \(table)(id) WHERE parent = id;
+                CREATE INDEX \(table)_deleted ON \(table)(id) WHERE kind >= 2;
+                """)
     }
 
     /// Gives a tree table the columns and indexes the tree is read by (format `v2`), filled from
@@ -239,7 +283,7 @@ public final class Store: Sendable {
     /// - `garbage_count`: document versions rows stopped naming since the last collection.
     private static func createTreeCounters(_ db: Database) throws {
         let (base, local) = (TreeSide.base.table, TreeSide.local.table)
-        var sql = """
+        let sql = """
             CREATE TABLE tree_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
             INSERT INTO tree_count SELECT 1,
               (SELECT count(*) FROM \(base)) + (SELECT count(*) FROM \(local) l WHERE NOT \(has("l", in: base)));
@@ -252,8 +296,14 @@ public final class Store: Sendable {
               (SELECT count(*) FROM \(local) WHERE kind >= 2);
             CREATE TABLE garbage_count (one INTEGER PRIMARY KEY CHECK (one = 1), n INTEGER NOT NULL);
             INSERT INTO garbage_count VALUES (1, 0);
-
             """
+        try db.execute(sql: sql)
+    }
+
+    /// The triggers that keep the counters of `createTreeCounters` exact.
+    private static var treeTriggers: String {
+        let (base, local) = (TreeSide.base.table, TreeSide.local.table)
+        var sql = ""
         for (table, other) in [(base, local), (local, base)] {
             for (event, row, sign) in [("insert", "new", "+"), ("delete", "old", "-")] {
                 sql += """
@@ -294,7 +344,7 @@ public final class Store: Sendable {
             CREATE TRIGGER \(base)_pending_out AFTER DELETE ON \(base) WHEN \(liveLocal("old"))
               BEGIN UPDATE pending_count SET created = created + 1, modified = modified - 1; END;
             """
-        try db.execute(sql: sql)
+        return sql
     }
 
     /// Runs `body` in one read transaction (a consistent snapshot). While a group transaction
@@ -346,6 +396,12 @@ public final class Store: Sendable {
     public func committedChildren(of parent: FileID, nameMAC: [UInt8]? = nil) throws -> [StoredFile] {
         guard let nameMAC else { return try fast.records(.children, parent.bytes) }
         return try fast.records(.named, parent.bytes, nameMAC)
+    }
+
+    /// The committed inode of each file, in order; nil for one that has none, or got it in this
+    /// process's open group (`StoreWriter.inode(for:)` finds those).
+    public func committedInodes(of ids: [FileID]) throws -> [UInt64?] {
+        try fast.inodes(ids.map(\.bytes))
     }
 
     /// How many live folders `parent` holds.

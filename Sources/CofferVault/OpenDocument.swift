@@ -28,6 +28,9 @@ public final class OpenDocument: Sendable {
     /// set to ride along): the ctime the commit records, whatever mtime says (a `touch -d` into
     /// the future moves mtime, not ctime). 0 if none.
     let ctimeAtomic = Atomic<Int64>(0)
+    /// An access time set while writes are unflushed (cp -a and rsync set both times on the
+    /// open file before closing it): it rides along with the content commit. 0 if none.
+    let atimeAtomic = Atomic<Int64>(0)
     /// The last write or truncate through any handle, kept across commits (0 if none): what a
     /// file unlinked while open shows as its mtime, since no record takes it any more.
     let lastContentChangeAtomic = Atomic<Int64>(0)
@@ -188,24 +191,42 @@ public final class OpenDocument: Sendable {
 
     var pendingMtime: Timespec? { Self.timespec(mtimeAtomic.load(ordering: .relaxed)) }
 
+    /// The access time the next commit records, if one was set while writes were unflushed.
+    var pendingAtime: Timespec? { Self.timespec(atimeAtomic.load(ordering: .relaxed)) }
+
     /// When content last changed through this document (see `lastContentChangeAtomic`).
     public var lastContentChange: Timespec? { Self.timespec(lastContentChangeAtomic.load(ordering: .relaxed)) }
 
     /// The change time of the unflushed changes, if any (see `ctimeAtomic`).
     var pendingCtime: Timespec? { Self.timespec(ctimeAtomic.load(ordering: .relaxed)) }
 
+    /// The inverse of `nanoseconds`: before the epoch too, nanoseconds stay in 0..<10⁹.
     private static func timespec(_ n: Int64) -> Timespec? {
-        n == 0 ? nil : Timespec(seconds: n / 1_000_000_000, nanoseconds: n % 1_000_000_000)
+        guard n != 0 else { return nil }
+        let (seconds, rest) = n.quotientAndRemainder(dividingBy: 1_000_000_000)
+        return rest < 0
+            ? Timespec(seconds: seconds - 1, nanoseconds: rest + 1_000_000_000)
+            : Timespec(seconds: seconds, nanoseconds: rest)
     }
 
-    private static func nanoseconds(_ t: Timespec) -> Int64 { t.seconds * 1_000_000_000 + t.nanoseconds }
+    /// Nanoseconds since the epoch, or nil if `t` does not fit (a time from the kernel can be
+    /// any 64-bit second) or is the epoch itself, which the atomics use for "none".
+    private static func nanoseconds(_ t: Timespec) -> Int64? {
+        let (scaled, overflow) = t.seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        guard !overflow else { return nil }
+        let (n, overflow2) = scaled.addingReportingOverflow(t.nanoseconds)
+        return overflow2 || n == 0 ? nil : n
+    }
+
+    /// `nanoseconds` of the clock, which is always in range.
+    private func nowNanoseconds() -> Int64 { Self.nanoseconds(vault.now()) ?? 0 }
 
     /// Under the lock, after a write, truncate or allocation: the content is unflushed, and its
     /// mtime and ctime are now.
     private func contentChanged(_ s: inout DocumentState) {
         s.modified = true
         sizeAtomic.store(s.size, ordering: .relaxed)
-        let t = Self.nanoseconds(vault.now())
+        let t = nowNanoseconds()
         mtimeAtomic.store(t, ordering: .relaxed)
         ctimeAtomic.store(t, ordering: .relaxed)
         lastContentChangeAtomic.store(t, ordering: .relaxed)
@@ -213,7 +234,7 @@ public final class OpenDocument: Sendable {
 
     /// Records that an unflushed change was made now.
     private func changedNow() {
-        ctimeAtomic.store(Self.nanoseconds(vault.now()), ordering: .relaxed)
+        ctimeAtomic.store(nowNanoseconds(), ordering: .relaxed)
     }
 
     // MARK: Reading
@@ -639,7 +660,7 @@ public final class OpenDocument: Sendable {
         let digest = try vault.commitContent(
             id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
             chunks: pending, unsealed: unsealed,
-            ownership: pendingOwnership)
+            ownership: pendingOwnership, atime: pendingAtime)
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.
         if digest == nil { try store() }
@@ -650,6 +671,7 @@ public final class OpenDocument: Sendable {
         s.digest = digest ?? s.digest
         mtimeAtomic.store(0, ordering: .relaxed)
         ctimeAtomic.store(0, ordering: .relaxed)
+        atimeAtomic.store(0, ordering: .relaxed)
         pendingModeAtomic.store(-1, ordering: .relaxed)
         pendingUIDAtomic.store(-1, ordering: .relaxed)
         pendingGIDAtomic.store(-1, ordering: .relaxed)
@@ -682,12 +704,20 @@ public final class OpenDocument: Sendable {
         }
     }
 
-    /// Sets the modification time the next commit records, if there are unflushed writes to
-    /// carry it; returns false (and changes nothing) otherwise.
-    public func setPendingModificationTime(_ t: Timespec) -> Bool {
-        state.withLock { s in
+    /// Sets the modification time, and the access time if given, that the next commit records,
+    /// if there are unflushed writes to carry them; returns false (and changes nothing)
+    /// otherwise, or if a time is outside what this can hold (about the years 1677 to 2262).
+    public func setPendingTimes(modification mtime: Timespec, access atime: Timespec?) -> Bool {
+        guard let m = Self.nanoseconds(mtime) else { return false }
+        var a: Int64?
+        if let atime {
+            guard let n = Self.nanoseconds(atime) else { return false }
+            a = n
+        }
+        return state.withLock { s in
             guard s.modified else { return false }
-            mtimeAtomic.store(Self.nanoseconds(t), ordering: .relaxed)
+            mtimeAtomic.store(m, ordering: .relaxed)
+            if let a { atimeAtomic.store(a, ordering: .relaxed) }
             changedNow()
             return true
         }

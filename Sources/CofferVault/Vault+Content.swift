@@ -78,7 +78,7 @@ extension Vault {
     func commitContent(
         id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
         chunks: [[UInt8]: [UInt8]] = [:], unsealed: [[UInt8]: [UInt8]] = [:],
-        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil)
+        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil), atime: Timespec? = nil
     ) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
@@ -98,6 +98,7 @@ extension Vault {
                 if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
                 if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
                 if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
+                if let atime { a.atime = Stamped(atime, at: stamp) }
                 // When the content changed, not the commit's time nor mtime (which may be set
                 // anywhere); never before a change already recorded.
                 a.ctime = max(a.ctime, ctime)

@@ -49,6 +49,13 @@ extension Vault {
         } catch { throw VaultError.wrap(error) }
     }
 
+    /// The type of a live file, nil if it is deleted or unknown: for a caller that only needs
+    /// to know a folder is one (every lookup and create checks its parent), without decrypting
+    /// its name and attributes or counting its subfolders as `node` does.
+    public func liveType(_ id: FileID) -> FileType? {
+        state.withLock { s in s.view.tree.isLive(id) ? s.view.tree.file(id)?.type : nil }
+    }
+
     /// Whether the file exists and is live (not deleted, no deleted ancestor).
     public func isLive(_ id: FileID) -> Bool {
         state.withLock { $0.view.tree.isLive(id) }

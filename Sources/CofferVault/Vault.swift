@@ -330,6 +330,7 @@ public final class Vault: Sendable {
         if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
             attrs.size = open.currentSize
             if let mt = open.pendingMtime { attrs.mtime.value = mt }
+            if let at = open.pendingAtime { attrs.atime.value = at }
             if let ct = open.pendingCtime { attrs.ctime = max(attrs.ctime, ct) }
             let own = open.pendingOwnership
             if let mode = own.mode { attrs.mode.value = mode }

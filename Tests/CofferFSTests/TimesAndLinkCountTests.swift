@@ -92,6 +92,24 @@ let UTIME_OMIT_NS = (1 << 30) - 2
         #expect(c?.st_mtim.tv_sec == 1_200_000_000 && c?.st_mtim.tv_nsec == 8)
         #expect(c?.st_size == 6)
 
+        // Times before the epoch ride along exactly; times past what the pending fields hold
+        // (after 2262: a kernel's time is any 64-bit second) are committed at once instead. The
+        // second trapped the daemon, and the first came back with a negative nanosecond.
+        for (name, at, mt) in [
+            ("early", (-300_000_000, 5), (-1, 999_999_999)), ("far", (40_000_000_000, 1), (-40_000_000_000, 2)),
+        ] {
+            let fd = open(m.path(name), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
+            #expect(fd >= 0)
+            #expect(write(fd, "copied", 6) == 6)
+            var times = [timespec(tv_sec: at.0, tv_nsec: at.1), timespec(tv_sec: mt.0, tv_nsec: mt.1)]
+            #expect(futimens(fd, &times) == 0)
+            #expect(close(fd) == 0)
+            let s = statOf(m.path(name))
+            #expect(s.map { ($0.st_atim.tv_sec, $0.st_atim.tv_nsec) } ?? (0, 0) == at, "\(name)")
+            #expect(s.map { ($0.st_mtim.tv_sec, $0.st_mtim.tv_nsec) } ?? (0, 0) == mt, "\(name)")
+            #expect(s?.st_size == 6)
+        }
+
         // Stored: the same after a remount.
         let format = "%n %X %Y %x %y"
         let listing = statListing(m.mountPoint, format: format)

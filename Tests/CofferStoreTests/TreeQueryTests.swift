@@ -137,4 +137,65 @@ struct TreeQueryTests {
         #expect(try store.committedCount() == 4)
         #expect(try store.read { try $0.deletedBaseIDs() }.isEmpty)  // 3 is deleted only locally
     }
+
+    /// A store of format v2 (rows keyed by id) is rebuilt with its rows clustered under their
+    /// parent: every row, count and trigger survives, and the writer's upsert still finds a row
+    /// by id when its parent or name changes (which moves it in the table).
+    @Test func aVersionTwoStoreIsClusteredByParent() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        do {
+            let pool = try DatabasePool(path: dir + "/coffer.sqlite")
+            try Store.migrator.migrate(pool, upTo: "v2")
+            try pool.write { db in
+                for (f, table) in [
+                    (record(1, parent: 1, name: "root"), "base_files"), (record(2, parent: 1, name: "a"), "base_files"),
+                    (record(4, parent: 2, name: "c", digest: digest(1)), "base_files"),
+                    (record(3, parent: 1, name: "b", deleted: true), "local_files"),
+                    (record(2, parent: 1, name: "a2"), "local_files"),
+                ] {
+                    let kind = TreeKind.of(f.metadata, false)
+                    try db.execute(
+                        sql:
+                            "INSERT INTO \(table) (id, parent, record, content_digest, name_mac, kind) VALUES (?, ?, ?, ?, ?, ?)",
+                        arguments: [
+                            Data(f.metadata.id.bytes), Data(f.metadata.parent.bytes), Data(f.signed.encoded()),
+                            f.metadata.contentDigest.map { Data($0) }, Data(f.metadata.name.mac), kind,
+                        ])
+                }
+            }
+        }
+        let store = try Store(directory: dir)
+        let clustered = try store.read { r in
+            try r.count(
+                """
+                SELECT count(*) FROM sqlite_master WHERE name IN ('base_files', 'local_files')
+                  AND sql LIKE '%PRIMARY KEY (parent, name_mac, id)%'
+                """)
+        }
+        #expect(clustered == 2)
+        #expect(try store.committedChildren(of: fid(1), nameMAC: Array("a2".utf8)).map(\.metadata.id) == [fid(2)])
+        #expect(Set(try store.committedChildren(of: fid(1)).map(\.metadata.id)) == [fid(2), fid(3)])
+        #expect(try store.committedRecord(fid(4))?.metadata.parent == fid(2))
+        #expect(try store.committedCount() == 4)
+        #expect(try store.pendingCounts() == (created: 0, modified: 1, deleted: 1))
+
+        // The triggers are back: a move (a new parent and name for 4), a creation, a removal.
+        try store.write { w in
+            try w.put(record(4, parent: 1, name: "moved", digest: digest(2)), .local)
+            try w.put(record(5, parent: 4, name: "new"), .local)
+            try w.remove(fid(3), .local)
+        }
+        #expect(try store.committedChildren(of: fid(2)).isEmpty)
+        #expect(try store.committedChildren(of: fid(1), nameMAC: Array("moved".utf8)).map(\.metadata.id) == [fid(4)])
+        #expect(try store.committedRecord(fid(4))?.metadata.contentDigest == digest(2))
+        #expect(try store.committedCount() == 4)  // 3 was only local: gone; 5 is new
+        #expect(try store.pendingCounts() == (created: 1, modified: 2, deleted: 0))
+        // Another put of the same row in place (same parent and name) updates it, no duplicate.
+        try store.write { w in try w.put(record(4, parent: 1, name: "moved", digest: digest(3)), .local) }
+        #expect(try store.garbageSinceCollection() == 1)  // the local row's content before it
+        #expect(try store.read { try $0.count("SELECT count(*) FROM local_files WHERE id = x'\(hex(fid(4)))'") } == 1)
+    }
+
+    private func hex(_ id: FileID) -> String { id.bytes.map { String(format: "%02x", $0) }.joined() }
 }
