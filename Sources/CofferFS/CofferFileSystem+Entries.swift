@@ -88,22 +88,22 @@ extension CofferFileSystem {
                 let ts = Timespec(at.resolved(now: now))
                 vc.atime = ts == current.atime.value ? nil : ts
             }
-            if let mt = changes.modificationTime {
-                let ts = Timespec(mt.resolved(now: now))
-                // utimens on a document with unflushed writes (cp -a, rsync and tar set both
-                // times before closing): the times ride along with the content commit at close
-                // (later writes move mtime again, as POSIX wants), instead of a commit of their
-                // own for every file copied in.
+            let mtime = changes.modificationTime.map { Timespec($0.resolved(now: now)) }
+            if mtime != nil || vc.atime != nil {
+                // utimens on a document with unflushed writes (cp -a and tar set both times
+                // before closing): the times ride along with the content commit at close (later
+                // writes move mtime again, as POSIX wants), instead of a commit of their own for
+                // every file copied in.
                 let doc = openDocumentHandle(for: n.id)
-                if let doc, doc.setPendingTimes(modification: ts, access: vc.atime) {
-                    vc.mtime = nil
+                if let doc, doc.setPendingTimes(modification: mtime, access: vc.atime) {
                     vc.atime = nil
                 } else {
-                    // Unflushed writes that cannot carry these times (outside the years
-                    // 1677-2262) are committed first: committed at close, they would move
-                    // mtime to the time of the write, which came before this call.
-                    try doc?.flush()
-                    vc.mtime = ts
+                    // Unflushed writes that cannot carry these times (the epoch, or outside
+                    // 1677-2262) are committed first: committed at close, they would move mtime
+                    // to the time of the write, which came before this call, and a time set
+                    // earlier to ride along with them would overwrite this one.
+                    if let doc, doc.isModified { try doc.flush() }
+                    vc.mtime = mtime
                 }
             }
             // chmod/chown of a document with unflushed writes (tar: create 0600, write, chmod)

@@ -10,7 +10,8 @@ import Synchronization
 /// version query, key paths, transaction statements), the query itself ~15 µs; for a small file
 /// that was 80% of `open` and half of `read` (measured with perf on md5 of 12,000 files).
 ///
-/// Each statement runs in autocommit mode, so it reads one committed snapshot by itself. The
+/// Each statement runs in autocommit mode, so it reads one committed snapshot by itself (a
+/// listing's inodes, several statements, share one read transaction). The
 /// connections never see the writer's open group transaction: `Store.manifest`/`chunk` route to
 /// the writer while a group is open.
 final class FastReads: Sendable {
@@ -98,7 +99,7 @@ final class FastReads: Sendable {
         let reader = try idle.withLock { $0.popLast() } ?? Reader(path: path)
         defer {
             let extra = idle.withLock { readers -> Reader? in
-                if readers.count >= keep { return reader }
+                if readers.count >= keep || !reader.isIdle { return reader }
                 readers.append(reader)
                 return nil
             }
@@ -281,9 +282,15 @@ final class Reader: @unchecked Sendable {
         guard sqlite3_exec(db, "BEGIN", nil, nil, nil) == SQLITE_OK else {
             throw StoreError("cannot begin a read: \(String(cString: sqlite3_errmsg(db)))")
         }
-        defer { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
+        defer {
+            // A connection left inside the transaction would read this snapshot for ever after.
+            if sqlite3_exec(db, "COMMIT", nil, nil, nil) != SQLITE_OK { sqlite3_exec(db, "ROLLBACK", nil, nil, nil) }
+        }
         return try body()
     }
+
+    /// Not inside a transaction: fit to go back to the idle connections.
+    var isIdle: Bool { db != nil && sqlite3_get_autocommit(db) != 0 }
 
     func close() {
         for (_, statement) in statements { sqlite3_finalize(statement) }

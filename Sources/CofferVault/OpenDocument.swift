@@ -28,7 +28,7 @@ public final class OpenDocument: Sendable {
     /// set to ride along): the ctime the commit records, whatever mtime says (a `touch -d` into
     /// the future moves mtime, not ctime). 0 if none.
     let ctimeAtomic = Atomic<Int64>(0)
-    /// An access time set while writes are unflushed (cp -a and rsync set both times on the
+    /// An access time set while writes are unflushed (cp -a and tar set both times on the
     /// open file before closing it): it rides along with the content commit. 0 if none.
     let atimeAtomic = Atomic<Int64>(0)
     /// The last write or truncate through any handle, kept across commits (0 if none): what a
@@ -689,7 +689,8 @@ public final class OpenDocument: Sendable {
         }
     }
 
-    var isModified: Bool { state.withLock { $0.modified } }
+    /// Whether there are unflushed writes.
+    public var isModified: Bool { state.withLock { $0.modified } }
 
     /// Sets the mode, uid and gid the next commit records, if there are unflushed writes to
     /// carry them; returns false (and changes nothing) otherwise.
@@ -704,19 +705,23 @@ public final class OpenDocument: Sendable {
         }
     }
 
-    /// Sets the modification time, and the access time if given, that the next commit records,
-    /// if there are unflushed writes to carry them; returns false (and changes nothing)
-    /// otherwise, or if a time is outside what this can hold (about the years 1677 to 2262).
-    public func setPendingTimes(modification mtime: Timespec, access atime: Timespec?) -> Bool {
-        guard let m = Self.nanoseconds(mtime) else { return false }
+    /// Sets the modification and access times given that the next commit records, if there are
+    /// unflushed writes to carry them; returns false (and changes nothing) otherwise, or if a
+    /// time is one this cannot hold (the epoch itself, or outside about 1677 to 2262).
+    public func setPendingTimes(modification mtime: Timespec?, access atime: Timespec?) -> Bool {
+        var m: Int64?
         var a: Int64?
+        if let mtime {
+            guard let n = Self.nanoseconds(mtime) else { return false }
+            m = n
+        }
         if let atime {
             guard let n = Self.nanoseconds(atime) else { return false }
             a = n
         }
         return state.withLock { s in
-            guard s.modified else { return false }
-            mtimeAtomic.store(m, ordering: .relaxed)
+            guard s.modified, !s.poisoned else { return false }
+            if let m { mtimeAtomic.store(m, ordering: .relaxed) }
             if let a { atimeAtomic.store(a, ordering: .relaxed) }
             changedNow()
             return true

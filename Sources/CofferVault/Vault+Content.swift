@@ -172,10 +172,14 @@ extension Vault {
             try doc.write(offset: offset, bytes: piece)
             offset += UInt64(piece.count)
         }
-        if let mtime { doc.mtimeAtomic.store(mtime.seconds * 1_000_000_000 + mtime.nanoseconds, ordering: .relaxed) }
+        // The mtime rides with the content commit, unless it is one the open document cannot
+        // hold (the epoch itself, or outside 1677-2262: an imported file's time can be any): then
+        // it is set by a commit of its own after the content's.
+        let carried = mtime.map { doc.setPendingTimes(modification: $0, access: nil) } ?? true
         try doc.flush(durable: durable)
         released = true
         try release(doc)
+        if !carried, let mtime { try setAttributes(id, AttributeChanges(mtime: mtime)) }
     }
 
     public func writeAll(_ id: FileID, _ bytes: [UInt8], mtime: Timespec? = nil) throws {

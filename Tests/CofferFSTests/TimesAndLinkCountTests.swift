@@ -110,6 +110,20 @@ let UTIME_OMIT_NS = (1 << 30) - 2
             #expect(s?.st_size == 6)
         }
 
+        // An atime set on its own after both times were set to ride along wins over the one
+        // riding along (the earlier set's atime came back at close, also in the reply to touch).
+        do {
+            let fd = open(m.path("later"), O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
+            #expect(fd >= 0)
+            #expect(write(fd, "copied", 6) == 6)
+            var times = [timespec(tv_sec: 1_100_000_000, tv_nsec: 0), timespec(tv_sec: 1_200_000_000, tv_nsec: 0)]
+            #expect(futimens(fd, &times) == 0)
+            #expect(setTimes(m.path("later"), atime: (1_300_000_000, 0), mtime: (0, UTIME_OMIT_NS)) == 0)
+            #expect(statOf(m.path("later"))?.st_atim.tv_sec == 1_300_000_000)
+            #expect(close(fd) == 0)
+            #expect(stamps(m.path("later")) == "1300000000 1200000000")
+        }
+
         // Stored: the same after a remount.
         let format = "%n %X %Y %x %y"
         let listing = statListing(m.mountPoint, format: format)

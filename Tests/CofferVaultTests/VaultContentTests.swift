@@ -48,6 +48,22 @@ struct VaultContentTests {
         #expect(calls >= 2, "read in chunk-sized pieces")
     }
 
+    /// An imported file keeps any mtime: the epoch (reproducible tarballs), and times past what
+    /// an open document holds until its commit (before 1677, after 2262). The epoch came back
+    /// as the time of the write, and a far time trapped.
+    @Test func writeContentsKeepsAnyModificationTime() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("doc")
+        for t in [
+            Timespec(seconds: 0), Timespec(seconds: -1, nanoseconds: 999_999_999), Timespec(seconds: 40_000_000_000),
+            Timespec(seconds: -40_000_000_000, nanoseconds: 3), Timespec(seconds: 1_700_000_000, nanoseconds: 5),
+        ] {
+            try f.vault.writeAll(doc.id, Array("x".utf8), mtime: t)
+            #expect(try f.vault.node(doc.id).attributes.mtime.value == t)
+            #expect(try f.vault.readAll(doc.id) == Array("x".utf8))
+        }
+    }
+
     @Test func openDocumentsAreNotFolders() throws {
         let f = try VaultFixture()
         let dir = try f.folder("dir")
