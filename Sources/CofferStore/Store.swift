@@ -85,6 +85,11 @@ public final class Store: Sendable {
             atPath: directory, withIntermediateDirectories: true,
             attributes: [.posixPermissions: 0o700])
         databasePath = directory + "/coffer.sqlite"
+        // Created private before SQLite opens it: SQLite gives its log and shared-memory files
+        // the database's mode, and a database created by SQLite (umask 022) and made 0600 only
+        // afterwards left those two 0644 for the first session.
+        let fd = open(databasePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd >= 0 { close(fd) }
         var config = Configuration()
         config.busyMode = .timeout(30)
         // Two readers at most: the hot reads go through `FastReads`, and each reader keeps a page

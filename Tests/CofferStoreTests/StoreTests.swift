@@ -52,6 +52,12 @@ struct StoreTests {
             #expect(stat(store.databasePath, &st) == 0)
             #expect(st.st_mode & 0o777 == 0o600)
             #expect(store.databasePath == dir + "/coffer.sqlite")
+            // The log and shared memory hold the same pages: private too, from the first open.
+            try store.write { w in try w.put(record(1, parent: 1), .local) }
+            for suffix in ["-wal", "-shm"] {
+                #expect(stat(store.databasePath + suffix, &st) == 0)
+                #expect(st.st_mode & 0o777 == 0o600, "\(suffix)")
+            }
         }
     }
 
