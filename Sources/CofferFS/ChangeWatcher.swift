@@ -21,6 +21,10 @@ public final class ChangeWatcher: Sendable {
         self.interval = interval
     }
 
+    /// How often freed memory goes back to the system (`MountService.returnFreedMemory`):
+    /// every 5 ticks, once a second at the default interval.
+    static let ticksPerTrim = 5
+
     public func start() {
         let t = Thread { [self] in self.loop() }
         t.name = "coffer-watcher"
@@ -35,9 +39,12 @@ public final class ChangeWatcher: Sendable {
 
     private func loop() {
         defer { finished.withLock { $0 = true } }
+        var ticks = 0
         while !stopped.load(ordering: .relaxed) {
             usleep(UInt32(interval * 1_000_000))
             if stopped.load(ordering: .relaxed) { break }
+            ticks &+= 1
+            if ticks % Self.ticksPerTrim == 0 { MountService.returnFreedMemory() }
             do {
                 try fs.vault.flushFolderTimes()
                 let changed = try fs.vault.refreshAll()

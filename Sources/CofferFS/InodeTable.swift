@@ -1,4 +1,3 @@
-import CFuse
 import CofferFuse
 import CofferModel
 import CofferVault
@@ -291,11 +290,9 @@ struct ReferenceTable {
         usedEntries = 0
         usedByID = 0
         for e in old where e.ino != 0 && e.ino != Self.removed { insert(e) }
-        if oldSize >= Self.trimAfter { Self.releaseFreedMemory() }
+        if oldSize >= Self.trimAfter { MountService.returnFreedMemory() }
     }
 
     /// Tables of this many slots (32 + 4 bytes each) and more are worth handing back once freed.
     private static let trimAfter = 1 << 15
-
-    private static func releaseFreedMemory() { _ = malloc_trim(0) }
 }

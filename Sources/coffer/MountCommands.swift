@@ -134,6 +134,8 @@ struct Mount: ParsableCommand {
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
         env["COFFER_READY_FD"] = String(Self.readyDescriptor)
+        // Read by glibc as the daemon starts, before any thread takes an arena of its own.
+        if env["MALLOC_ARENA_MAX"] == nil { env["MALLOC_ARENA_MAX"] = String(MountService.arenas) }
         env[CLIPassphraseSource.descriptorVariable] = passphraseFD == nil ? nil : String(Self.passphraseDescriptor)
         let argv = args.map { strdup($0) } + [nil]
         let envp = env.map { strdup("\($0.key)=\($0.value)") } + [nil]
