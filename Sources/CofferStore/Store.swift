@@ -85,11 +85,6 @@ public final class Store: Sendable {
             atPath: directory, withIntermediateDirectories: true,
             attributes: [.posixPermissions: 0o700])
         databasePath = directory + "/coffer.sqlite"
-        // Created private before SQLite opens it: SQLite gives its log and shared-memory files
-        // the database's mode, and a database created by SQLite (umask 022) and made 0600 only
-        // afterwards left those two 0644 for the first session.
-        let fd = open(databasePath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        if fd >= 0 { close(fd) }
         var config = Configuration()
         config.busyMode = .timeout(30)
         // Two readers at most: the hot reads go through `FastReads`, and each reader keeps a page
@@ -136,7 +131,12 @@ public final class Store: Sendable {
         } catch {
             throw StoreError("cannot prepare the store at \(directory): \(error)")
         }
-        chmod(databasePath, 0o600)
+        // SQLite creates the log and shared-memory files with the database's mode, which is
+        // 0644 (umask 022) until this: those two are made private here too, or the first
+        // session's stay 0644. (Creating the database file 0600 before SQLite opens it instead
+        // made a pool reader fail with "no such table" after another process changed the
+        // schema: not understood, so not done.)
+        for suffix in ["", "-wal", "-shm"] { chmod(databasePath + suffix, 0o600) }
         files = try ChunkFiles(directory: directory + "/chunks")
         fast = FastReads(path: databasePath)
     }
