@@ -7,7 +7,8 @@ import Synchronization
 /// Keeps the kernel's caches true when the store changes behind its back (a `coffer` command,
 /// later the sync routine): polls the store's change log and invalidates the affected dentries,
 /// attributes and cached pages. Runs on its own thread, never inside a request handler, because
-/// a notification sent from a handler can deadlock the kernel.
+/// a notification sent from a handler can deadlock the kernel. Being the daemon's one periodic
+/// thread, it also hands freed memory back to the system (`MountService.returnFreedMemory`).
 public final class ChangeWatcher: Sendable {
     let fs: CofferFileSystem
     let session: FuseSession

@@ -276,13 +276,11 @@ struct ReferenceTable {
     ///
     /// The entries move straight from the old table (a filtered copy first was a third table
     /// at once: the daemon's peak after `ls -lR` of a million files was 248 MiB against 184
-    /// after). The old tables, freed, stay in the allocator's heap (it keeps up to 64 MiB free,
-    /// `MountService.keepChunkBuffersMapped`), so a rebuild of any size hands them back.
+    /// after); the old position index goes before the new one is made. What the old tables
+    /// leave free goes back to the system with the rest (`MountService.returnFreedMemory`).
     private mutating func rebuild(holding n: Int) {
         let old = entries
-        let oldSize = old.count
         let size = max(Self.smallest, n * 5 / 3)
-        entries = []
         byID = []
         entries = [Entry](repeating: Entry(ino: 0, id: .none, lookups: 0), count: size)
         byID = [UInt32](repeating: Self.emptyPosition, count: size)
@@ -290,9 +288,5 @@ struct ReferenceTable {
         usedEntries = 0
         usedByID = 0
         for e in old where e.ino != 0 && e.ino != Self.removed { insert(e) }
-        if oldSize >= Self.trimAfter { MountService.returnFreedMemory() }
     }
-
-    /// Tables of this many slots (32 + 4 bytes each) and more are worth handing back once freed.
-    private static let trimAfter = 1 << 15
 }

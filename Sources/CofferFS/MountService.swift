@@ -87,7 +87,8 @@ public enum MountService {
         return p.terminationStatus
     }
 
-    /// Keeps freed chunk buffers in the allocator instead of handing their pages back.
+    /// The daemon's allocator settings. First, freed chunk buffers stay in the allocator
+    /// instead of handing their pages back.
     ///
     /// A large write fills 256 KiB plaintext buffers, seals them into as many sealed buffers and
     /// frees all of them every 16 MiB. glibc served each from a fresh mmap (or trimmed the heap
@@ -99,8 +100,8 @@ public enum MountService {
     /// 0.52-0.57 s; peak resident memory writing 2 GiB of random data 132 -> 160 MB.
     /// (`mallopt` comes through CFuse's shim: the Glibc module does not include malloc.h.)
     ///
-    /// And `arenas` arenas at most (see there), for the threads started from here on.
-    static func keepChunkBuffersMapped() {
+    /// Second, `arenas` arenas at most (see there), for the threads started from here on.
+    static func configureAllocator() {
         _ = mallopt(M_MMAP_THRESHOLD, 32 << 20)
         _ = mallopt(M_TRIM_THRESHOLD, 64 << 20)
         _ = mallopt(M_ARENA_MAX, Int32(clamping: arenas))
@@ -117,11 +118,11 @@ public enum MountService {
     public static var arenas: Int { max(2, ProcessInfo.processInfo.activeProcessorCount) }
 
     /// Hands the allocator's free pages back to the system (`malloc_trim`: the heaps' tops and
-    /// every free page inside them, in every thread's arena). What `keepChunkBuffersMapped`
+    /// every free page inside them, in every thread's arena). What `configureAllocator`
     /// keeps for the next write, and what churning caches leave free between live blocks, was
     /// 37 MiB of the daemon's 187 MiB after `ls -lR` of a million files. Run every few seconds
-    /// (`ChangeWatcher`) and after the inode table gives up a large table: a few milliseconds,
-    /// and a large write faults its buffers in again once per call at most.
+    /// by the `ChangeWatcher`'s thread, the daemon's only periodic one: a few milliseconds, and
+    /// a large write faults its buffers in again once per call at most.
     static func returnFreedMemory() { _ = malloc_trim(0) }
 
     /// Whether the mount asks the kernel to check modes, uid and gid (`default_permissions`).
@@ -153,7 +154,7 @@ public enum MountService {
         ready: @escaping @Sendable () -> Void
     ) throws {
         let log: @Sendable (String) -> Void = { logger.log($0) }
-        keepChunkBuffersMapped()
+        configureAllocator()
         let requested = options.flatMap { $0.split(separator: ",").map(String.init) }
         // Coffer's own option, not libfuse's.
         let fs = try CofferFileSystem(vault: vault, measuringOperations: requested.contains(Self.statsOption), log: log)

@@ -8,13 +8,9 @@ struct TreeEntry: Sendable {
     var metadata: FileMetadata
     var version: Int64
     var contentVersion: Int64
+}
 
-    init(metadata: FileMetadata, version: Int64, contentVersion: Int64) {
-        self.metadata = metadata
-        self.version = version
-        self.contentVersion = contentVersion
-    }
-
+extension TreeEntry {
     init(_ stored: StoredFile) {
         self.init(metadata: stored.effectiveMetadata, version: stored.version, contentVersion: stored.contentVersion)
     }

@@ -111,24 +111,17 @@ struct TreeQueryTests {
     @Test func aVersionOneStoreIsMigrated() throws {
         let dir = makeTempDir()
         defer { cleanup(dir) }
-        do {
-            let pool = try DatabasePool(path: dir + "/coffer.sqlite")
-            try Store.migrator.migrate(pool, upTo: "v1")
-            try pool.write { db in
-                for (f, table) in [
-                    (record(1, parent: 1, name: "root"), "base_files"), (record(2, parent: 1, name: "a"), "base_files"),
-                    (record(3, parent: 1, name: "b", deleted: true), "local_files"),
-                    (record(2, parent: 1, name: "a2"), "local_files"),
-                ] {
-                    try db.execute(
-                        sql: "INSERT INTO \(table) (id, parent, record) VALUES (?, ?, ?)",
-                        arguments: [Data(f.metadata.id.bytes), Data(f.metadata.parent.bytes), Data(f.signed.encoded())])
-                }
-                // Damage: a record that does not decode keeps empty columns, and the rest migrate.
-                try db.execute(
-                    sql: "INSERT INTO base_files (id, parent, record) VALUES (?, ?, x'00')",
-                    arguments: [Data(fid(7).bytes), Data(fid(1).bytes)])
-            }
+        try makeStore(
+            at: dir, format: "v1",
+            rows: [
+                (record(1, parent: 1, name: "root"), .base), (record(2, parent: 1, name: "a"), .base),
+                (record(3, parent: 1, name: "b", deleted: true), .local), (record(2, parent: 1, name: "a2"), .local),
+            ]
+        ) { db in
+            // Damage: a record that does not decode keeps empty columns, and the rest migrate.
+            try db.execute(
+                sql: "INSERT INTO base_files (id, parent, record) VALUES (?, ?, x'00')",
+                arguments: [Data(fid(7).bytes), Data(fid(1).bytes)])
         }
         let store = try Store(directory: dir)
         #expect(try store.committedChildren(of: fid(1), nameMAC: Array("a2".utf8)).map(\.metadata.id) == [fid(2)])
@@ -144,27 +137,13 @@ struct TreeQueryTests {
     @Test func aVersionTwoStoreIsClusteredByParent() throws {
         let dir = makeTempDir()
         defer { cleanup(dir) }
-        do {
-            let pool = try DatabasePool(path: dir + "/coffer.sqlite")
-            try Store.migrator.migrate(pool, upTo: "v2")
-            try pool.write { db in
-                for (f, table) in [
-                    (record(1, parent: 1, name: "root"), "base_files"), (record(2, parent: 1, name: "a"), "base_files"),
-                    (record(4, parent: 2, name: "c", digest: digest(1)), "base_files"),
-                    (record(3, parent: 1, name: "b", deleted: true), "local_files"),
-                    (record(2, parent: 1, name: "a2"), "local_files"),
-                ] {
-                    let kind = TreeKind.of(f.metadata, false)
-                    try db.execute(
-                        sql:
-                            "INSERT INTO \(table) (id, parent, record, content_digest, name_mac, kind) VALUES (?, ?, ?, ?, ?, ?)",
-                        arguments: [
-                            Data(f.metadata.id.bytes), Data(f.metadata.parent.bytes), Data(f.signed.encoded()),
-                            f.metadata.contentDigest.map { Data($0) }, Data(f.metadata.name.mac), kind,
-                        ])
-                }
-            }
-        }
+        try makeStore(
+            at: dir, format: "v2",
+            rows: [
+                (record(1, parent: 1, name: "root"), .base), (record(2, parent: 1, name: "a"), .base),
+                (record(4, parent: 2, name: "c", digest: digest(1)), .base),
+                (record(3, parent: 1, name: "b", deleted: true), .local), (record(2, parent: 1, name: "a2"), .local),
+            ])
         let store = try Store(directory: dir)
         let clustered = try store.read { r in
             try r.count(
@@ -195,6 +174,36 @@ struct TreeQueryTests {
         try store.write { w in try w.put(record(4, parent: 1, name: "moved", digest: digest(3)), .local) }
         #expect(try store.garbageSinceCollection() == 1)  // the local row's content before it
         #expect(try store.read { try $0.count("SELECT count(*) FROM local_files WHERE id = x'\(hex(fid(4)))'") } == 1)
+    }
+
+    /// A store of an older `format`, holding `rows` as that format's build wrote them (from
+    /// `v2` on, with their name MAC and kind), and whatever `more` writes; closed again.
+    private func makeStore(
+        at dir: String, format: String, rows: [(StoredFile, TreeSide)], more: (Database) throws -> Void = { _ in }
+    ) throws {
+        let pool = try DatabasePool(path: dir + "/coffer.sqlite")
+        try Store.migrator.migrate(pool, upTo: format)
+        try pool.write { db in
+            for (f, side) in rows {
+                let m = f.metadata
+                var columns: [String: (any DatabaseValueConvertible)?] = [
+                    "id": Data(m.id.bytes), "parent": Data(m.parent.bytes), "record": Data(f.signed.encoded()),
+                ]
+                if format != "v1" {
+                    columns["content_digest"] = m.contentDigest.map { Data($0) }
+                    columns["name_mac"] = Data(m.name.mac)
+                    columns["kind"] = TreeKind.of(m, false)
+                }
+                let names = columns.keys.sorted()
+                try db.execute(
+                    sql: """
+                        INSERT INTO \(side.table) (\(names.joined(separator: ", ")))
+                          VALUES (\(names.map { _ in "?" }.joined(separator: ", ")))
+                        """,
+                    arguments: StatementArguments(names.map { columns[$0] ?? nil }))
+            }
+            try more(db)
+        }
     }
 
     private func hex(_ id: FileID) -> String { id.bytes.map { String(format: "%02x", $0) }.joined() }
