@@ -38,6 +38,12 @@ public enum Validator {
             // Orphan invariant.
             guard let parent = tree.file(m.parent) else { throw .orphan(describe(id)) }
             guard parent.type == .folder else { throw .parentNotFolder(describe(m.parent)) }
+            // A record that stays where it was, under the same name, live or deleted as before
+            // (a content or attribute change: most of what a mount commits) can break no other
+            // invariant: the tree before the batch was valid, and whatever else moved around it
+            // in this batch is checked as a change of its own (a sibling taking its name, an
+            // ancestor moving, coming back to life or going deeper).
+            if let old, old.parent == m.parent, old.name.mac == m.name.mac, old.isDeleted == m.isDeleted { continue }
             // Cycle invariant (walking up must reach the root) and the depth limit.
             let facts = try ancestry.facts(of: id, describe: describe)
             if facts.depth > TreeLimits.maxDepth { throw TreeLimits.tooDeep(describe(id)) }

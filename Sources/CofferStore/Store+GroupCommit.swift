@@ -18,7 +18,19 @@ final class GroupCommit: Sendable {
         var committed: UInt64 = 0
         /// Groups that failed to commit (their writes are gone), the most recent few.
         var lostGenerations: [UInt64] = []
-        var queued: [DeferredStatement] = []
+        /// Statements waiting to run, in order; nil where a later put took a put's place.
+        var queued: [QueuedStatement?] = []
+        /// How many statements of the open group were taken from the front of `queued`.
+        var taken = 0
+        /// The last statement queued in the open group that changes each file's tree row (by
+        /// its position since the group opened), and whether it is a put of that table.
+        var lastRowWrite: [Data: (position: Int, putTable: String?)] = [:]
+
+        mutating func clearQueue() {
+            queued = []
+            taken = 0
+            lastRowWrite = [:]
+        }
     }
     private let state = Mutex(State())
 
@@ -63,7 +75,7 @@ final class GroupCommit: Sendable {
         state.withLock { s in
             s.openedAt = Self.now()
             s.generation &+= 1
-            s.queued = []
+            s.clearQueue()
         }
     }
     /// Which group transaction is open (each one gets a new number), nil if none.
@@ -83,7 +95,7 @@ final class GroupCommit: Sendable {
                 }
             }
             s.openedAt = nil
-            s.queued = []
+            s.clearQueue()
             if lost { s.lost = true }
         }
     }
@@ -96,28 +108,59 @@ final class GroupCommit: Sendable {
 
     /// Queues a finished write's statements behind the earlier ones, if the group it wrote in
     /// is still open; a group that was lost meanwhile takes them with it.
-    func enqueue(_ statements: [DeferredStatement], generation: UInt64) {
+    ///
+    /// A put of a tree row whose last change in the queue is a put of the same row, not yet
+    /// run, takes that put's place: the earlier one is dropped and its releases carried over.
+    /// Every statement in between leaves that row alone (a delete or a read of it would have
+    /// been the last change), and the group commits whole or not at all, so the store ends the
+    /// same, with one row write fewer.
+    func enqueue(_ statements: [QueuedStatement], generation: UInt64) {
         state.withLock { s in
             guard s.openedAt != nil, s.generation == generation else { return }
             s.lastWriteAt = Self.now()
-            s.queued.append(contentsOf: statements)
+            for statement in statements {
+                let position = s.taken + s.queued.count
+                switch statement {
+                case .statement:
+                    s.queued.append(statement)
+                case .touch(let id, _):
+                    s.lastRowWrite[id] = (position, nil)
+                    s.queued.append(statement)
+                case .put(var put):
+                    if let last = s.lastRowWrite[put.id], last.putTable == put.table, last.position >= s.taken,
+                        case .put(let earlier)? = s.queued[last.position - s.taken]
+                    {
+                        s.queued[last.position - s.taken] = nil
+                        put.releases = earlier.releases + put.releases.filter { !earlier.releases.contains($0) }
+                    }
+                    s.lastRowWrite[put.id] = (position, put.table)
+                    s.queued.append(.put(put))
+                }
+            }
         }
     }
 
     /// Hands the oldest queued statements (all of them, or at most `limit`) to the caller, which
     /// holds the connection and runs them.
-    func takeQueued(limit: Int = .max) -> [DeferredStatement] {
+    func takeQueued(limit: Int = .max) -> [QueuedStatement] {
         state.withLock { s in
-            if s.queued.count <= limit {
-                defer { s.queued = [] }
-                return s.queued
+            let n = min(limit, s.queued.count)
+            defer {
+                if n == s.queued.count { s.queued = [] } else { s.queued.removeFirst(n) }
+                s.taken += n
             }
-            defer { s.queued.removeFirst(limit) }
-            return Array(s.queued.prefix(limit))
+            return s.queued.prefix(n).compactMap { $0 }
         }
     }
 
     var hasQueued: Bool { state.withLock { !$0.queued.isEmpty } }
+
+    /// How many row puts wait in the queue (for tests of merging).
+    var queuedPuts: Int {
+        state.withLock { s in
+            s.queued.count { if case .put? = $0 { true } else { false } }
+        }
+    }
 
     static func now() -> Double {
         var ts = timespec()

@@ -557,7 +557,7 @@ public final class Store: Sendable {
         guard !statements.isEmpty else { return }
         do {
             for s in statements {
-                try s(db)
+                try s.run(db)
                 if yielding { sched_yield() }
             }
         } catch {

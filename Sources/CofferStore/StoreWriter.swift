@@ -68,20 +68,15 @@ public struct StoreWriter {
             lookUpPrevious = true
             known = nil
         }
+        let id = Data(m.id.bytes)
+        let digest = m.contentDigest.map { Data($0) }
         // The record is encoded where the statement runs: in the mount daemon that is the
         // group thread, not the request (a few microseconds per create, close or chmod).
-        try session.run { db in
-            let id = Data(m.id.bytes)
+        let write: @Sendable (Database, [Data]) throws -> Void = { db, releases in
             let parent = Data(m.parent.bytes)
             let record = Data(f.signed.encoded())
-            let digest = m.contentDigest.map { Data($0) }
             let mac = Data(m.name.mac)
             let kind = TreeKind.of(m, serverDeleted)
-            let previous =
-                lookUpPrevious
-                ? try Data.fetchOne(
-                    db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
-                : known
             try db.cachedStatement(
                 sql: """
                     INSERT INTO \(table) (id, parent, record, content_digest, version, content_version, server_deleted,
@@ -93,7 +88,16 @@ public struct StoreWriter {
                       name_mac = excluded.name_mac, kind = excluded.kind
                     """
             ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted, mac, kind])
-            if let previous, previous != digest { try Self.releaseManifest(previous, db) }
+            for previous in releases where previous != digest { try Self.releaseManifest(previous, db) }
+        }
+        if lookUpPrevious {
+            try session.run(touching: id) { db in
+                let previous = try Data.fetchOne(
+                    db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
+                try write(db, previous.map { [$0] } ?? [])
+            }
+        } else {
+            try session.run(RowPut(table: table, id: id, releases: known.map { [$0] } ?? [], write: write))
         }
         try logChange(m.id)
     }
@@ -106,7 +110,7 @@ public struct StoreWriter {
     public func remove(_ id: FileID, _ side: TreeSide) throws {
         let table = side.table
         let key = Data(id.bytes)
-        try session.run { db in
+        try session.run(touching: key) { db in
             try db.cachedStatement(sql: "DELETE FROM \(table) WHERE id = ?").execute(arguments: [key])
         }
         try logChange(id)
@@ -300,7 +304,7 @@ final class WriteSession {
         case deferred(Store, generation: UInt64)
     }
     private let mode: Mode
-    private var statements: [DeferredStatement] = []
+    private var statements: [QueuedStatement] = []
     /// Some of this write's statements already ran, inside `SAVEPOINT coffer_write`.
     private var savepoint = false
 
@@ -320,8 +324,22 @@ final class WriteSession {
     }
 
     func run(_ statement: @escaping DeferredStatement) throws {
+        try run(.statement(statement))
+    }
+
+    /// Runs or queues a statement that changes the tree row of file `id` in some other way
+    /// than a `RowPut` (see `QueuedStatement.touch`).
+    func run(touching id: Data, _ statement: @escaping DeferredStatement) throws {
+        try run(.touch(id: id, statement))
+    }
+
+    func run(_ put: RowPut) throws {
+        try run(.put(put))
+    }
+
+    private func run(_ statement: QueuedStatement) throws {
         switch mode {
-        case .direct(let db): try statement(db)
+        case .direct(let db): try statement.run(db)
         case .deferred: statements.append(statement)
         }
     }
@@ -340,7 +358,7 @@ final class WriteSession {
                     }
                     let mine = statements
                     statements = []
-                    for s in mine { try s(db) }
+                    for s in mine { try s.run(db) }
                 }
                 return try body(db)
             }
@@ -351,7 +369,8 @@ final class WriteSession {
     func finish() {
         guard case .deferred(let store, let generation) = mode else { return }
         if savepoint {
-            statements.append { db in try db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute() }
+            statements.append(
+                .statement { db in try db.cachedStatement(sql: "RELEASE SAVEPOINT coffer_write").execute() })
         }
         store.group.enqueue(statements, generation: generation)
         statements = []
@@ -371,6 +390,36 @@ final class WriteSession {
 
 /// A statement a write left for later (see `WriteSession`).
 typealias DeferredStatement = @Sendable (Database) throws -> Void
+
+/// The upsert of a tree row, queued so that a later upsert of the same row in the same group
+/// can take its place (`GroupCommit.enqueue`): a file copied in is created and then given its
+/// content, two writes of one row a fraction of a second apart, and only the last one needs to
+/// reach the B-trees (under a million files their pages are mostly not cached, so each write
+/// costs reads and log frames of its own).
+struct RowPut: Sendable {
+    var table: String
+    var id: Data
+    /// Digests the row named before this write, released (if no record names them any more)
+    /// after it; a put that takes another's place takes over its releases too.
+    var releases: [Data]
+    var write: @Sendable (Database, _ releases: [Data]) throws -> Void
+}
+
+/// What a write queued, with what `GroupCommit` needs to know to merge row writes.
+enum QueuedStatement: Sendable {
+    case statement(DeferredStatement)
+    /// Changes the tree row of `id` otherwise than a `RowPut` (a delete, an upsert that reads
+    /// the row first): no put before it may be merged with one after it.
+    case touch(id: Data, DeferredStatement)
+    case put(RowPut)
+
+    func run(_ db: Database) throws {
+        switch self {
+        case .statement(let s), .touch(_, let s): try s(db)
+        case .put(let p): try p.write(db, p.releases)
+        }
+    }
+}
 
 /// A writer's last logged change; a class so the writer, a value passed to closures, shares it.
 private final class LoggedSequence {

@@ -51,14 +51,25 @@ final class StoreTree: TreeView, Sendable {
         }
     }
 
+    /// A place in a folder: a parent and a name MAC.
+    private struct NameKey: Hashable, Sendable {
+        var parent: FileID
+        var mac: [UInt8]
+    }
+
     /// A file written in groups not committed yet.
     private struct Pending: Sendable {
         /// Where the store's readers see it now (nil: absent there).
         var committed: Placement?
         /// Its writes in order, each with its group; nil entry: removed.
         var writes: [(generation: UInt64, entry: TreeEntry?)]
-        /// Every parent it is filed under in `pendingUnder`.
+        /// Every parent it is filed under in `pendingUnder` (and, if it was ever a folder, in
+        /// `pendingFoldersUnder`).
         var parents: Set<FileID>
+        /// Every name it is filed under in `pendingNamed`.
+        var names: Set<NameKey>
+        /// Whether any of its states is a folder (it counts in its parents' subfolders).
+        var isFolder: Bool
         var current: TreeEntry? { writes.last?.entry ?? nil }
     }
 
@@ -66,13 +77,23 @@ final class StoreTree: TreeView, Sendable {
         var records: BoundedCache<FileID, TreeEntry>
         var subfolders: BoundedCache<FileID, Int>
         var pending: [FileID: Pending] = [:]
-        /// Pending files by each parent they had or have: what a folder's children and count
-        /// must lay over the store's answer.
+        /// Pending files by each parent they had or have: what a folder's children must lay
+        /// over the store's answer.
         var pendingUnder: [FileID: Set<FileID>] = [:]
+        /// The same for pending folders only, for subfolder counts: copying in a folder of
+        /// files checks its parent's count once per file, over none of them.
+        var pendingFoldersUnder: [FileID: Set<FileID>] = [:]
+        /// Pending files by each place they had or have: a lookup by name, which every create
+        /// and rename asks (twice), lays over the store's answer only these, not the folder's
+        /// whole overlay (up to a group's worth of files while a folder is copied in).
+        var pendingNamed: [NameKey: Set<FileID>] = [:]
         /// The group fates the last sweep saw (`Store.groupFates`).
         var swept: (committed: UInt64, lost: UInt64) = (0, 0)
         var root: FileID?
         var failure: String?
+        /// Ids just drawn at random for files being created (`isNew`): the store cannot hold
+        /// them, so asking it (a probe of a random page of the id index) is skipped.
+        var new: Set<FileID> = []
 
         init(capacity: Int) {
             records = BoundedCache(capacity: capacity)
@@ -88,6 +109,7 @@ final class StoreTree: TreeView, Sendable {
             sweep(&s)
             if let p = s.pending[id] { return p.current }
             if let e = s.records[id] { return e }
+            if s.new.contains(id) { return nil }
             guard let found = read(&s, { try store.committedRecord(id) }) ?? nil else { return nil }
             let e = TreeEntry(found)
             s.records[id] = e
@@ -127,7 +149,12 @@ final class StoreTree: TreeView, Sendable {
             let rows = read(&s, { try store.committedChildren(of: id, nameMAC: nameMAC) }) ?? []
             var out: [FileMetadata] = []
             out.reserveCapacity(rows.count)
-            let overlay = s.pendingUnder[id] ?? []
+            // A row named `nameMAC` that a pending write moved or renamed is filed under that
+            // name too (every place a pending file had is), so the narrower set still covers it.
+            let overlay =
+                if let nameMAC { s.pendingNamed[NameKey(parent: id, mac: nameMAC)] ?? [] } else {
+                    s.pendingUnder[id] ?? []
+                }
             for row in rows {
                 let e = TreeEntry(row)
                 if overlay.contains(e.metadata.id) { continue }  // laid over below
@@ -157,7 +184,7 @@ final class StoreTree: TreeView, Sendable {
                 s.subfolders[id] = stored
             }
             var n = stored
-            for pid in s.pending.isEmpty ? [] : s.pendingUnder[id] ?? [] {
+            for pid in s.pending.isEmpty ? [] : s.pendingFoldersUnder[id] ?? [] {
                 guard let p = s.pending[pid] else { continue }
                 if let c = p.committed, c.parent == id, c.isLiveFolder { n -= 1 }
                 if let now = Placement(p.current?.metadata), now.parent == id, now.isLiveFolder { n += 1 }
@@ -195,27 +222,47 @@ final class StoreTree: TreeView, Sendable {
 
     // MARK: Writing
 
+    /// Notes that `id` was just drawn at random (128 bits) for a file about to be created: until
+    /// it is written, reads of it answer "absent" without asking the store. A create that fails
+    /// leaves its id here, still absent; the set is emptied if many pile up.
+    func isNew(_ id: FileID) {
+        state.withLock { s in
+            if s.new.count >= 1024 { s.new.removeAll() }
+            s.new.insert(id)
+        }
+    }
+
     /// Records what a write stored: `after` replaced `before` (nil: absent) as the record of
     /// `id`. `generation` is the write's group (`StoreWriter.groupGeneration`), nil when the
     /// write was committed before this call.
     func wrote(_ id: FileID, before: FileMetadata?, after: TreeEntry?, generation: UInt64?) {
         state.withLock { s in
+            if !s.new.isEmpty { s.new.remove(id) }
             // A group that committed before this call is as good as no group.
             guard let generation, generation > store.committedGroup else {
                 // Committed already, so every earlier group has too: nothing pending is newer.
                 sweep(&s)
-                if let p = s.pending.removeValue(forKey: id) {
-                    for parent in p.parents { s.pendingUnder[parent]?.remove(id) }
-                }
+                unfile(&s, id)
                 if let after { s.records[id] = after } else { s.records[id] = nil }
                 forgetCounts(&s, before, after?.metadata)
                 return
             }
-            var p = s.pending[id] ?? Pending(committed: Placement(before), writes: [], parents: [])
+            var p =
+                s.pending[id]
+                ?? Pending(committed: Placement(before), writes: [], parents: [], names: [], isFolder: false)
             p.writes.append((generation, after))
-            for parent in [before?.parent, after?.metadata.parent].compactMap({ $0 })
-            where p.parents.insert(parent).inserted {
-                s.pendingUnder[parent, default: []].insert(id)
+            let states = [before, after?.metadata].compactMap { $0 }
+            if !p.isFolder, states.contains(where: { $0.type == .folder }) {
+                p.isFolder = true
+                for parent in p.parents { s.pendingFoldersUnder[parent, default: []].insert(id) }
+            }
+            for m in states {
+                if p.parents.insert(m.parent).inserted {
+                    s.pendingUnder[m.parent, default: []].insert(id)
+                    if p.isFolder { s.pendingFoldersUnder[m.parent, default: []].insert(id) }
+                }
+                let key = NameKey(parent: m.parent, mac: m.name.mac)
+                if p.names.insert(key).inserted { s.pendingNamed[key, default: []].insert(id) }
             }
             s.pending[id] = p
         }
@@ -241,6 +288,8 @@ final class StoreTree: TreeView, Sendable {
             if pending {
                 s.pending = [:]
                 s.pendingUnder = [:]
+                s.pendingFoldersUnder = [:]
+                s.pendingNamed = [:]
             }
             s.root = nil
         }
@@ -275,15 +324,26 @@ final class StoreTree: TreeView, Sendable {
             guard folded > 0 else { continue }
             p.writes.removeFirst(min(folded, p.writes.count))
             if p.writes.isEmpty {
-                s.pending[id] = nil
-                for parent in p.parents {
-                    s.pendingUnder[parent]?.remove(id)
-                    if s.pendingUnder[parent]?.isEmpty == true { s.pendingUnder[parent] = nil }
-                }
+                unfile(&s, id)
             } else {
                 s.pending[id] = p
             }
         }
+    }
+
+    /// Drops `id` from `pending` and from every index that files it.
+    private func unfile(_ s: inout State, _ id: FileID) {
+        guard let p = s.pending.removeValue(forKey: id) else { return }
+        for parent in p.parents {
+            Self.remove(id, at: parent, from: &s.pendingUnder)
+            if p.isFolder { Self.remove(id, at: parent, from: &s.pendingFoldersUnder) }
+        }
+        for key in p.names { Self.remove(id, at: key, from: &s.pendingNamed) }
+    }
+
+    private static func remove<K: Hashable>(_ id: FileID, at key: K, from index: inout [K: Set<FileID>]) {
+        guard index[key]?.remove(id) != nil, index[key]?.isEmpty == true else { return }
+        index[key] = nil
     }
 
     private func forgetCounts(_ s: inout State, _ before: FileMetadata?, _ after: FileMetadata?) {

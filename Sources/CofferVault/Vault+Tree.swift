@@ -147,6 +147,7 @@ extension Vault {
         let id = try FileID(random: randomBytes(16))
         let fileKey = SymmetricKey.random()
         return try commit { batch, s, w in
+            s.view.tree.isNew(id)
             let stamp = nextStamp(&s)
             let t = mtime ?? now()
             var attrs = PosixAttributes(

@@ -223,7 +223,8 @@ struct BatchTests {
         try b.rename(fid(2), to: sname("a2"))
         try b.create(meta(10, parent: 1, "a"))
         b.upsertUnchecked(folder(2, parent: 1, "a"))  // unchecked: rename A back while B holds the name
-        #expect(throws: TreeError.pathConflict(fid(2).description)) { try b.validate() }
+        // A is back where it was before the batch, so the conflict is found from B's side.
+        #expect(throws: TreeError.pathConflict(fid(10).description)) { try b.validate() }
 
         // Two creations, each valid alone against the base, that collide with each other.
         var c = Batch(base: tree)

@@ -140,4 +140,41 @@ struct LimitsTests {
         #expect(error == nil)
         #expect(lookups <= 10 * 5001)
     }
+
+    @Test func aChangeThatLeavesARecordInPlaceLooksUpNoSiblingsOrAncestors() throws {
+        // Content and attribute changes (most of what a mount commits) keep parent, name and
+        // deletion state: nothing they do can newly conflict, orphan or loop.
+        let tree = sampleTree()
+        var update = Batch(base: tree)
+        try update.update(fid(4)) { $0.contentDigest = [7] }
+        let (lookups, error) = countedValidation(update)
+        #expect(error == nil)
+        #expect(lookups <= 2, "a content change made \(lookups) lookups")
+        // A rename of the same record still checks its new siblings and its ancestry.
+        var rename = Batch(base: tree)
+        try rename.rename(fid(4), to: sname("x"))
+        let renamed = countedValidation(rename)
+        #expect(renamed.error == nil)
+        #expect(renamed.lookups > lookups)
+        // And a record that stays put is still refused over a parent the batch removed.
+        var orphaned = Batch(base: tree)
+        try orphaned.update(fid(6)) { $0.contentDigest = [7] }
+        orphaned.removeUnchecked(fid(5))
+        #expect(countedValidation(orphaned).error == .orphan(fid(6).description))
+    }
+
+    @Test func aRecordLeftInPlaceIsCheckedThroughWhatElseTheBatchChanged() throws {
+        // The shortcut trusts the other changes to be checked on their own: a sibling renamed
+        // onto a record that only changed content is still a conflict, and so is a folder moved
+        // under a file's parent's descendant.
+        let tree = sampleTree()
+        var b = Batch(base: tree)
+        try b.update(fid(4)) { $0.contentDigest = [7] }
+        b.upsertUnchecked(folder(5, parent: 2, "d"))  // c renamed to d beside document d
+        #expect(countedValidation(b).error == .pathConflict(fid(5).description))
+        var cycle = Batch(base: tree)
+        try cycle.update(fid(6)) { $0.contentDigest = nil }
+        cycle.upsertUnchecked(folder(2, parent: 6, "a"))  // a moved under its own grandchild e
+        #expect(countedValidation(cycle).error != nil)
+    }
 }

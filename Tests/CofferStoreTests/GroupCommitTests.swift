@@ -28,6 +28,68 @@ struct GroupCommitTests {
         }
     }
 
+    @Test func aLaterPutOfARowTakesTheQueuedOnesPlace() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            // A document whose row already names content D0, committed.
+            try store.write { w in
+                try w.put(record(1, parent: 1, name: "root"), .local)
+                try w.putManifest(digest: digest(0), sealed: [0], chunkIDs: [])
+                try w.put(record(2, parent: 1, name: "a", digest: digest(0)), .local, previousDigest: .some(nil))
+            }
+            try store.commitPendingWrites()
+            // In one group: a new document created empty and given content (a file copied in),
+            // and the first one given content twice (D0 -> D1 -> D2).
+            try store.write { w in try w.put(record(3, parent: 1, name: "b"), .local, previousDigest: .some(nil)) }
+            for (n, before) in [(UInt8(1), UInt8(0)), (2, 1)] {
+                try store.write { w in
+                    try w.putManifest(digest: digest(n), sealed: [n], chunkIDs: [])
+                    try w.put(
+                        record(2, parent: 1, name: "a", digest: digest(n)), .local,
+                        previousDigest: .some(digest(before)))
+                }
+            }
+            try store.write { w in
+                try w.putManifest(digest: digest(3), sealed: [3], chunkIDs: [])
+                try w.put(record(3, parent: 1, name: "b", digest: digest(3)), .local, previousDigest: .some(nil))
+            }
+            // One put per row is left in the queue.
+            #expect(store.group.queuedPuts == 2)
+            try store.commitPendingWrites()
+            let other = try Store(directory: dir)
+            #expect(try other.read { try $0.file(fid(2), .local)?.metadata.contentDigest } == digest(2))
+            #expect(try other.read { try $0.file(fid(3), .local)?.metadata.contentDigest } == digest(3))
+            // The manifests no row names any more went with the merged puts: D0 (named before
+            // the group) and D1 (named only by the dropped put), as without merging.
+            #expect(try other.read { try $0.manifest(digest(0)) } == nil)
+            #expect(try other.read { try $0.manifest(digest(1)) } == nil)
+            #expect(try other.read { try $0.manifest(digest(2)) } == [2])
+            #expect(try other.read { try $0.manifest(digest(3)) } == [3])
+            #expect(try other.committedCount() == 3)
+            #expect(try other.pendingCounts().created == 3)
+        }
+    }
+
+    @Test func putsOfARowAreNotMergedAcrossAnotherChangeOfIt() throws {
+        try withGroupStore(window: 30) { store, dir throws in
+            try store.write { w in try w.put(record(1, parent: 1, name: "root"), .local) }
+            try store.write { w in try w.put(record(2, parent: 1, name: "a"), .local) }
+            try store.write { w in try w.remove(fid(2), .local) }
+            try store.write { w in try w.put(record(2, parent: 1, name: "b"), .local) }
+            // The other side's row of the same file is another row.
+            try store.write { w in try w.put(record(1, parent: 1, name: "root"), .base) }
+            try store.write { w in try w.put(record(1, parent: 1, name: "root"), .local) }
+            #expect(store.group.queuedPuts == 5)
+            // Once the first put has run, a later one cannot take its place.
+            _ = try store.read { try $0.file(fid(2), .local) }
+            try store.write { w in try w.put(record(2, parent: 1, name: "c"), .local) }
+            #expect(store.group.queuedPuts == 1)
+            try store.commitPendingWrites()
+            let other = try Store(directory: dir)
+            #expect(try other.read { try $0.file(fid(2), .local)?.metadata.name.mac } == Array("c".utf8))
+            #expect(try other.committedCount() == 2)
+        }
+    }
+
     @Test func aFailedWriteRollsBackOnlyItself() throws {
         struct Refused: Error {}
         try withGroupStore(window: 30) { store, dir throws in

@@ -52,6 +52,47 @@ import Testing
         #expect(try f.vault.check().isClean)
     }
 
+    /// Lookups by name inside an open group read only the pending files filed under that name
+    /// (every name a pending file had or has), so renames back and forth, names reused and a
+    /// committed file renamed away are all answered as the tree stands, and a name taken in the
+    /// group is refused to a new file.
+    @Test func namesChangedInAnOpenGroupAreLookedUpRight() throws {
+        let f = try VaultFixture()
+        let a = try f.folder("a")
+        let old = try f.document("p.txt", in: a.id)
+        let sub = try f.folder("sub", in: a.id)
+        f.vault.enableGroupCommit(window: 60, longest: 120)
+        defer { try? f.vault.disableGroupCommit() }
+
+        let x = try f.document("x.txt", in: a.id)
+        try f.vault.rename(x.id, to: a.id, name: "y.txt")
+        let x2 = try f.document("x.txt", in: a.id)
+        try f.vault.rename(old.id, to: a.id, name: "q.txt")
+        let p2 = try f.document("p.txt", in: a.id)
+        #expect(throws: (any Error).self) { try f.vault.create(in: a.id, name: "q.txt", type: .document, mode: 0o644) }
+        #expect(throws: (any Error).self) { try f.vault.create(in: a.id, name: "y.txt", type: .document, mode: 0o644) }
+        // A folder moved out and back counts once.
+        try f.vault.rename(sub.id, to: f.vault.rootID, name: "sub")
+        #expect(try f.vault.node(a.id).subfolders == 0)
+        try f.vault.rename(sub.id, to: a.id, name: "sub2")
+
+        func check(_ when: Comment) throws {
+            #expect(try f.vault.lookup(a.id, "x.txt")?.id == x2.id, when)
+            #expect(try f.vault.lookup(a.id, "y.txt")?.id == x.id, when)
+            #expect(try f.vault.lookup(a.id, "p.txt")?.id == p2.id, when)
+            #expect(try f.vault.lookup(a.id, "q.txt")?.id == old.id, when)
+            #expect(try f.vault.lookup(a.id, "sub") == nil, when)
+            #expect(try f.vault.lookup(a.id, "sub2")?.id == sub.id, when)
+            #expect(try f.vault.lookup(f.vault.rootID, "sub") == nil, when)
+            #expect(try f.vault.node(a.id).subfolders == 1, when)
+            #expect(try f.names(a.id) == ["p.txt", "q.txt", "sub2", "x.txt", "y.txt"], when)
+        }
+        try check("while the group is open")
+        try f.vault.store.commitPendingWrites()
+        try check("after it committed")
+        #expect(try f.vault.check().isClean)
+    }
+
     /// A tree far larger than the caches: every file is still found, listed and renamed, and
     /// no cache holds more than its bound.
     @Test func aTreeLargerThanTheCachesIsReadFromTheStore() throws {
