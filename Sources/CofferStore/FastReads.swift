@@ -156,9 +156,10 @@ final class Reader: @unchecked Sendable {
                     """
             case .subfolders:
                 return """
-                    SELECT (SELECT count(*) FROM local_files WHERE parent = ?1 AND kind = 1 AND id != parent)
-                      + (SELECT count(*) FROM base_files b
-                         WHERE parent = ?1 AND kind = 1 AND id != parent AND \(notLocal))
+                    SELECT (SELECT count(*) FROM local_files INDEXED BY local_files_folders
+                              \(Store.liveFolder) AND parent = ?1)
+                      + (SELECT count(*) FROM base_files b INDEXED BY base_files_folders
+                         \(Store.liveFolder) AND parent = ?1 AND \(notLocal))
                     """
             case .roots:
                 return """

@@ -213,8 +213,20 @@ public final class Store: Sendable {
             for side in [TreeSide.base, .local] { try clusterTree(side.table, db) }
             try db.execute(sql: treeTriggers)
         }
+        // A folder's link count counts its live subfolders: an index of live folder rows alone
+        // answers it without reading the folder's other children (a cold `find` of 100,000
+        // files spent a fifth of its listing CPU counting over 100 rows per subfolder).
+        m.registerMigration("v4") { db in
+            for side in [TreeSide.base, .local] {
+                try db.execute(sql: "CREATE INDEX \(side.table)_folders ON \(side.table)(parent) \(Self.liveFolder)")
+            }
+        }
         return m
     }
+
+    /// The rows `<table>_folders` indexes (format `v4`): live folders other than the root. A
+    /// query names the index (the planner prefers the primary key's range otherwise).
+    static let liveFolder = "WHERE kind = 1 AND id != parent"
 
     /// Rebuilds a tree table keyed by (parent, name MAC, id) (format `v3`), so a folder's
     /// children, and a child by name, are one range of the table; the id stays unique through

@@ -176,6 +176,37 @@ struct TreeQueryTests {
         #expect(try store.read { try $0.count("SELECT count(*) FROM local_files WHERE id = x'\(hex(fid(4)))'") } == 1)
     }
 
+    /// A store of format v3 gets an index of live folders per tree table, which a folder's
+    /// subfolder count reads: base folders hidden by a local row, deleted ones and the root
+    /// are not counted, before and after later changes.
+    @Test func aVersionThreeStoreCountsSubfoldersFromAFolderIndex() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        try makeStore(
+            at: dir, format: "v3",
+            rows: [
+                (record(1, parent: 1, name: "root"), .base), (record(2, parent: 1, name: "a"), .base),
+                (record(3, parent: 1, name: "b"), .base), (record(4, parent: 1, name: "c", deleted: true), .base),
+                (record(5, parent: 1, name: "d", digest: digest(1)), .base),
+                (record(3, parent: 2, name: "b"), .local), (record(6, parent: 1, name: "e"), .local),
+            ])
+        let store = try Store(directory: dir)
+        let indexes = try store.read { r in
+            try r.count("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name LIKE '%_files_folders'")
+        }
+        #expect(indexes == 2)
+        // Under the root: a (base) and e (local); b moved under a locally; c is deleted, d a document.
+        #expect(try store.committedSubfolderCount(of: fid(1)) == 2)
+        #expect(try store.committedSubfolderCount(of: fid(2)) == 1)
+        try store.write { w in
+            try w.put(record(3, parent: 1, name: "b"), .local)  // back under the root
+            try w.put(record(6, parent: 1, name: "e", deleted: true), .local)
+            try w.put(record(7, parent: 2, name: "f"), .local)
+        }
+        #expect(try store.committedSubfolderCount(of: fid(1)) == 2)
+        #expect(try store.committedSubfolderCount(of: fid(2)) == 1)
+    }
+
     /// A store of an older `format`, holding `rows` as that format's build wrote them (from
     /// `v2` on, with their name MAC and kind), and whatever `more` writes; closed again.
     private func makeStore(
