@@ -1,8 +1,10 @@
 /// The four tree invariants (root, path conflict, cycle, orphan), checked once per batch.
 ///
-/// `validate(changed:in:)` checks only what a batch can have broken: the changed files, their
-/// ancestor chains (memoised, see `Ancestry`), their sibling sets, and the depth limit of
-/// `TreeLimits`, so its cost follows the batch, not the tree or its depth.
+/// `validate(changed:in:)` checks only what a batch can have broken: the changed files that
+/// moved, were renamed, created or deleted or came back, with their ancestor chains (memoised,
+/// see `Ancestry`), their sibling sets, and the depth limit of `TreeLimits`; a changed file that
+/// stayed in place under its name (content, attributes) only has its parent checked. Its cost
+/// follows the batch, not the tree or its depth.
 /// `validateAll(_:)` checks everything (fsck, and the server's own audit).
 public enum Validator {
     /// Identifies a file in an error. The model knows no plaintext; callers that do can map ids

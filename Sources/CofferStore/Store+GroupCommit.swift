@@ -110,10 +110,11 @@ final class GroupCommit: Sendable {
     /// is still open; a group that was lost meanwhile takes them with it.
     ///
     /// A put of a tree row whose last change in the queue is a put of the same row, not yet
-    /// run, takes that put's place: the earlier one is dropped and its releases carried over.
-    /// Every statement in between leaves that row alone (a delete or a read of it would have
-    /// been the last change), and the group commits whole or not at all, so the store ends the
-    /// same, with one row write fewer.
+    /// run, takes that put's place: the earlier one is dropped, and its manifest releases and
+    /// its step of the garbage counter carried over (`RowPut.replace`). Every statement in
+    /// between leaves that row alone (a delete or a read of it would have been the last
+    /// change), and the group commits whole or not at all, so the store ends the same, with one
+    /// row write fewer.
     func enqueue(_ statements: [QueuedStatement], generation: UInt64) {
         state.withLock { s in
             guard s.openedAt != nil, s.generation == generation else { return }
@@ -131,7 +132,7 @@ final class GroupCommit: Sendable {
                         case .put(let earlier)? = s.queued[last.position - s.taken]
                     {
                         s.queued[last.position - s.taken] = nil
-                        put.releases = earlier.releases + put.releases.filter { !earlier.releases.contains($0) }
+                        put.replace(earlier)
                     }
                     s.lastRowWrite[put.id] = (position, put.table)
                     s.queued.append(.put(put))

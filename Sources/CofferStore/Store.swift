@@ -217,15 +217,19 @@ public final class Store: Sendable {
         // answers it without reading the folder's other children (a cold `find` of 100,000
         // files spent a fifth of its listing CPU counting over 100 rows per subfolder).
         m.registerMigration("v4") { db in
+            // The predicate is part of the format: `liveFolder` must keep this text.
             for side in [TreeSide.base, .local] {
-                try db.execute(sql: "CREATE INDEX \(side.table)_folders ON \(side.table)(parent) \(Self.liveFolder)")
+                try db.execute(
+                    sql: "CREATE INDEX \(side.table)_folders ON \(side.table)(parent) WHERE kind = 1 AND id != parent")
             }
         }
         return m
     }
 
     /// The rows `<table>_folders` indexes (format `v4`): live folders other than the root. A
-    /// query names the index (the planner prefers the primary key's range otherwise).
+    /// query names the index (the planner prefers the primary key's range otherwise), and SQLite
+    /// uses a partial index only for a query that implies its predicate, so this is the text of
+    /// the v4 migration's predicate and never changes (a new predicate is a new index).
     static let liveFolder = "WHERE kind = 1 AND id != parent"
 
     /// Rebuilds a tree table keyed by (parent, name MAC, id) (format `v3`), so a folder's

@@ -72,7 +72,7 @@ public struct StoreWriter {
         let digest = m.contentDigest.map { Data($0) }
         // The record is encoded where the statement runs: in the mount daemon that is the
         // group thread, not the request (a few microseconds per create, close or chmod).
-        let write: @Sendable (Database, [Data]) throws -> Void = { db, releases in
+        let write: @Sendable (Database, RowPut.Merged) throws -> Void = { db, merged in
             let parent = Data(m.parent.bytes)
             let record = Data(f.signed.encoded())
             let mac = Data(m.name.mac)
@@ -88,16 +88,19 @@ public struct StoreWriter {
                       name_mac = excluded.name_mac, kind = excluded.kind
                     """
             ).execute(arguments: [id, parent, record, digest, version, contentVersion, serverDeleted, mac, kind])
-            for previous in releases where previous != digest { try Self.releaseManifest(previous, db) }
+            for previous in merged.releases where previous != digest { try Self.releaseManifest(previous, db) }
+            if merged.garbage > 0 {
+                try db.cachedStatement(sql: "UPDATE garbage_count SET n = n + ?").execute(arguments: [merged.garbage])
+            }
         }
         if lookUpPrevious {
             try session.run(touching: id) { db in
                 let previous = try Data.fetchOne(
                     db.cachedStatement(sql: "SELECT content_digest FROM \(table) WHERE id = ?"), arguments: [id])
-                try write(db, previous.map { [$0] } ?? [])
+                try write(db, RowPut.Merged(releases: previous.map { [$0] } ?? []))
             }
         } else {
-            try session.run(RowPut(table: table, id: id, releases: known.map { [$0] } ?? [], write: write))
+            try session.run(RowPut(table: table, id: id, before: known, digest: digest, write: write))
         }
         try logChange(m.id)
     }
@@ -397,12 +400,48 @@ typealias DeferredStatement = @Sendable (Database) throws -> Void
 /// reach the B-trees (under a million files their pages are mostly not cached, so each write
 /// costs reads and log frames of its own).
 struct RowPut: Sendable {
+    /// What a put does beside its row: the digests the row named before it (its own previous
+    /// one and those of the puts it replaced), released after it if no record names them any
+    /// more; and the content replacements of the puts it replaced, which the row's
+    /// `garbage_replaced` trigger no longer sees one by one (the garbage counter tells a mount
+    /// when collecting pays, `Vault.garbageWorthCollectingAtMount`).
+    struct Merged: Sendable {
+        var releases: [Data] = []
+        var garbage = 0
+    }
+
     var table: String
     var id: Data
-    /// Digests the row named before this write, released (if no record names them any more)
-    /// after it; a put that takes another's place takes over its releases too.
-    var releases: [Data]
-    var write: @Sendable (Database, _ releases: [Data]) throws -> Void
+    /// The content digest the row named before the first put of this chain (as the caller
+    /// knew it), and the one this put writes.
+    var before: Data?
+    var digest: Data?
+    var merged: Merged
+    var write: @Sendable (Database, Merged) throws -> Void
+
+    init(
+        table: String, id: Data, before: Data?, digest: Data?,
+        write: @escaping @Sendable (Database, Merged) throws -> Void
+    ) {
+        self.table = table
+        self.id = id
+        self.before = before
+        self.digest = digest
+        self.merged = Merged(releases: before.map { [$0] } ?? [])
+        self.write = write
+    }
+
+    /// This put taking `earlier`'s place (see `GroupCommit.enqueue`): the row goes from
+    /// `earlier.before` straight to this put's digest, and the trigger, which counts each
+    /// replaced non-nil digest once, would count one step where there were two.
+    mutating func replace(_ earlier: RowPut) {
+        func replaced(_ old: Data?, _ new: Data?) -> Int { old != nil && old != new ? 1 : 0 }
+        merged.releases = earlier.merged.releases + merged.releases.filter { !earlier.merged.releases.contains($0) }
+        merged.garbage =
+            earlier.merged.garbage + replaced(earlier.before, earlier.digest) + replaced(earlier.digest, digest)
+            - replaced(earlier.before, digest)
+        before = earlier.before
+    }
 }
 
 /// What a write queued, with what `GroupCommit` needs to know to merge row writes.
@@ -416,7 +455,7 @@ enum QueuedStatement: Sendable {
     func run(_ db: Database) throws {
         switch self {
         case .statement(let s), .touch(_, let s): try s(db)
-        case .put(let p): try p.write(db, p.releases)
+        case .put(let p): try p.write(db, p.merged)
         }
     }
 }

@@ -66,6 +66,9 @@ struct GroupCommitTests {
             #expect(try other.read { try $0.manifest(digest(3)) } == [3])
             #expect(try other.committedCount() == 3)
             #expect(try other.pendingCounts().created == 3)
+            // D0 and D1 were each replaced once, as if both puts had run (the counter tells a
+            // mount when garbage collection pays).
+            #expect(try other.garbageSinceCollection() == 2)
         }
     }
 
