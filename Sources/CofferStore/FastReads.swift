@@ -130,6 +130,8 @@ final class Reader: @unchecked Sendable {
         case count
         /// A file's inode number.
         case inode
+        /// Whether the base tree holds a file (1 or 0).
+        case inBase
 
         /// Tree columns: record, version, content version, server-deleted flag.
         var sql: String {
@@ -170,6 +172,8 @@ final class Reader: @unchecked Sendable {
                 return "SELECT n FROM tree_count"
             case .inode:
                 return "SELECT ino FROM inodes WHERE file_id = ?1"
+            case .inBase:
+                return "SELECT count(*) FROM base_files WHERE id = ?1"
             }
         }
     }

@@ -425,6 +425,14 @@ public final class Store: Sendable {
         try fast.inodes(ids.map(\.bytes))
     }
 
+    /// Whether the base tree (what the server acknowledged) holds `id`. Base rows are written
+    /// only outside group transactions (a pull, a push's bookkeeping) and committed before
+    /// those writes return, so the read connections see every one of them, even while a group
+    /// is open: asking here spares a write the queue run that reading through the writer costs.
+    public func committedInBase(_ id: FileID) throws -> Bool {
+        try fast.integer(.inBase, id.bytes) != 0
+    }
+
     /// How many live folders `parent` holds.
     public func committedSubfolderCount(of parent: FileID) throws -> Int {
         Int(clamping: try fast.integer(.subfolders, parent.bytes))

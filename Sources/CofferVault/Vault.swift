@@ -447,7 +447,10 @@ public final class Vault: Sendable {
                             let before = old?.metadata
                             // A deletion the server never saw is pruned right here, in the same
                             // transaction: nothing will ever need to push it.
-                            if s.pruneCandidates.contains(m.id), m.isDeleted, try !w.reader.exists(m.id, .base),
+                            // Asked of the read connections, not through the writer: in the
+                            // mount daemon that would run the group's whole queue inside this
+                            // request (every unlink of rm -rf; `Store.committedInBase`).
+                            if s.pruneCandidates.contains(m.id), m.isDeleted, try !store.committedInBase(m.id),
                                 batch.childIDs(of: m.id).allSatisfy({ s.pruneCandidates.contains($0) })
                             {
                                 try w.remove(m.id, .local)  // a no-op if it never reached the store

@@ -92,6 +92,27 @@ import Testing
         try await w.expectConverged()
     }
 
+    /// In the mount daemon's mode (an open group transaction), a deletion is pruned at once
+    /// only for a file the server never saw: whether the server knows it is read from the base
+    /// rows the read connections see, which a pull commits before it returns.
+    @Test func deletionsInAGroupPruneOnlyWhatTheServerNeverSaw() async throws {
+        let w = try await SyncWorld()
+        try w.a.write("/synced.txt", "s")
+        try await w.sync(w.a, w.b)
+        w.a.vault.enableGroupCommit(window: 60, longest: 120)
+        try w.a.write("/local.txt", "l")
+        try w.a.rm("/local.txt")
+        try w.a.rm("/synced.txt")
+        try w.a.vault.disableGroupCommit()
+        let pending = try w.a.vault.pendingRecords().map(\.stored.metadata)
+        #expect(pending.contains { $0.type == .document && $0.isDeleted })  // synced.txt, to push
+        #expect(pending.filter { $0.type == .document }.count == 1)  // local.txt pruned outright
+        try await w.sync(w.a, w.b, w.a)
+        #expect(try w.b.ls() == [])
+        #expect(w.a.vault.fileCount == 1)
+        try await w.expectConverged()
+    }
+
     @Test func oneByteEditOfALargeFilePushesOneChunk() async throws {
         let w = try await SyncWorld()
         var bytes = pseudoRandomBytes(count: 4 << 20, seed: 9)
