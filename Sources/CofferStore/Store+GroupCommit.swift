@@ -18,17 +18,18 @@ final class GroupCommit: Sendable {
         var committed: UInt64 = 0
         /// Groups that failed to commit (their writes are gone), the most recent few.
         var lostGenerations: [UInt64] = []
-        /// Statements waiting to run, in order; nil where a later put took a put's place.
+        /// Statements queued since the queue was last empty, in order, those before `head`
+        /// already taken; nil where taken, or where a later put took a put's place.
         var queued: [QueuedStatement?] = []
-        /// How many statements of the open group were taken from the front of `queued`.
-        var taken = 0
-        /// The last statement queued in the open group that changes each file's tree row (by
-        /// its position since the group opened), and whether it is a put of that table.
+        var head = 0
+        /// The last statement in `queued` that changes each file's tree row (its position),
+        /// and whether it is a put of that table.
         var lastRowWrite: [Data: (position: Int, putTable: String?)] = [:]
 
+        /// Empties the queue. Every position in `lastRowWrite` is of a statement gone with it.
         mutating func clearQueue() {
             queued = []
-            taken = 0
+            head = 0
             lastRowWrite = [:]
         }
     }
@@ -120,7 +121,7 @@ final class GroupCommit: Sendable {
             guard s.openedAt != nil, s.generation == generation else { return }
             s.lastWriteAt = Self.now()
             for statement in statements {
-                let position = s.taken + s.queued.count
+                let position = s.queued.count
                 switch statement {
                 case .statement:
                     s.queued.append(statement)
@@ -128,10 +129,10 @@ final class GroupCommit: Sendable {
                     s.lastRowWrite[id] = (position, nil)
                     s.queued.append(statement)
                 case .put(var put):
-                    if let last = s.lastRowWrite[put.id], last.putTable == put.table, last.position >= s.taken,
-                        case .put(let earlier)? = s.queued[last.position - s.taken]
+                    if let last = s.lastRowWrite[put.id], last.putTable == put.table,
+                        case .put(let earlier)? = s.queued[last.position]
                     {
-                        s.queued[last.position - s.taken] = nil
+                        s.queued[last.position] = nil
                         put.replace(earlier)
                     }
                     s.lastRowWrite[put.id] = (position, put.table)
@@ -143,23 +144,28 @@ final class GroupCommit: Sendable {
 
     /// Hands the oldest queued statements (all of them, or at most `limit`) to the caller, which
     /// holds the connection and runs them.
+    /// Taken statements leave nil behind, so positions stay put (no shifting of what is left,
+    /// once per slice of a long queue); once all are taken the queue starts over, empty.
     func takeQueued(limit: Int = .max) -> [QueuedStatement] {
         state.withLock { s in
-            let n = min(limit, s.queued.count)
-            defer {
-                if n == s.queued.count { s.queued = [] } else { s.queued.removeFirst(n) }
-                s.taken += n
+            let end = s.head + min(limit, s.queued.count - s.head)
+            let taken = s.queued[s.head..<end].compactMap { $0 }
+            if end == s.queued.count {
+                s.clearQueue()
+            } else {
+                for i in s.head..<end { s.queued[i] = nil }
+                s.head = end
             }
-            return s.queued.prefix(n).compactMap { $0 }
+            return taken
         }
     }
 
-    var hasQueued: Bool { state.withLock { !$0.queued.isEmpty } }
+    var hasQueued: Bool { state.withLock { $0.head < $0.queued.count } }
 
     /// How many row puts wait in the queue (for tests of merging).
     var queuedPuts: Int {
         state.withLock { s in
-            s.queued.count { if case .put? = $0 { true } else { false } }
+            s.queued[s.head...].count { if case .put? = $0 { true } else { false } }
         }
     }
 

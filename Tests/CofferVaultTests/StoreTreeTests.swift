@@ -103,9 +103,15 @@ import Testing
         for i in 0..<10 {
             folders.append(try vault.create(in: vault.rootID, name: "d\(i)", type: .folder, mode: 0o755).id)
         }
+        var created: [FileID] = []
         for (i, folder) in folders.enumerated() {
-            for j in 0..<20 { try vault.create(in: folder, name: "f\(i)-\(j)", type: .document, mode: 0o644) }
+            for j in 0..<20 {
+                created.append(try vault.create(in: folder, name: "f\(i)-\(j)", type: .document, mode: 0o644).id)
+            }
         }
+        // The creating vault finds its files after its caches dropped them: a new file's id is
+        // answered "absent" without asking the store only until the create is written.
+        for id in created { #expect(try vault.node(id).type == .document) }
         let reopened = try Vault.open(dataDirectory: dir, cacheEntries: 16)
         for (i, folder) in folders.enumerated() {
             #expect(try reopened.children(of: folder).map(\.name).sorted() == (0..<20).map { "f\(i)-\($0)" }.sorted())
