@@ -6,13 +6,14 @@ import Synchronization
 ///
 /// A chunk stored as a SQLite blob is written three times (WAL, then the database at checkpoint,
 /// read back in between) and read back page by page; a file is written once and read with one
-/// `pread`. Small chunks (most of a source tree's files) stay in SQLite, where a row is cheaper
-/// than a file. The `chunks` table lists every chunk either way, with its `Place`, so the
-/// store's bookkeeping and garbage collection see one set of ids.
+/// `pread`. The `chunks` table lists every chunk, with its `Place`, so the store's bookkeeping
+/// and garbage collection see one set of ids.
 ///
-/// Large chunks stored together (a spill of buffered writes, a flush, a download) share one
-/// pack file under `DATA/chunks/packs/`; their rows (`place = 1`) hold a `PackLocator` instead
-/// of the bytes. A pack is deleted when garbage collection finds no row naming it; one mostly
+/// Chunks live in pack files under `DATA/chunks/packs/`; their rows (`place = 1`) hold a
+/// `PackLocator` instead of the bytes. Large chunks stored together (a spill of buffered
+/// writes, a flush, a download) share a pack of their own; small ones (most of a source tree's
+/// files) are appended to the store's current pack (`append`). Stores written before that kept
+/// small chunks in their rows (`place = 0`), which are still read. A pack is deleted when garbage collection finds no row naming it; one mostly
 /// dead is rewritten with only its live chunks (`Store.compactPacks`).
 ///
 /// Crash safety: a file is written before the rows naming it, in the same transaction; a file
@@ -130,8 +131,8 @@ final class ChunkFiles: Sendable {
         directory + "/" + Self.packFolder + "/" + hexString(pack)
     }
 
-    /// Writes the sealed chunks into one new pack file, in order; returns each one's locator.
-    func writePack(_ chunks: [[UInt8]]) throws -> [PackLocator] {
+    /// A new, empty pack file: its id, path and a descriptor open for writing.
+    private func createPack() throws -> (pack: [UInt8], path: String, fd: Int32) {
         var rng = SystemRandomNumberGenerator()
         let pack = (0..<PackLocator.packIDBytes).map { _ in UInt8.random(in: 0...255, using: &rng) }
         let folder = directory + "/" + Self.packFolder
@@ -141,6 +142,67 @@ final class ChunkFiles: Sendable {
         let p = packPath(pack)
         let fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw StoreError("cannot write chunk pack \(p): \(Self.errorText())") }
+        return (pack, p, fd)
+    }
+
+    /// The pack small chunks are appended to, open across commits until it reaches
+    /// `appendLimit`.
+    private struct OpenPack {
+        let pack: [UInt8]
+        let path: String
+        let fd: Int32
+        var size: Int
+    }
+
+    /// How large the pack small chunks are appended to grows before the next one is begun.
+    static let appendLimit = 64 << 20
+
+    private let appending = Mutex<OpenPack?>(nil)
+
+    /// Appends a small sealed chunk to the store's current pack and returns where it is. As a
+    /// SQLite blob, each small file's chunk was a leaf of its own among random keys: at a
+    /// million files those leaves were 2 GB that every copied-in file dirtied a page of, and the
+    /// tree's rows were scattered between them, so a cold listing read them page by page.
+    /// Appended, a batch's chunks are one sequential write (synced before the commit naming
+    /// them, as every pack is) and its files' contents sit side by side for reading back.
+    func append(_ sealed: [UInt8]) throws -> PackLocator {
+        try appending.withLock { current in
+            if let open = current, open.size + sealed.count > Self.appendLimit {
+                close(open.fd)
+                current = nil
+            }
+            var open: OpenPack
+            if let c = current {
+                open = c
+            } else {
+                let made = try createPack()
+                open = OpenPack(pack: made.pack, path: made.path, fd: made.fd, size: 0)
+            }
+            // A failed write leaves `size` where it was: the next chunk is written over the
+            // partial one, which no row names.
+            current = open
+            try Self.write(sealed, to: open.fd, at: open.size, path: open.path)
+            let locator = PackLocator(pack: open.pack, offset: UInt64(open.size), length: UInt64(sealed.count))
+            open.size += sealed.count
+            current = open
+            unsynced.withLock { _ = $0.insert(open.path) }
+            return locator
+        }
+    }
+
+    /// Stops appending to the current pack (the next small chunk begins a new one).
+    func closeAppending() {
+        appending.withLock { current in
+            if let open = current { close(open.fd) }
+            current = nil
+        }
+    }
+
+    deinit { closeAppending() }
+
+    /// Writes the sealed chunks into one new pack file, in order; returns each one's locator.
+    func writePack(_ chunks: [[UInt8]]) throws -> [PackLocator] {
+        let (pack, p, fd) = try createPack()
         defer { close(fd) }
         var locators: [PackLocator] = []
         var offset = 0
@@ -220,6 +282,12 @@ final class ChunkFiles: Sendable {
 
     func removePack(_ pack: [UInt8]) {
         let p = packPath(pack)
+        // Never appended to once gone: a row would name a chunk in a file no longer there.
+        appending.withLock { current in
+            guard let open = current, open.pack == pack else { return }
+            close(open.fd)
+            current = nil
+        }
         unlink(p)
         unsynced.withLock { _ = $0.remove(p) }
     }

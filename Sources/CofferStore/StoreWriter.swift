@@ -188,35 +188,44 @@ public struct StoreWriter {
     /// and nothing a write decides depends on the sealed bytes (a manifest names a chunk by id).
     public func putChunk(id: [UInt8], sealing seal: @escaping @Sendable () -> [UInt8]) throws {
         let key = Data(id)
-        try session.run { db in
-            try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(arguments: [
-                key, Data(seal()),
-            ])
-        }
+        let files = files
+        try session.run { db in try Self.appendChunk(key, seal, files, db) }
+    }
+
+    /// Appends a small chunk to the current pack and names it in a row, unless a row names it
+    /// already (asked first: a chunk stored twice would be dead bytes in the pack).
+    private static func appendChunk(
+        _ id: Data, _ seal: () -> [UInt8], _ files: ChunkFiles, _ db: Database
+    ) throws {
+        guard try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [id]) == nil
+        else { return }
+        let locator = try files.append(seal())
+        try db.cachedStatement(
+            sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
+        )
+        .execute(arguments: [id, Data(locator.encoded)])
     }
 
     /// Stores sealed chunks once each. Large ones stored in one call share one pack file:
     /// creating a file per 256 KiB chunk cost more CPU than sealing it on a filesystem that had
     /// just deleted many files (ext4 skips recently freed inodes one by one; 1.1 ms per create
-    /// measured). Rows of small ones hold the bytes.
+    /// measured). Small ones are appended to the store's current pack (`ChunkFiles.append`).
     public func putChunks(_ items: [([UInt8], [UInt8])]) throws {
-        var small: [(Data, Data)] = []
+        var small: [(Data, [UInt8])] = []
         var large: [(id: [UInt8], sealed: [UInt8])] = []
         var seen: Set<[UInt8]> = []
         for (id, sealed) in items where seen.insert(id).inserted {
             if sealed.count < ChunkFiles.threshold {
-                small.append((Data(id), Data(sealed)))
+                small.append((Data(id), sealed))
             } else if try !reader.hasChunk(id) {
                 large.append((id, sealed))
             }
         }
         if !small.isEmpty {
             let rows = small
+            let files = files
             try session.run { db in
-                for (id, sealed) in rows {
-                    try db.cachedStatement(sql: "INSERT OR IGNORE INTO chunks(id, sealed) VALUES (?, ?)").execute(
-                        arguments: [id, sealed])
-                }
+                for (id, sealed) in rows { try Self.appendChunk(id, { sealed }, files, db) }
             }
         }
         guard !large.isEmpty else { return }

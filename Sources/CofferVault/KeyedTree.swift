@@ -151,19 +151,70 @@ struct KeyedTree<Tree: TreeView> {
         return a
     }
 
+    /// The names and attributes of `children`, records whose parent is `parent`, in order (a
+    /// folder's listing). The parent's key is found once and each child's key unwrapped from
+    /// the record in hand: `name` and `attributes` would look each child up in the tree three
+    /// more times, a sixth of a cold `find`'s CPU. Cached as those cache them; `adjust` as in
+    /// `attributes`.
+    mutating func open(
+        children: [FileMetadata], of parent: FileID, adjust: (FileID, inout PosixAttributes) -> Void
+    ) throws -> [(name: String, attributes: PosixAttributes)] {
+        guard !children.isEmpty else { return [] }
+        let parentKey = try key(parent)
+        var out: [(name: String, attributes: PosixAttributes)] = []
+        out.reserveCapacity(children.count)
+        for m in children {
+            guard m.parent == parent, !m.isRoot else {
+                out.append((try name(m.id), try attributes(m.id) { adjust(m.id, &$0) }))
+                continue
+            }
+            let name: String
+            if let n = cache.names[m.id] {
+                name = n
+            } else {
+                name = try openName(m, parentKey: parentKey)
+                cache.names[m.id] = name
+            }
+            if let a = cache.attributes[m.id] {
+                out.append((name, a))
+                continue
+            }
+            let key: SymmetricKey
+            if let k = cache.keys[m.id] {
+                key = k
+            } else {
+                key = try access.directKey(of: m) ?? KeyWrap.unwrap(m.wrappedKey, with: parentKey, fileID: m.id.bytes)
+                cache.keys[m.id] = key
+            }
+            var a = try openAttributes(m, key: key)
+            adjust(m.id, &a)
+            cache.attributes[m.id] = a
+            out.append((name, a))
+        }
+        return out
+    }
+
     /// The name a record carries, which need not be the tree's record of that file (a pulled or
     /// local version of it), sealed under its parent's key in this tree. Not cached.
     mutating func openName(_ m: FileMetadata) throws -> String {
+        try openName(m, parentKey: key(m.parent))
+    }
+
+    private func openName(_ m: FileMetadata, parentKey: SymmetricKey) throws -> String {
         let raw = try AEAD.open(
-            m.name.ciphertext, key: key(m.parent), purpose: .name, fileID: m.id.bytes, what: "file name")
+            m.name.ciphertext, key: parentKey, purpose: .name, fileID: m.id.bytes, what: "file name")
         return String(decoding: raw, as: UTF8.self)
     }
 
     /// The attributes a record carries (as `openName`, under the file's key). Not cached.
     mutating func openAttributes(_ m: FileMetadata) throws -> PosixAttributes {
+        try openAttributes(m, key: key(m.id))
+    }
+
+    private mutating func openAttributes(_ m: FileMetadata, key: SymmetricKey) throws -> PosixAttributes {
         let a = try PosixAttributes(
             decoding: AEAD.open(
-                m.sealedAttributes, key: key(m.id), purpose: .attributes, fileID: m.id.bytes, what: "file attributes"))
+                m.sealedAttributes, key: key, purpose: .attributes, fileID: m.id.bytes, what: "file attributes"))
         cache.latestStamp = max(cache.latestStamp, a.mtime.stamp, a.atime.stamp, a.mode.stamp, a.uid.stamp, a.gid.stamp)
         return a
     }

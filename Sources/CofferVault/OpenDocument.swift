@@ -564,8 +564,8 @@ public final class OpenDocument: Sendable {
         if durable { try vault.store.makeDurable() }
     }
 
-    /// The largest changed chunk a commit leaves to the store to seal (its sealed form must stay
-    /// a row's, under the store's 64 KiB pack threshold).
+    /// The largest changed chunk a commit leaves to the store to seal (its sealed form stays
+    /// under the store's 64 KiB threshold, so it is appended to the current pack).
     static let deferredSealingLimit = 48 * 1024
 
     private func commit(_ s: inout DocumentState) throws {

@@ -310,12 +310,14 @@ public final class Vault: Sendable {
         // Every stat asks: a hit spares looking the pending times up.
         if let a = s.view.cache.attributes[id] { return a }
         let pending = s.pendingFolderTimes[id]
-        return try s.view.attributes(id) { a in
-            if let p = pending, p.stamp > a.mtime.stamp {
-                a.mtime = Stamped(p.time, at: p.stamp)
-                a.ctime = max(a.ctime, p.time)
-            }
-        }
+        return try s.view.attributes(id) { Self.apply(pending, to: &$0) }
+    }
+
+    /// A folder's modification time not yet written (`pendingFolderTimes`), if it is the later.
+    static func apply(_ pending: PendingFolderTime?, to a: inout PosixAttributes) {
+        guard let p = pending, p.stamp > a.mtime.stamp else { return }
+        a.mtime = Stamped(p.time, at: p.stamp)
+        a.ctime = max(a.ctime, p.time)
     }
 
     func node(_ id: FileID, _ s: inout VaultState) throws -> Node {
@@ -325,9 +327,18 @@ public final class Vault: Sendable {
 
     /// The node of a record already read (a folder's listing reads its children in one query).
     func node(_ m: FileMetadata, _ s: inout VaultState) throws -> Node {
+        let open = m.type == .document ? openDocuments.withLock({ $0[m.id] }) : nil
+        return node(m, name: try s.view.name(m.id), attributes: try attributes(m.id, &s), open: open, &s)
+    }
+
+    /// The node of a record whose name and attributes are open, with what `open` has not
+    /// written yet laid over them.
+    func node(
+        _ m: FileMetadata, name: String, attributes: PosixAttributes, open: OpenDocument?, _ s: inout VaultState
+    ) -> Node {
         let id = m.id
-        var attrs = try attributes(id, &s)
-        if m.type == .document, let open = openDocuments.withLock({ $0[id] }) {
+        var attrs = attributes
+        if let open {
             attrs.size = open.currentSize
             if let mt = open.pendingMtime { attrs.mtime.value = mt }
             if let at = open.pendingAtime { attrs.atime.value = at }
@@ -338,7 +349,7 @@ public final class Vault: Sendable {
             if let gid = own.gid { attrs.gid.value = gid }
         }
         return Node(
-            id: id, type: m.type, parent: m.parent, name: try s.view.name(id), attributes: attrs,
+            id: id, type: m.type, parent: m.parent, name: name, attributes: attrs,
             subfolders: m.type == .folder ? s.view.tree.subfolderCount(of: id) : 0)
     }
 

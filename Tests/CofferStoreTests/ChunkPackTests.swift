@@ -4,7 +4,8 @@ import Testing
 
 @testable import CofferStore
 
-/// Large chunks stored together share one pack file (see `ChunkFiles`).
+/// Large chunks stored together share one pack file, small ones are appended to the store's
+/// current pack (see `ChunkFiles`).
 @Suite("Chunk packs")
 struct ChunkPackTests {
     func sealed(_ n: UInt8, _ size: Int = 100_000) -> [UInt8] {
@@ -23,9 +24,9 @@ struct ChunkPackTests {
                     (chunkID(1), sealed(1)), (chunkID(4), sealed(4)),
                 ])
             }
-            #expect(packFiles(dir).count == 1, "three large chunks, one file")
-            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 1") } == 3)
-            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 0") } == 1)
+            #expect(packFiles(dir).count == 2, "three large chunks in one pack, the small one appended to another")
+            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 1") } == 4)
+            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 0") } == 0)
             for (n, size) in [(UInt8(1), 100_000), (3, 70_000), (4, 100_000)] {
                 #expect(try store.chunk(chunkID(n)) == sealed(n, size), "fast path, chunk \(n)")
                 #expect(try store.read { try $0.chunk(chunkID(n)) } == sealed(n, size), "transaction path, chunk \(n)")
@@ -33,7 +34,67 @@ struct ChunkPackTests {
             #expect(try store.chunk(chunkID(2)) == [2, 2])
             // Storing a chunk that is already there (in a pack) writes nothing new.
             try store.write { w throws in try w.putChunks([(chunkID(1), sealed(1)), (chunkID(3), sealed(3, 70_000))]) }
-            #expect(packFiles(dir).count == 1)
+            #expect(packFiles(dir).count == 2)
+        }
+    }
+
+    /// Small chunks, stored one write after another, go one after another into one pack, which
+    /// stays open across commits; a chunk already stored is not appended again.
+    @Test func smallChunksAreAppendedToOnePackAcrossWrites() throws {
+        try withStore { store, dir throws in
+            try store.write { w throws in try w.putChunks([(chunkID(1), sealed(1, 3000)), (chunkID(2), [2])]) }
+            try store.write { w throws in try w.putChunk(id: chunkID(3), sealing: { [3, 3, 3] }) }
+            try store.write { w throws in
+                try w.putChunk(
+                    id: chunkID(1),
+                    sealing: {
+                        Issue.record("an existing chunk is not sealed again")
+                        return []
+                    })
+                try w.putChunks([(chunkID(2), [2]), (chunkID(4), sealed(4, 60_000))])
+            }
+            let packs = packFiles(dir)
+            try #require(packs.count == 1)
+            let size =
+                try FileManager.default.attributesOfItem(atPath: dir + "/chunks/packs/" + packs[0])[.size] as? Int
+            #expect(size == 3000 + 1 + 3 + 60_000, "each chunk once, nothing between them")
+            #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 1") } == 4)
+            #expect(try store.chunk(chunkID(1)) == sealed(1, 3000))
+            #expect(try store.chunk(chunkID(2)) == [2])
+            #expect(try store.read { try $0.chunk(chunkID(3)) } == [3, 3, 3])
+            #expect(try store.chunk(chunkID(4)) == sealed(4, 60_000))
+        }
+    }
+
+    /// The pack small chunks are appended to can lose its last named chunk to garbage
+    /// collection, which deletes it: the next small chunk goes to a new pack, not into the
+    /// deleted file (where a committed row would name bytes that are gone).
+    @Test func aCollectedAppendPackIsNotWrittenToAgain() throws {
+        try withStore { store, dir throws in
+            try store.write { w throws in try w.putChunks([(chunkID(1), [1, 1])]) }
+            let first = packFiles(dir)
+            try #require(first.count == 1)
+            #expect(try store.collectGarbage().chunks == 1)
+            #expect(packFiles(dir).isEmpty, "nothing names the pack any more")
+            try store.write { w throws in try w.putChunks([(chunkID(2), [2, 2])]) }
+            let second = packFiles(dir)
+            #expect(second.count == 1 && second != first)
+            #expect(try store.chunk(chunkID(2)) == [2, 2])
+        }
+    }
+
+    /// Stores written before small chunks went to packs hold them in their rows, still read.
+    @Test func aChunkKeptInItsRowIsStillRead() throws {
+        try withStore { store, _ throws in
+            try store.write { w throws in
+                try w.withDatabase { db in
+                    try db.execute(
+                        sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, x'0a0b0c', 0)",
+                        arguments: [Data(chunkID(5))])
+                }
+            }
+            #expect(try store.chunk(chunkID(5)) == [10, 11, 12])
+            #expect(try store.read { try $0.chunk(chunkID(5)) } == [10, 11, 12])
         }
     }
 
@@ -164,9 +225,16 @@ struct ChunkPackTests {
         try withStore { store, dir throws in
             let chunks = (1...8).map { (chunkID(UInt8($0)), sealed(UInt8($0), 200_000)) }
             try store.write { w throws in try w.putChunks(chunks + [(chunkID(9), [9, 9])]) }
-            let packs = packFiles(dir)
-            try #require(packs.count == 1)
-            let path = dir + "/chunks/packs/" + packs[0]
+            // The large chunks' pack (chunk 9 is appended to another).
+            let packs = packFiles(dir).map { dir + "/chunks/packs/" + $0 }
+            try #require(packs.count == 2)
+            let path = try #require(
+                packs.max {
+                    let size = { (p: String) in
+                        (try? FileManager.default.attributesOfItem(atPath: p)[.size] as? Int) ?? 0
+                    }
+                    return size($0) < size($1)
+                })
             // Out of the page cache, as after a reboot.
             try #require(try PageCache.evict(path) < 8, "the pack left the page cache")
 

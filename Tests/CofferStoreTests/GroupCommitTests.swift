@@ -302,9 +302,9 @@ struct GroupCommitTests {
             // the background checkpoint can move them from the log into the database file.
             for i in 0..<200 {
                 try store.write { w in
-                    try w.putChunk(
-                        id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
-                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000))
+                    try w.putManifest(
+                        digest: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
+                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000), chunkIDs: [])
                 }
             }
             try store.commitPendingWrites()
@@ -327,9 +327,9 @@ struct GroupCommitTests {
             // About 12 MB of rows, committed in groups: the log grows past the limit.
             for i in 0..<1200 {
                 try store.write { w in
-                    try w.putChunk(
-                        id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
-                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000))
+                    try w.putManifest(
+                        digest: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
+                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000), chunkIDs: [])
                 }
             }
             try store.commitPendingWrites()
@@ -359,9 +359,9 @@ struct GroupCommitTests {
         try withGroupStore(window: 0.05) { store, dir throws in
             for i in 0..<1200 {
                 try store.write { w in
-                    try w.putChunk(
-                        id: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
-                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000))
+                    try w.putManifest(
+                        digest: chunkID(UInt8(i % 250)) + [UInt8(i / 250)],
+                        sealed: [UInt8](repeating: UInt8(i % 251), count: 10_000), chunkIDs: [])
                 }
             }
             try store.commitPendingWrites()
