@@ -2,7 +2,7 @@ import CofferModel
 import Foundation
 import Synchronization
 
-/// Large sealed chunks live in files under `DATA/chunks/`, not in SQLite.
+/// Sealed chunks live in pack files under `DATA/chunks/packs/`, not in SQLite.
 ///
 /// A chunk stored as a SQLite blob is written three times (WAL, then the database at checkpoint,
 /// read back in between) and read back page by page; a file is written once and read with one
@@ -84,12 +84,17 @@ final class ChunkFiles: Sendable {
     /// Makes every chunk file written since the last call durable (data and directory entry).
     /// A few files are synced one by one; many at once with one `syncfs` of the filesystem.
     func syncPending() throws {
-        let files = unsynced.withLock { s -> Set<String> in
+        var files = unsynced.withLock { s -> Set<String> in
             defer { s.removeAll() }
             return s
         }
         guard !files.isEmpty else { return }
         do {
+            if let path = appending.withLock({ $0?.path }), files.contains(path) {
+                try syncAppending()
+                files.remove(path)
+                guard !files.isEmpty else { return }
+            }
             if files.count > 8 {
                 let fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
                 guard fd >= 0 else { throw StoreError("cannot open \(directory): \(Self.errorText())") }
@@ -146,16 +151,23 @@ final class ChunkFiles: Sendable {
     }
 
     /// The pack small chunks are appended to, open across commits until it reaches
-    /// `appendLimit`.
+    /// `appendLimit`. This process holds an exclusive `flock` on it while it appends, so two
+    /// processes on one store never append to the same pack.
     private struct OpenPack {
         let pack: [UInt8]
         let path: String
         let fd: Int32
         var size: Int
+        /// Whether its directory entry is durable (a pack made since the last sync's is not).
+        var entrySynced: Bool
     }
 
     /// How large the pack small chunks are appended to grows before the next one is begun.
     static let appendLimit = 64 << 20
+
+    /// Appends after a sync start on a new block, so a later write never rewrites a block
+    /// holding committed chunks (a torn write there could damage them).
+    static let appendAlignment = 4096
 
     private let appending = Mutex<OpenPack?>(nil)
 
@@ -165,28 +177,88 @@ final class ChunkFiles: Sendable {
     /// tree's rows were scattered between them, so a cold listing read them page by page.
     /// Appended, a batch's chunks are one sequential write (synced before the commit naming
     /// them, as every pack is) and its files' contents sit side by side for reading back.
-    func append(_ sealed: [UInt8]) throws -> PackLocator {
+    ///
+    /// A process's first append resumes `lastPack` (the pack the store last began, which the
+    /// caller keeps in the store) if no other process is appending to it and it has room, so
+    /// many short-lived writers (a `coffer put` each) do not leave a tiny pack each. A pack
+    /// begun here is handed to `began`, in the transaction that names its first chunk.
+    func append(
+        _ sealed: [UInt8], lastPack: () throws -> [UInt8]?, began: ([UInt8]) throws -> Void
+    ) throws -> PackLocator {
         try appending.withLock { current in
             if let open = current, open.size + sealed.count > Self.appendLimit {
                 close(open.fd)
                 current = nil
             }
-            var open: OpenPack
-            if let c = current {
-                open = c
-            } else {
-                let made = try createPack()
-                open = OpenPack(pack: made.pack, path: made.path, fd: made.fd, size: 0)
+            if current == nil, let last = try lastPack() {
+                current = resume(last, room: sealed.count)
             }
+            if current == nil {
+                let made = try createPack()
+                guard flock(made.fd, LOCK_EX | LOCK_NB) == 0 else {
+                    close(made.fd)
+                    throw StoreError("cannot lock the new chunk pack \(made.path): \(Self.errorText())")
+                }
+                current = OpenPack(pack: made.pack, path: made.path, fd: made.fd, size: 0, entrySynced: false)
+                try began(made.pack)
+            }
+            guard var open = current else { throw StoreError("no chunk pack to append to") }
             // A failed write leaves `size` where it was: the next chunk is written over the
             // partial one, which no row names.
-            current = open
             try Self.write(sealed, to: open.fd, at: open.size, path: open.path)
             let locator = PackLocator(pack: open.pack, offset: UInt64(open.size), length: UInt64(sealed.count))
             open.size += sealed.count
             current = open
             unsynced.withLock { _ = $0.insert(open.path) }
             return locator
+        }
+    }
+
+    /// `pack` opened for appending, if it exists, no other process appends to it (its lock)
+    /// and `room` more bytes fit; appends go after what it holds, on a new block.
+    private func resume(_ pack: [UInt8], room: Int) -> OpenPack? {
+        guard pack.count == PackLocator.packIDBytes else { return nil }
+        let p = packPath(pack)
+        let fd = open(p, O_WRONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        var st = stat()
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0, fstat(fd, &st) == 0, st.st_nlink > 0,
+            let size = Self.aligned(Int(st.st_size)), size + room <= Self.appendLimit
+        else {
+            close(fd)
+            return nil
+        }
+        return OpenPack(pack: pack, path: p, fd: fd, size: size, entrySynced: true)
+    }
+
+    private static func aligned(_ n: Int) -> Int? {
+        let (sum, overflow) = n.addingReportingOverflow(appendAlignment - 1)
+        return overflow || n < 0 ? nil : sum / appendAlignment * appendAlignment
+    }
+
+    /// Makes the current pack's appends durable through its own descriptor. A pack another
+    /// process deleted (garbage collection, which the content lock should have kept out) is an
+    /// error: committing would name bytes that are gone, so the group fails instead.
+    private func syncAppending() throws {
+        try appending.withLock { current in
+            guard var open = current else { return }
+            var st = stat()
+            guard fstat(open.fd, &st) == 0, st.st_nlink > 0 else {
+                close(open.fd)
+                current = nil
+                throw StoreError("chunk pack \(open.path) was deleted while chunks were appended to it")
+            }
+            guard fdatasync(open.fd) == 0 else { throw StoreError("cannot sync \(open.path): \(Self.errorText())") }
+            if !open.entrySynced {
+                let folder = directory + "/" + Self.packFolder
+                let dir = Foundation.open(folder, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                guard dir >= 0 else { throw StoreError("cannot open \(folder): \(Self.errorText())") }
+                defer { close(dir) }
+                guard fsync(dir) == 0 else { throw StoreError("cannot sync \(folder): \(Self.errorText())") }
+                open.entrySynced = true
+            }
+            open.size = Self.aligned(open.size) ?? open.size
+            current = open
         }
     }
 

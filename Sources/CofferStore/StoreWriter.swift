@@ -192,6 +192,9 @@ public struct StoreWriter {
         try session.run { db in try Self.appendChunk(key, seal, files, db) }
     }
 
+    /// The settings row naming the pack the store last began appending small chunks to.
+    static let appendPackSetting = "append_pack"
+
     /// Appends a small chunk to the current pack and names it in a row, unless a row names it
     /// already (asked first: a chunk stored twice would be dead bytes in the pack).
     private static func appendChunk(
@@ -199,7 +202,20 @@ public struct StoreWriter {
     ) throws {
         guard try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [id]) == nil
         else { return }
-        let locator = try files.append(seal())
+        let locator = try files.append(
+            seal(),
+            lastPack: {
+                try Data.fetchOne(
+                    db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"),
+                    arguments: [
+                        Self.appendPackSetting
+                    ]
+                ).map { [UInt8]($0) }
+            },
+            began: { pack in
+                try db.cachedStatement(sql: "INSERT OR REPLACE INTO settings(key, value) VALUES (?, ?)").execute(
+                    arguments: [Self.appendPackSetting, Data(pack)])
+            })
         try db.cachedStatement(
             sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
         )

@@ -159,8 +159,14 @@ struct KeyedTree<Tree: TreeView> {
     mutating func open(
         children: [FileMetadata], of parent: FileID, adjust: (FileID, inout PosixAttributes) -> Void
     ) throws -> [(name: String, attributes: PosixAttributes)] {
-        guard !children.isEmpty else { return [] }
-        let parentKey = try key(parent)
+        // Only if something is not cached: a listing served from the caches unwraps nothing.
+        var parentKeyFound: SymmetricKey?
+        func parentKey() throws -> SymmetricKey {
+            if let k = parentKeyFound { return k }
+            let k = try key(parent)
+            parentKeyFound = k
+            return k
+        }
         var out: [(name: String, attributes: PosixAttributes)] = []
         out.reserveCapacity(children.count)
         for m in children {
@@ -172,7 +178,7 @@ struct KeyedTree<Tree: TreeView> {
             if let n = cache.names[m.id] {
                 name = n
             } else {
-                name = try openName(m, parentKey: parentKey)
+                name = try openName(m, parentKey: parentKey())
                 cache.names[m.id] = name
             }
             if let a = cache.attributes[m.id] {
@@ -183,7 +189,7 @@ struct KeyedTree<Tree: TreeView> {
             if let k = cache.keys[m.id] {
                 key = k
             } else {
-                key = try access.directKey(of: m) ?? KeyWrap.unwrap(m.wrappedKey, with: parentKey, fileID: m.id.bytes)
+                key = try access.directKey(of: m) ?? KeyWrap.unwrap(m.wrappedKey, with: parentKey(), fileID: m.id.bytes)
                 cache.keys[m.id] = key
             }
             var a = try openAttributes(m, key: key)

@@ -20,9 +20,24 @@ final class StoreLocks: Sendable {
 
     /// Runs `body` with the content lock held exclusively, if no other vault has the store open.
     func exclusively<T>(_ body: () throws -> T) throws -> T? {
-        guard flock(contentFD, LOCK_EX | LOCK_NB) == 0 else { return nil }
-        defer { flock(contentFD, LOCK_SH) }
+        // Converting a flock drops the lock held first: a failed attempt must take the shared
+        // one back, or this vault would go on writing unprotected and another process's
+        // collection could delete chunks it is storing (the pack it appends to, even).
+        guard flock(contentFD, LOCK_EX | LOCK_NB) == 0 else {
+            try shareAgain()
+            return nil
+        }
+        defer { try? shareAgain() }
         return try body()
+    }
+
+    /// Takes the shared lock again, waiting for an exclusive holder to finish (a collection).
+    private func shareAgain() throws {
+        while flock(contentFD, LOCK_SH) != 0 {
+            guard errno == EINTR else {
+                throw VaultError.io("cannot lock content.lock again: \(String(cString: strerror(errno)))")
+            }
+        }
     }
 }
 

@@ -1,3 +1,4 @@
+import CofferModel
 import CofferTestSupport
 import Foundation
 import Testing
@@ -38,8 +39,8 @@ struct ChunkPackTests {
         }
     }
 
-    /// Small chunks, stored one write after another, go one after another into one pack, which
-    /// stays open across commits; a chunk already stored is not appended again.
+    /// Small chunks, stored one write after another, go into one pack, which stays open across
+    /// commits; a chunk already stored is not appended again.
     @Test func smallChunksAreAppendedToOnePackAcrossWrites() throws {
         try withStore { store, dir throws in
             try store.write { w throws in try w.putChunks([(chunkID(1), sealed(1, 3000)), (chunkID(2), [2])]) }
@@ -57,7 +58,7 @@ struct ChunkPackTests {
             try #require(packs.count == 1)
             let size =
                 try FileManager.default.attributesOfItem(atPath: dir + "/chunks/packs/" + packs[0])[.size] as? Int
-            #expect(size == 3000 + 1 + 3 + 60_000, "each chunk once, nothing between them")
+            #expect(size == 2 * 4096 + 60_000, "each chunk once; each commit's on a block after the last one's")
             #expect(try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE place = 1") } == 4)
             #expect(try store.chunk(chunkID(1)) == sealed(1, 3000))
             #expect(try store.chunk(chunkID(2)) == [2])
@@ -80,6 +81,88 @@ struct ChunkPackTests {
             let second = packFiles(dir)
             #expect(second.count == 1 && second != first)
             #expect(try store.chunk(chunkID(2)) == [2, 2])
+        }
+    }
+
+    /// A mostly dead pack that is still being appended to is rewritten like any other; the
+    /// next small chunk begins a new pack instead of going into the deleted one.
+    @Test func aCompactedAppendPackIsNotWrittenToAgain() throws {
+        try withStore { store, dir throws in
+            try store.write { w throws in try w.putChunks((0..<20).map { (chunkID($0), sealed($0, 60_000)) }) }
+            try store.write { w throws in
+                try w.putManifest(digest: digest(1), sealed: [1], chunkIDs: [chunkID(3), chunkID(11)])
+                try w.put(record(1, parent: 1), .local)
+                try w.put(record(10, parent: 1, digest: digest(1)), .local)
+            }
+            let before = packFiles(dir)
+            try #require(before.count == 1)
+            #expect(try store.collectGarbage().compactedPacks == 1)
+            let after = packFiles(dir)
+            #expect(after.count == 1 && after != before)
+            try store.write { w throws in try w.putChunks([(chunkID(50), [5, 0])]) }
+            #expect(packFiles(dir).count == 2, "a new pack: the rewritten one is not appended to")
+            #expect(try store.chunk(chunkID(50)) == [5, 0])
+            #expect(try store.chunk(chunkID(3)) == sealed(3, 60_000))
+            #expect(try store.chunk(chunkID(11)) == sealed(11, 60_000))
+        }
+    }
+
+    /// A store opened again goes on appending to the pack it last began, after what it holds
+    /// and on a new block, so short-lived writers (a `coffer put` each) share packs; a second
+    /// store open at the same time (another process) does not append to a pack the first holds.
+    @Test func theNextWriterResumesTheLastPackUnlessItIsInUse() throws {
+        let root = makeTempDir()
+        defer { cleanup(root) }
+        let dir = root + "/data"
+        do {
+            let first = try Store(directory: dir)
+            try first.write { w throws in try w.putChunks([(chunkID(1), [1, 1, 1])]) }
+        }
+        let second = try Store(directory: dir)
+        try second.write { w throws in try w.putChunks([(chunkID(2), [2, 2])]) }
+        let packs = packFiles(dir)
+        try #require(packs.count == 1, "the second writer resumed the first one's pack")
+        let path = dir + "/chunks/packs/" + packs[0]
+        #expect((try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int) == 4096 + 2)
+        // A third store while the second still appends there begins a pack of its own.
+        let third = try Store(directory: dir)
+        try third.write { w throws in try w.putChunks([(chunkID(3), [3])]) }
+        #expect(packFiles(dir).count == 2)
+        for (n, bytes) in [(UInt8(1), [UInt8]([1, 1, 1])), (2, [2, 2]), (3, [3])] {
+            #expect(try third.chunk(chunkID(n)) == bytes)
+            #expect(try second.chunk(chunkID(n)) == bytes)
+        }
+    }
+
+    /// Appends after a commit start on a new block: a later write never rewrites a block that
+    /// holds committed chunks.
+    @Test func appendsAfterACommitStartOnANewBlock() throws {
+        try withStore { store, dir throws in
+            try store.write { w throws in try w.putChunks([(chunkID(1), [1]), (chunkID(2), [2, 2])]) }
+            try store.write { w throws in try w.putChunks([(chunkID(3), [3, 3, 3])]) }
+            let packs = packFiles(dir)
+            try #require(packs.count == 1)
+            let size =
+                try FileManager.default.attributesOfItem(atPath: dir + "/chunks/packs/" + packs[0])[.size] as? Int
+            #expect(size == 4096 + 3, "the first commit's 3 bytes, then the second's on the next block")
+            #expect(try store.chunk(chunkID(3)) == [3, 3, 3])
+        }
+    }
+
+    /// If the pack being appended to disappears (another process collected it without the
+    /// content lock), the write that would name its chunks fails instead of committing rows
+    /// that name nothing.
+    @Test func aWriteIntoADeletedAppendPackFails() throws {
+        try withStore { store, dir throws in
+            try store.write { w throws in try w.putChunks([(chunkID(1), [1])]) }
+            for name in packFiles(dir) { try FileManager.default.removeItem(atPath: dir + "/chunks/packs/" + name) }
+            #expect(throws: StoreError.self) { try store.write { w throws in try w.putChunks([(chunkID(2), [2])]) } }
+            #expect(
+                try store.read { try $0.count("SELECT COUNT(*) FROM chunks WHERE id = x'\(hexString(chunkID(2)))'") }
+                    == 0)
+            // And the next write begins a new pack.
+            try store.write { w throws in try w.putChunks([(chunkID(3), [3])]) }
+            #expect(try store.chunk(chunkID(3)) == [3])
         }
     }
 

@@ -181,6 +181,22 @@ struct VaultStoreTests {
         #expect(throws: (any Error).self) { _ = try fresh.readAll(doc.id) }
     }
 
+    /// Converting a flock drops the shared lock first: a collection refused because another
+    /// vault has the store open must leave this vault's shared lock held, or a collection in a
+    /// third process could run under it (and delete the pack it appends to).
+    @Test func aRefusedCollectionKeepsTheSharedLock() throws {
+        let dir = NSTemporaryDirectory() + "coffer-locks-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let mine = try StoreLocks(directory: dir)
+        var other: StoreLocks? = try StoreLocks(directory: dir)
+        #expect(try mine.exclusively { true } == nil, "another holder: refused")
+        #expect(other != nil)
+        other = nil  // its descriptor closes: only `mine` is left
+        let third = try StoreLocks(directory: dir)
+        #expect(try third.exclusively { true } == nil, "the refused vault still holds its shared lock")
+    }
+
     @Test func garbageCollectionRemovesChunkFilesNothingNames() throws {
         let f = try VaultFixture()
         let doc = try f.document("a", contents: noise(600_000, seed: 5))
