@@ -223,22 +223,6 @@ public final class Store: Sendable {
                     sql: "CREATE INDEX \(side.table)_folders ON \(side.table)(parent) WHERE kind = 1 AND id != parent")
             }
         }
-        // Chunk rows keyed by their id alone: a rowid table with a unique index on the id put
-        // every stored chunk into two B-trees, each at a random place (the id is a keyed hash);
-        // after importing a million small files those were 71 MiB of table and 43 of index.
-        m.registerMigration("v5") { db in
-            try db.execute(
-                sql: """
-                    CREATE TABLE chunks_by_id (
-                        id BLOB PRIMARY KEY NOT NULL,
-                        sealed BLOB NOT NULL,
-                        place INTEGER NOT NULL DEFAULT 0
-                    ) WITHOUT ROWID;
-                    INSERT INTO chunks_by_id (id, sealed, place) SELECT id, sealed, place FROM chunks ORDER BY id;
-                    DROP TABLE chunks;
-                    ALTER TABLE chunks_by_id RENAME TO chunks;
-                    """)
-        }
         return m
     }
 

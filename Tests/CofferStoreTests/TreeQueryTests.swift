@@ -207,32 +207,6 @@ struct TreeQueryTests {
         #expect(try store.committedSubfolderCount(of: fid(2)) == 1)
     }
 
-    /// Format v5 keys the chunk table by chunk id alone (`WITHOUT ROWID`): an older store's
-    /// chunks, in rows or in packs, are all still there and read, and new ones go in beside them.
-    @Test func aVersionFourStoreKeysItsChunksByID() throws {
-        let dir = makeTempDir()
-        defer { cleanup(dir) }
-        try makeStore(at: dir, format: "v4", rows: []) { db in
-            try db.execute(
-                sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, x'0102', 0), (?, x'0a0b0c', 0)",
-                arguments: [Data(chunkID(1)), Data(chunkID(2))])
-        }
-        let store = try Store(directory: dir)
-        let keyed = try store.read { r in
-            try r.count("SELECT count(*) FROM sqlite_master WHERE name = 'chunks' AND sql LIKE '%WITHOUT ROWID%'")
-        }
-        #expect(keyed == 1)
-        let indexes = try store.read { r in
-            try r.count("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'chunks'")
-        }
-        #expect(indexes == 0, "the primary key is the table's own key")
-        #expect(try store.chunk(chunkID(1)) == [1, 2])
-        #expect(try store.read { try $0.chunk(chunkID(2)) } == [10, 11, 12])
-        try store.write { w in try w.putChunks([(chunkID(3), [3, 3])]) }
-        #expect(try store.chunk(chunkID(3)) == [3, 3])
-        #expect(try store.read { try $0.count("SELECT count(*) FROM chunks") } == 3)
-    }
-
     /// A store of an older `format`, holding `rows` as that format's build wrote them (from
     /// `v2` on, with their name MAC and kind), and whatever `more` writes; closed again.
     private func makeStore(

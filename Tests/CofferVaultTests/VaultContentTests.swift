@@ -460,7 +460,7 @@ struct VaultContentTests {
         #expect(try h.read(offset: 0, count: data.count + 10) == data)
         try reader.release(h)
         // With one chunk gone, a read over it fails with a clear error instead of returning holes.
-        _ = try f.sqlite("DELETE FROM chunks WHERE id = (SELECT MAX(id) FROM chunks);")
+        _ = try f.sqlite("DELETE FROM chunks WHERE rowid = (SELECT MAX(rowid) FROM chunks);")
         let again = try Vault.open(dataDirectory: f.dataDir)
         let h2 = try again.openDocument(doc.id)
         defer { try? again.release(h2) }

@@ -231,7 +231,7 @@ struct VaultStoreTests {
     @Test func checkReportsAMissingChunkAndManifest() throws {
         let f = try VaultFixture()
         try f.document("a", contents: noise(300_000, seed: 3))
-        _ = try f.sqlite("DELETE FROM chunks WHERE id = (SELECT MIN(id) FROM chunks);")
+        _ = try f.sqlite("DELETE FROM chunks WHERE rowid = (SELECT MIN(rowid) FROM chunks);")
         var r = try f.vault.check()
         #expect(!r.isClean)
         #expect(r.problems.contains { $0.contains("missing") }, "\(r.problems)")
