@@ -5,23 +5,23 @@ import Synchronization
 /// Sealed chunks live in pack files under `DATA/chunks/packs/`, not in SQLite.
 ///
 /// A chunk stored as a SQLite blob is written three times (WAL, then the database at checkpoint,
-/// read back in between) and read back page by page; a file is written once and read with one
-/// `pread`. The `chunks` table lists every chunk, with its `Place`, so the store's bookkeeping
-/// and garbage collection see one set of ids.
-///
-/// Chunks live in pack files under `DATA/chunks/packs/`; their rows (`place = 1`) hold a
-/// `PackLocator` instead of the bytes. Large chunks stored together (a spill of buffered
-/// writes, a flush, a download) share a pack of their own; small ones (most of a source tree's
-/// files) are appended to the store's current pack (`append`). Stores written before that kept
-/// small chunks in their rows (`place = 0`), which are still read. A pack is deleted when garbage collection finds no row naming it; one mostly
-/// dead is rewritten with only its live chunks (`Store.compactPacks`).
+/// read back in between) and read back page by page; a pack's bytes are written once and read
+/// with one `pread`. The `chunks` table lists every chunk with its `Place`, so the store's
+/// bookkeeping and garbage collection see one set of ids; a packed chunk's row holds a
+/// `PackLocator` instead of the bytes. Large chunks stored together (a spill of buffered writes,
+/// a flush, a download) share a pack of their own; small ones (most of a source tree's files)
+/// are appended to the store's current pack (`append`). Stores written before that kept small
+/// chunks in their rows (`place = 0`), which are still read. A pack is deleted when garbage
+/// collection finds no row naming it; one mostly dead is rewritten with only its live chunks
+/// (`Store.compactPacks`).
 ///
 /// Crash safety: a file is written before the rows naming it, in the same transaction; a file
 /// without a row (its transaction rolled back) is swept by garbage collection. Files written
 /// since the last sync are synced before any commit, so a committed row never names a file a
 /// power loss could take.
 final class ChunkFiles: Sendable {
-    /// Sealed chunks at least this large go to files (a quarter of a full 256 KiB chunk).
+    /// Sealed chunks at least this large stored together get a pack of their own; smaller ones
+    /// are appended to the current pack (a quarter of a full 256 KiB chunk).
     static let threshold = 64 * 1024
 
     /// Where a chunk's bytes are: the `place` column of its row.
@@ -171,6 +171,12 @@ final class ChunkFiles: Sendable {
 
     private let appending = Mutex<OpenPack?>(nil)
 
+    /// Stops appending to `current` (the next small chunk goes to another pack).
+    private static func retire(_ current: inout OpenPack?) {
+        if let open = current { close(open.fd) }
+        current = nil
+    }
+
     /// Appends a small sealed chunk to the store's current pack and returns where it is. As a
     /// SQLite blob, each small file's chunk was a leaf of its own among random keys: at a
     /// million files those leaves were 2 GB that every copied-in file dirtied a page of, and the
@@ -186,10 +192,7 @@ final class ChunkFiles: Sendable {
         _ sealed: [UInt8], lastPack: () throws -> [UInt8]?, began: ([UInt8]) throws -> Void
     ) throws -> PackLocator {
         try appending.withLock { current in
-            if let open = current, open.size + sealed.count > Self.appendLimit {
-                close(open.fd)
-                current = nil
-            }
+            if let open = current, open.size + sealed.count > Self.appendLimit { Self.retire(&current) }
             if current == nil, let last = try lastPack() {
                 current = resume(last, room: sealed.count)
             }
@@ -244,8 +247,7 @@ final class ChunkFiles: Sendable {
             guard var open = current else { return }
             var st = stat()
             guard fstat(open.fd, &st) == 0, st.st_nlink > 0 else {
-                close(open.fd)
-                current = nil
+                Self.retire(&current)
                 throw StoreError("chunk pack \(open.path) was deleted while chunks were appended to it")
             }
             guard fdatasync(open.fd) == 0 else { throw StoreError("cannot sync \(open.path): \(Self.errorText())") }
@@ -262,15 +264,7 @@ final class ChunkFiles: Sendable {
         }
     }
 
-    /// Stops appending to the current pack (the next small chunk begins a new one).
-    func closeAppending() {
-        appending.withLock { current in
-            if let open = current { close(open.fd) }
-            current = nil
-        }
-    }
-
-    deinit { closeAppending() }
+    deinit { appending.withLock { Self.retire(&$0) } }
 
     /// Writes the sealed chunks into one new pack file, in order; returns each one's locator.
     func writePack(_ chunks: [[UInt8]]) throws -> [PackLocator] {
@@ -356,9 +350,7 @@ final class ChunkFiles: Sendable {
         let p = packPath(pack)
         // Never appended to once gone: a row would name a chunk in a file no longer there.
         appending.withLock { current in
-            guard let open = current, open.pack == pack else { return }
-            close(open.fd)
-            current = nil
+            if current?.pack == pack { Self.retire(&current) }
         }
         unlink(p)
         unsynced.withLock { _ = $0.remove(p) }

@@ -144,6 +144,7 @@ final class GroupCommit: Sendable {
 
     /// Hands the oldest queued statements (all of them, or at most `limit`) to the caller, which
     /// holds the connection and runs them.
+    ///
     /// Taken statements leave nil behind, so positions stay put (no shifting of what is left,
     /// once per slice of a long queue); once all are taken the queue starts over, empty.
     func takeQueued(limit: Int = .max) -> [QueuedStatement] {

@@ -200,22 +200,11 @@ public struct StoreWriter {
     private static func appendChunk(
         _ id: Data, _ seal: () -> [UInt8], _ files: ChunkFiles, _ db: Database
     ) throws {
-        guard try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [id]) == nil
-        else { return }
+        let reader = StoreReader(db: db, files: files)
+        guard try !reader.hasChunk([UInt8](id)) else { return }
         let locator = try files.append(
-            seal(),
-            lastPack: {
-                try Data.fetchOne(
-                    db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"),
-                    arguments: [
-                        Self.appendPackSetting
-                    ]
-                ).map { [UInt8]($0) }
-            },
-            began: { pack in
-                try db.cachedStatement(sql: "INSERT OR REPLACE INTO settings(key, value) VALUES (?, ?)").execute(
-                    arguments: [Self.appendPackSetting, Data(pack)])
-            })
+            seal(), lastPack: { try reader.setting(Self.appendPackSetting) },
+            began: { try Self.writeSetting(Self.appendPackSetting, Data($0), db) })
         try db.cachedStatement(
             sql: "INSERT INTO chunks(id, sealed, place) VALUES (?, ?, \(ChunkFiles.Place.pack.rawValue))"
         )
@@ -259,14 +248,16 @@ public struct StoreWriter {
 
     public func setSetting(_ key: String, _ value: [UInt8]) throws {
         let bytes = Data(value)
-        try session.run { db in
-            try db.cachedStatement(
-                sql:
-                    "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = "
-                    + "excluded.value"
-            )
-            .execute(arguments: [key, bytes])
-        }
+        try session.run { db in try Self.writeSetting(key, bytes, db) }
+    }
+
+    private static func writeSetting(_ key: String, _ value: Data, _ db: Database) throws {
+        try db.cachedStatement(
+            sql:
+                "INSERT INTO settings(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = "
+                + "excluded.value"
+        )
+        .execute(arguments: [key, value])
     }
 
     /// The inode for a file id, assigning the next number the first time. Stable for the life

@@ -76,7 +76,7 @@ extension Vault {
                 nodes.reserveCapacity(kids.count)
                 for i in order {
                     let (m, o) = (kids[i], opened[i])
-                    let doc = m.type == .document && !open.isEmpty ? open[m.id] : nil
+                    let doc = m.type == .document ? open[m.id] : nil
                     nodes.append(node(m, name: o.name, attributes: o.attributes, open: doc, &s))
                 }
                 return nodes
