@@ -79,6 +79,18 @@ public struct PublicBoxKey: Sendable, Hashable {
         _ = crypto_box_seal(&out, message, UInt64(message.count), bytes)
         return out
     }
+
+    /// Seals a file key granted to this account by another (a share). Sealed boxes take no
+    /// associated data, so `binding` (the file, the grantee, the mode and the grantor:
+    /// `AccessEntry.keyBinding`) travels inside the box and must match on open: a grant's key
+    /// cannot be presented as another file's, another mode's or another grantor's.
+    public func seal(key: SymmetricKey, binding: [UInt8]) -> [UInt8] {
+        ensureSodium()
+        let message: [UInt8] = [2] + binding + key.bytes
+        var out = [UInt8](repeating: 0, count: message.count + Int(crypto_box_sealbytes()))
+        _ = crypto_box_seal(&out, message, UInt64(message.count), bytes)
+        return out
+    }
 }
 
 public struct SigningKeyPair: Sendable {
@@ -111,6 +123,24 @@ public struct BoxKeyPair: Sendable {
             throw CryptoError.authenticationFailed("sealed key (bound to another file)")
         }
         return SymmetricKey(unchecked: Array(message[(1 + fileID.count)...]))
+    }
+
+    /// Opens a key sealed with `PublicBoxKey.seal(key:binding:)`; fails unless it was sealed for
+    /// this account with exactly this binding.
+    public func open(sealedKey: [UInt8], binding: [UInt8]) throws -> SymmetricKey {
+        ensureSodium()
+        let overhead = Int(crypto_box_sealbytes())
+        guard sealedKey.count == overhead + 1 + binding.count + SymmetricKey.byteCount else {
+            throw CryptoError.authenticationFailed("granted key")
+        }
+        var message = [UInt8](repeating: 0, count: sealedKey.count - overhead)
+        guard crypto_box_seal_open(&message, sealedKey, UInt64(sealedKey.count), publicKey.bytes, secret) == 0 else {
+            throw CryptoError.authenticationFailed("granted key")
+        }
+        guard message[0] == 2, Array(message[1..<(1 + binding.count)]) == binding else {
+            throw CryptoError.authenticationFailed("granted key (bound to another file, account or mode)")
+        }
+        return SymmetricKey(unchecked: Array(message[(1 + binding.count)...]))
     }
 }
 

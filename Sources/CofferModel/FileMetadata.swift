@@ -3,7 +3,8 @@ public enum FileType: UInt8, Sendable, CaseIterable {
     case folder = 1
     case document = 2
     case symlink = 3
-    /// A link to a file shared by another account (sharing comes later; the model has it now).
+    /// Another account's shared file placed in this account's tree (`FileMetadata.linkTarget`;
+    /// docs/SHARING.md, "Links").
     case link = 4
 }
 
@@ -18,23 +19,71 @@ public struct SealedName: Hashable, Sendable {
     }
 }
 
-public enum AccessMode: UInt8, Sendable {
+/// What an account may do with a file; ordered, so the highest of several is `max`.
+public enum AccessMode: UInt8, Sendable, Comparable {
     case read = 1
     case write = 2
     case owner = 3
+
+    public static func < (a: AccessMode, b: AccessMode) -> Bool { a.rawValue < b.rawValue }
 }
 
-/// A file key sealed for an account (the root's key for its owner; shared files' keys for others).
+/// A file key sealed for an account: the root's key for its owner, or a grant of a shared file
+/// to another account (docs/SHARING.md).
+///
+/// A grant carries its own signature, by the file's owner (or, for a grant its holder gave up,
+/// by the holder: `isDeleted` set), over `grantMessage(fileID:)`. The record around it may be
+/// signed by any account with write access, so the record's signature alone would let a writer
+/// hand out access; the grant's own signature does not. The owner's entry on its own root is
+/// the one entry without a signature: only the owner ever signs a root record.
 public struct AccessEntry: Hashable, Sendable {
     public var account: AccountID
     public var mode: AccessMode
     public var sealedKey: [UInt8]
+    /// A revoked or given-up grant: kept as a tombstone (entries are never removed, so a removal
+    /// is a signed change like any other and cannot be made by dropping bytes).
     public var isDeleted: Bool
-    public init(account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false) {
+    /// Ed25519 over `grantMessage(fileID:)`; empty for the owner's entry on its root.
+    public var signature: [UInt8]
+
+    public init(
+        account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false, signature: [UInt8] = []
+    ) {
         self.account = account
         self.mode = mode
         self.sealedKey = sealedKey
         self.isDeleted = isDeleted
+        self.signature = signature
+    }
+
+    static let grantTag: [UInt8] = Array("CFGR".utf8)
+    static let keyBindingTag: [UInt8] = Array("CFGK".utf8)
+
+    /// What a granted key is sealed together with (`PublicBoxKey.seal(key:binding:)`): the file,
+    /// the grantee, the mode and the granting owner, checked when the grantee opens it.
+    public func keyBinding(fileID: FileID, owner: AccountID) -> [UInt8] {
+        var w = ByteWriter(capacity: 85)
+        w.raw(Self.keyBindingTag)
+        w.raw(fileID.bytes)
+        w.raw(account.bytes)
+        w.u8(mode.rawValue)
+        w.raw(owner.bytes)
+        return w.bytes
+    }
+
+    /// The bytes a grant's signature covers: its own tag, then the file, the grantee, the mode,
+    /// the tombstone flag and the sealed key, so a grant cannot be moved to another file, another
+    /// account or another mode, or revived, without a new signature.
+    public func grantMessage(fileID: FileID) -> [UInt8] {
+        var w = ByteWriter(capacity: 96 + sealedKey.count)
+        w.raw(Self.grantTag)
+        w.u8(1)
+        w.raw(fileID.bytes)
+        w.raw(account.bytes)
+        w.u8(mode.rawValue)
+        w.bool(isDeleted)
+        w.data(sealedKey)
+        return w.bytes
     }
 }
 
@@ -59,11 +108,15 @@ public struct FileMetadata: Hashable, Sendable {
     public var contentDigest: [UInt8]?
     /// Who wrote this version (verifies the signature).
     public var lastModifiedBy: AccountID
+    /// For a link (`FileType.link`), the shared file it places here; nil for every other type.
+    /// In the clear, like parents, so the server can hold links to their rules.
+    public var linkTarget: FileID?
 
     public init(
         id: FileID, type: FileType, parent: FileID, name: SealedName, owner: AccountID,
         isDeleted: Bool = false, wrappedKey: [UInt8], access: [AccessEntry] = [],
-        sealedAttributes: [UInt8], contentDigest: [UInt8]? = nil, lastModifiedBy: AccountID
+        sealedAttributes: [UInt8], contentDigest: [UInt8]? = nil, lastModifiedBy: AccountID,
+        linkTarget: FileID? = nil
     ) {
         self.id = id
         self.type = type
@@ -76,18 +129,28 @@ public struct FileMetadata: Hashable, Sendable {
         self.sealedAttributes = sealedAttributes
         self.contentDigest = contentDigest
         self.lastModifiedBy = lastModifiedBy
+        self.linkTarget = linkTarget
     }
 
     public var isRoot: Bool { parent == id }
 
     static let tag: [UInt8] = Array("CFMD".utf8)
-    static let formatVersion: UInt8 = 1
+
+    /// Version 2 adds a signature to each access entry and the link target. A record that needs
+    /// neither (no signed grant, not a link: every record before sharing, and most after) is
+    /// written as version 1, byte for byte as before, so stored signatures stay valid and the
+    /// same value always has one encoding; a version 2 record that could have been version 1 is
+    /// refused as not canonical.
+    var formatVersion: UInt8 {
+        linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
+    }
 
     /// The canonical bytes that are signed.
     public func encoded() -> [UInt8] {
+        let version = formatVersion
         var w = ByteWriter(capacity: 256 + sealedAttributes.count)
         w.raw(Self.tag)
-        w.u8(Self.formatVersion)
+        w.u8(version)
         w.raw(id.bytes)
         w.u8(type.rawValue)
         w.raw(parent.bytes)
@@ -102,10 +165,12 @@ public struct FileMetadata: Hashable, Sendable {
             w.u8(a.mode.rawValue)
             w.data(a.sealedKey)
             w.bool(a.isDeleted)
+            if version >= 2 { w.data(a.signature) }
         }
         w.data(sealedAttributes)
         w.optionalData(contentDigest)
         w.raw(lastModifiedBy.bytes)
+        if version >= 2 { w.optionalData(linkTarget?.bytes) }
         return w.bytes
     }
 
@@ -118,7 +183,7 @@ public struct FileMetadata: Hashable, Sendable {
     init(reading r: inout ByteReader) throws {
         guard try r.raw(4) == Self.tag else { throw DecodingError("not a metadata record") }
         let v = try r.u8()
-        guard v == Self.formatVersion else { throw DecodingError("unsupported metadata version \(v)") }
+        guard v == 1 || v == 2 else { throw DecodingError("unsupported metadata version \(v)") }
         id = try FileID(bytes: r.raw(16))
         guard let t = FileType(rawValue: try r.u8()) else { throw DecodingError("unknown file type") }
         type = t
@@ -133,12 +198,20 @@ public struct FileMetadata: Hashable, Sendable {
         for _ in 0..<n {
             let account = try AccountID(bytes: r.raw(32))
             guard let mode = AccessMode(rawValue: try r.u8()) else { throw DecodingError("unknown access mode") }
+            let sealedKey = try r.data(max: 256)
+            let deleted = try r.bool()
+            let signature = v >= 2 ? try r.data(max: 64) : []
             access.append(
-                AccessEntry(account: account, mode: mode, sealedKey: try r.data(max: 256), isDeleted: try r.bool()))
+                AccessEntry(
+                    account: account, mode: mode, sealedKey: sealedKey, isDeleted: deleted, signature: signature))
         }
         sealedAttributes = try r.data(max: 1 << 20)
         contentDigest = try r.optionalData(max: 64)
         lastModifiedBy = try AccountID(bytes: r.raw(32))
+        linkTarget = v >= 2 ? try r.optionalData(max: 16).map { try FileID(bytes: $0) } : nil
+        guard formatVersion == v else {
+            throw DecodingError("metadata version \(v) is not this record's canonical form")
+        }
     }
 }
 

@@ -95,6 +95,12 @@ extension CofferServer {
         return UpsertResponse(version: version)
     }
 
+    /// Ed25519 verification for the access rules (grants' signatures).
+    static func verifySignature(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -> Bool {
+        guard let key = try? PublicSigningKey(bytes: signer.bytes) else { return false }
+        return key.verify(signature: signature, message: message)
+    }
+
     /// Writes a plan in the open transaction. Every record it needs was read while planning.
     func apply(
         _ plan: Plan, caller: Data, view: StorageTreeView, released: inout [ChunkKey], tx: any MetadataWriter
@@ -185,6 +191,14 @@ extension CofferServer {
         }
         let changed: [FileMetadata]
         do { changed = try batch.validate() } catch { throw ServerError.invalidTree(error.description) }
+        // The access rules, against the stored tree as it was: grants signed by the owner,
+        // never on the root or a link, links to their rules (docs/SHARING.md). Until the server
+        // keeps links by target, it knows no link target, so it refuses every link.
+        do {
+            try Authorization.check(
+                changed: changed.map(\.id), before: view, after: batch, verify: Self.verifySignature,
+                linkTarget: { _ in nil })
+        } catch { throw ServerError.forbidden(error.description) }
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
         // subtree of a folder that became deleted.

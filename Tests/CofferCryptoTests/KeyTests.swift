@@ -92,6 +92,31 @@ struct SealedBoxTests {
         #expect(throws: CryptoError.self) { try alice.boxKeys.open(sealedKey: sealed, fileID: Array(fileA.prefix(8))) }
     }
 
+    @Test func grantedKeysOpenOnlyWithTheirBinding() throws {
+        let key = SymmetricKey.random()
+        let binding = Array("CFGK".utf8) + fileA + [UInt8](repeating: 0xB0, count: 32) + [1]
+        let sealed = bob.boxKeys.publicKey.seal(key: key, binding: binding)
+        #expect(sealed.count == 48 + 1 + binding.count + 32)
+        #expect(try bob.boxKeys.open(sealedKey: sealed, binding: binding) == key)
+        // Another mode, another file, or a share key presented as a root key: refused.
+        var otherMode = binding
+        otherMode[otherMode.count - 1] = 2
+        #expect(throws: CryptoError.authenticationFailed("granted key (bound to another file, account or mode)")) {
+            try bob.boxKeys.open(sealedKey: sealed, binding: otherMode)
+        }
+        #expect(throws: CryptoError.self) { try bob.boxKeys.open(sealedKey: sealed, binding: fileB) }
+        #expect(throws: CryptoError.self) { try alice.boxKeys.open(sealedKey: sealed, binding: binding) }
+        let rootKey = bob.boxKeys.publicKey.seal(key: key, fileID: fileA)
+        #expect(throws: CryptoError.self) {
+            try bob.boxKeys.open(sealedKey: rootKey, binding: Array(binding.prefix(16)))
+        }
+        for v in flippedVariants(sealed) {
+            #expect(throws: CryptoError.self, "byte \(v.position)") {
+                try bob.boxKeys.open(sealedKey: v.bytes, binding: binding)
+            }
+        }
+    }
+
     @Test func truncatedOrExtendedBoxIsRefused() {
         let sealed = alice.boxKeys.publicKey.seal(key: .random(), fileID: fileA)
         #expect(throws: CryptoError.self) { try alice.boxKeys.open(sealedKey: Array(sealed.dropLast()), fileID: fileA) }

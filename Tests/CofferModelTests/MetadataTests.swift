@@ -43,6 +43,55 @@ struct MetadataTests {
         #expect(try FileMetadata(decoding: unhex(Self.fixedHex)) == m)
     }
 
+    /// Version 2: the same record with its grant signed and a link target. Each access entry
+    /// gains its signature after the deleted flag; the link target (optional) comes last.
+    static let fixedHexV2 =
+        "43464d44" + "02"  // "CFMD", version 2
+        + "000102030405060708090a0b0c0d0e0f"  // id
+        + "04"  // type: link
+        + "101112131415161718191a1b1c1d1e1f"  // parent
+        + "00000002" + "cafe"  // name ciphertext
+        + "00000003" + "beef01"  // name MAC
+        + String(repeating: "aa", count: 32)  // owner
+        + "00"  // not deleted
+        + "00000004" + "01020304"  // wrapped key
+        + "00000001"  // one access entry
+        + String(repeating: "bb", count: 32) + "02" + "00000001" + "09" + "01"
+        + "00000040" + String(repeating: "5a", count: 64)  // the grant's signature
+        + "00000000"  // sealed attributes (empty)
+        + "00"  // no content digest
+        + String(repeating: "cc", count: 32)  // last modified by
+        + "01" + "00000010" + "202122232425262728292a2b2c2d2e2f"  // link target
+
+    @Test func versionTwoCarriesGrantSignaturesAndLinkTargets() throws {
+        var m = try Self.fixedRecord()
+        m.type = .link
+        m.contentDigest = nil
+        m.access[0].signature = [UInt8](repeating: 0x5A, count: 64)
+        m.linkTarget = try FileID(bytes: Array(0x20...0x2F))
+        #expect(hex(m.encoded()) == Self.fixedHexV2)
+        #expect(try FileMetadata(decoding: unhex(Self.fixedHexV2)) == m)
+        // A record that needs neither is written as version 1, byte for byte as before...
+        m.access[0].signature = []
+        m.linkTarget = nil
+        m.type = .document
+        m.contentDigest = [0xDD, 0xEE]
+        #expect(hex(m.encoded()) == Self.fixedHex)
+        // ...and the same record dressed as version 2 is not its canonical form.
+        var w = ByteWriter()
+        w.raw(Array(unhex(Self.fixedHex)[0..<4]))
+        w.u8(2)
+        let body = Array(unhex(Self.fixedHex)[5...])
+        let entryEnd = 5 + 16 + 1 + 16 + 6 + 7 + 32 + 1 + 8 + 4 + 32 + 1 + 5 + 1 - 5
+        w.raw(Array(body[0..<entryEnd]))
+        w.data([])  // an empty signature
+        w.raw(Array(body[entryEnd...]))
+        w.optionalData(nil)
+        #expect(throws: DecodingError("metadata version 2 is not this record's canonical form")) {
+            try FileMetadata(decoding: w.bytes)
+        }
+    }
+
     @Test func roundTripVariants() throws {
         var records = sampleTree().files.values.map { $0 }
         var m = try Self.fixedRecord()
@@ -133,8 +182,8 @@ struct MetadataTests {
         b[0] = 0x58
         #expect(throws: DecodingError("not a metadata record")) { try FileMetadata(decoding: b) }
         b = good
-        b[4] = 2
-        #expect(throws: DecodingError("unsupported metadata version 2")) { try FileMetadata(decoding: b) }
+        b[4] = 3
+        #expect(throws: DecodingError("unsupported metadata version 3")) { try FileMetadata(decoding: b) }
         b = good
         b[21] = 9  // type byte
         #expect(throws: DecodingError("unknown file type")) { try FileMetadata(decoding: b) }

@@ -1,0 +1,271 @@
+/// Who may do what to a file: the mode an account holds, and the rules every change is held to
+/// (docs/SHARING.md, "The rules"). Pure: signatures are checked through a function the caller
+/// passes in, and files of other accounts' trees (a link's target) are asked of the caller too.
+extension TreeView {
+    /// The highest mode `account` holds on `id`: `.owner` on its own files, else the highest
+    /// live grant on the file or any ancestor; nil when it holds none. Walks up to the root, or
+    /// to the first ancestor this view does not have (a shared folder's parent, in a sharee's
+    /// view of another account's tree), at most `TreeLimits.maxDepth` steps.
+    public func accessMode(of account: AccountID, on id: FileID) -> AccessMode? {
+        var best: AccessMode?
+        var cursor = id
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            guard let m = file(cursor) else { break }
+            if m.owner == account { return .owner }
+            for e in m.access where e.account == account && !e.isDeleted && e.mode != .owner {
+                best = max(best ?? e.mode, e.mode)
+            }
+            if m.isRoot { break }
+            cursor = m.parent
+        }
+        return best
+    }
+
+    /// The nearest file at or above `id` with a live grant to an account other than its owner
+    /// (so everything below it is seen by that account), or nil.
+    public func sharedAncestor(ofOrAt id: FileID) -> FileID? {
+        var cursor = id
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            guard let m = file(cursor) else { return nil }
+            if m.isShared { return cursor }
+            if m.isRoot { return nil }
+            cursor = m.parent
+        }
+        return nil
+    }
+}
+
+extension FileMetadata {
+    /// Whether another account holds a live grant on this file itself.
+    public var isShared: Bool { access.contains { $0.account != owner && !$0.isDeleted } }
+
+    /// The live grant to `account`, if any.
+    public func grant(to account: AccountID) -> AccessEntry? {
+        access.first { $0.account == account && !$0.isDeleted }
+    }
+}
+
+/// Why a change was refused for want of access, or because a grant or link breaks a rule.
+/// The server answers these with 403; the CLI prints the description, the mount EACCES (or
+/// EXDEV for `crossOwner`, which tools answer by copying).
+public enum AccessError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The writer lacks the mode the change needs.
+    case denied(String)
+    /// A grant that is malformed, unsigned, or not the owner's to give.
+    case invalidGrant(String)
+    /// A link that breaks a link rule.
+    case invalidLink(String)
+    /// A file placed under another owner's folder (a move across owners, or a new file whose
+    /// owner is not its parent's).
+    case crossOwner(String)
+
+    public var description: String {
+        switch self {
+        case .denied(let why): return "permission denied: \(why)"
+        case .invalidGrant(let why): return "invalid share: \(why)"
+        case .invalidLink(let why): return "invalid link: \(why)"
+        case .crossOwner(let why): return "cannot move between owners (copy instead): \(why)"
+        }
+    }
+}
+
+/// What the rules need to know about a link's target, which lives in another account's tree.
+public struct LinkTargetFacts: Sendable, Equatable {
+    public var owner: AccountID
+    public var isLive: Bool
+    /// The link owner's mode on the target (through the target or an ancestor).
+    public var mode: AccessMode?
+    /// This account's live links to the target, the link being checked included if stored.
+    public var liveLinks: [FileID]
+
+    public init(owner: AccountID, isLive: Bool, mode: AccessMode?, liveLinks: [FileID]) {
+        self.owner = owner
+        self.isLive = isLive
+        self.mode = mode
+        self.liveLinks = liveLinks
+    }
+}
+
+/// The access rules, checked for every changed record of a batch, on the server (for every
+/// upsert) and on devices (for every pulled record, and before a local change is committed).
+///
+/// Each change is authorised against the tree **before** the batch, so nothing a batch does can
+/// raise its writer's access for the rest of it (Lockbook checks its staged tree, which appears
+/// to let a read-only sharee grant itself write). Who wrote a record is its `lastModifiedBy`;
+/// callers check that its signature is that account's.
+public enum Authorization {
+    /// Checks an Ed25519 signature: `(signer, message, signature) -> valid`.
+    public typealias Verify = (AccountID, [UInt8], [UInt8]) -> Bool
+
+    /// Checks every changed record of a batch.
+    ///
+    /// - `before`: the tree as it was (the server's stored tree of the files' owner).
+    /// - `after`: the tree with the batch applied (a `Batch` over `before`).
+    /// - `linkTarget`: facts about a link's target, or nil when no such file exists.
+    ///
+    /// Cost: per changed record, a walk up its ancestors in both trees; a grant added to a
+    /// folder and a folder moved under a shared folder also walk the folder's subtree (looking
+    /// for links, which may not be shared), as the share itself sends that subtree anyway.
+    public static func check<Before: TreeView, After: TreeView>(
+        changed: some Sequence<FileID>, before: Before, after: After,
+        verify: Verify, linkTarget: (FileID) -> LinkTargetFacts? = { _ in nil },
+        describe: (FileID) -> String = { $0.description }
+    ) throws(AccessError) {
+        for id in changed {
+            guard let m = after.file(id) else { continue }
+            try checkRecord(
+                m, old: before.file(id), before: before, after: after, verify: verify, linkTarget: linkTarget,
+                describe: describe)
+        }
+    }
+
+    static func checkRecord<Before: TreeView, After: TreeView>(
+        _ m: FileMetadata, old: FileMetadata?, before: Before, after: After, verify: Verify,
+        linkTarget: (FileID) -> LinkTargetFacts?, describe: (FileID) -> String
+    ) throws(AccessError) {
+        let actor = m.lastModifiedBy
+        let name = describe(m.id)
+        if let old, old.owner != m.owner { throw .crossOwner("\(name) changes owner") }
+        if m.isRoot {
+            // Only an account's own root; the validator keeps it unchanged afterwards.
+            guard m.owner == actor else { throw .denied("\(name) is another account's root") }
+            for e in m.access where e.account != m.owner || e.mode != .owner || !e.signature.isEmpty {
+                throw .invalidGrant("the root folder cannot be shared")
+            }
+            return
+        }
+        // One owner per subtree: a file is its parent's owner's (so a file created in a shared
+        // folder is the folder owner's, who is billed for it), and never moves to another.
+        if let parent = after.file(m.parent), parent.owner != m.owner {
+            throw .crossOwner("\(name) would sit in a folder another account owns")
+        }
+        // Placement (create, rename, move, delete, restore) needs write on the folder it leaves
+        // and the folder it enters; a sharee holds neither above a shared folder, so it cannot
+        // rename, move or delete the shared folder itself, only its own link to it.
+        let placementChanged =
+            old == nil || old?.parent != m.parent || old?.name != m.name || old?.isDeleted != m.isDeleted
+        if placementChanged {
+            if let old { try need(.write, on: old.parent, in: before, after: after, actor: actor, for: name) }
+            if old?.parent != m.parent {
+                try need(.write, on: m.parent, in: before, after: after, actor: actor, for: name)
+            }
+        }
+        // Content, attributes and key: write on the file itself.
+        if let old,
+            old.sealedAttributes != m.sealedAttributes || old.contentDigest != m.contentDigest
+                || old.wrappedKey != m.wrappedKey || old.type != m.type || old.linkTarget != m.linkTarget
+        {
+            try need(.write, on: m.id, in: before, after: after, actor: actor, for: name)
+        }
+        try checkGrants(m, old: old, actor: actor, verify: verify, name: name)
+        if m.isShared, old?.isShared != true || old?.isDeleted != m.isDeleted,
+            let link = firstLink(atOrBelow: m.id, in: after)
+        {
+            throw .invalidLink("\(describe(link)) is a link; a folder holding a link cannot be shared")
+        }
+        if let old, old.parent != m.parent, !m.isDeleted, after.sharedAncestor(ofOrAt: m.parent) != nil,
+            let link = firstLink(atOrBelow: m.id, in: after)
+        {
+            throw .invalidLink("\(describe(link)) is a link; links cannot be moved into a shared folder")
+        }
+        try checkLink(m, old: old, after: after, linkTarget: linkTarget, name: name)
+    }
+
+    /// Throws unless `actor` held at least `mode` on `id` before the batch. A folder the batch
+    /// itself creates is judged by its nearest ancestor that existed before (whose access a new
+    /// folder inherits), or, in a tree the batch creates whole, by whose root it is.
+    static func need<Before: TreeView, After: TreeView>(
+        _ mode: AccessMode, on id: FileID, in before: Before, after: After, actor: AccountID, for name: String
+    ) throws(AccessError) {
+        var cursor = id
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            if before.file(cursor) != nil {
+                if let held = before.accessMode(of: actor, on: cursor), held >= mode { return }
+                throw .denied("\(name) needs \(mode == .read ? "read" : "write") access")
+            }
+            guard let m = after.file(cursor) else { break }
+            // A root the batch creates (an account's first push) is its owner's alone.
+            if m.isRoot {
+                if m.owner == actor { return }
+                break
+            }
+            cursor = m.parent
+        }
+        throw .denied("\(name) is in no folder the writer can reach")
+    }
+
+    /// Grants change only by the owner, one per account, never removed, always signed; the
+    /// one exception is a grantee giving up its own grant (a tombstone it signs).
+    static func checkGrants(
+        _ m: FileMetadata, old: FileMetadata?, actor: AccountID, verify: Verify, name: String
+    ) throws(AccessError) {
+        var seen: Set<AccountID> = []
+        for e in m.access {
+            guard seen.insert(e.account).inserted else { throw .invalidGrant("\(name) has two grants to one account") }
+        }
+        for e in old?.access ?? [] where !seen.contains(e.account) {
+            throw .invalidGrant("\(name): a grant was removed instead of revoked")
+        }
+        for e in m.access {
+            let previous = old?.access.first { $0.account == e.account }
+            if previous == e { continue }  // unchanged, checked when it was written
+            if e.account == m.owner { throw .invalidGrant("\(name): an owner holds no grant on its own file") }
+            guard e.mode != .owner else { throw .invalidGrant("\(name): a grant is read or write") }
+            guard m.type != .link else { throw .invalidGrant("\(name) is a link; share its target instead") }
+            guard e.sealedKey.count <= 256, e.signature.count == 64 else {
+                throw .invalidGrant("\(name): a grant is not signed")
+            }
+            let message = e.grantMessage(fileID: m.id)
+            if actor == m.owner, verify(m.owner, message, e.signature) { continue }
+            // A grantee may give its own grant up (reject, leave), and nothing else.
+            if actor == e.account, e.isDeleted, let previous, !previous.isDeleted, previous.mode == e.mode,
+                previous.sealedKey == e.sealedKey, verify(e.account, message, e.signature)
+            {
+                continue
+            }
+            throw actor == m.owner
+                ? .invalidGrant("\(name): a grant's signature does not verify")
+                : .denied("only the owner shares \(name), changes a mode or removes someone")
+        }
+    }
+
+    /// A link names a live file of another account that its owner can read, is the account's
+    /// only live link to it, and sits outside shared folders (a link inside a shared folder
+    /// would show the sharees a file that was never shared with them).
+    static func checkLink<After: TreeView>(
+        _ m: FileMetadata, old: FileMetadata?, after: After, linkTarget: (FileID) -> LinkTargetFacts?,
+        name: String
+    ) throws(AccessError) {
+        guard m.type == .link else {
+            if m.linkTarget != nil { throw .invalidLink("\(name) names a target but is not a link") }
+            return
+        }
+        guard let target = m.linkTarget else { throw .invalidLink("\(name) names no target") }
+        if m.isDeleted { return }  // a deleted link may point anywhere, even at nothing
+        if after.sharedAncestor(ofOrAt: m.parent) != nil {
+            throw .invalidLink("\(name) would sit in a shared folder")
+        }
+        // A link that already stood and keeps its target is not judged again on a rename or a
+        // move (its target may have gone since; the merge removes such links).
+        if let old, !old.isDeleted, old.linkTarget == target { return }
+        guard let facts = linkTarget(target), facts.isLive else { throw .invalidLink("\(name): no such shared file") }
+        if facts.owner == m.owner { throw .invalidLink("\(name) points at a file its owner owns") }
+        if facts.mode == nil { throw .invalidLink("\(name) points at a file not shared with its owner") }
+        if facts.liveLinks.contains(where: { $0 != m.id }) {
+            throw .invalidLink("\(name): the shared file already has a link in this tree")
+        }
+    }
+
+    /// The first live link at or below `id` (a walk of the live subtree), or nil.
+    static func firstLink<T: TreeView>(atOrBelow id: FileID, in tree: T) -> FileID? {
+        var queue = [id]
+        var seen: Set<FileID> = [id]
+        while let next = queue.popLast() {
+            guard let m = tree.file(next), !m.isDeleted else { continue }
+            if m.type == .link { return next }
+            guard m.type == .folder else { continue }
+            for c in tree.childIDs(of: next) where seen.insert(c).inserted { queue.append(c) }
+        }
+        return nil
+    }
+}

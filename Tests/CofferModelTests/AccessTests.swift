@@ -1,0 +1,354 @@
+import Testing
+
+@testable import CofferModel
+
+/// Three accounts: `alice` owns the tree, `bob` and `carol` get grants.
+let alice = owner
+let bob = try! AccountID(bytes: [UInt8](repeating: 0xB0, count: 32))
+let carol = try! AccountID(bytes: [UInt8](repeating: 0xC0, count: 32))
+
+/// A stand-in for Ed25519 that the model's tests can compute: the signer's first 8 bytes, then
+/// an FNV-1a digest of the message, padded to 64 bytes. Only `fakeVerify` accepts it.
+func fakeSign(_ signer: AccountID, _ message: [UInt8]) -> [UInt8] {
+    var h: UInt64 = 0xcbf2_9ce4_8422_2325
+    for b in message { h = (h ^ UInt64(b)) &* 0x100_0000_01b3 }
+    let digest = (0..<8).map { UInt8(truncatingIfNeeded: h >> (8 * $0)) }
+    return Array(signer.bytes.prefix(8)) + digest + [UInt8](repeating: 0, count: 48)
+}
+
+func fakeVerify(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -> Bool {
+    fakeSign(signer, message) == signature
+}
+
+/// A grant on `file` to `account`, signed by `signer` (the owner unless said otherwise).
+func grant(
+    _ file: Int, to account: AccountID, _ mode: AccessMode, deleted: Bool = false, by signer: AccountID = alice
+) -> AccessEntry {
+    var e = AccessEntry(account: account, mode: mode, sealedKey: [UInt8(file), 0x5E], isDeleted: deleted)
+    e.signature = fakeSign(signer, e.grantMessage(fileID: fid(file)))
+    return e
+}
+
+/// `m` as written by `writer`.
+func by(_ writer: AccountID, _ m: FileMetadata) -> FileMetadata {
+    var m = m
+    m.lastModifiedBy = writer
+    return m
+}
+
+/// root(1)
+/// ├── shared(2)/         granted to bob (write) and carol (read)
+/// │   ├── doc(3)
+/// │   └── inner(4)/
+/// │       └── deep(5)
+/// └── private(6)/
+///     └── secret(7)
+func sharedTree() -> FileTree {
+    var shared = folder(2, parent: 1, "shared")
+    shared.access = [grant(2, to: bob, .write), grant(2, to: carol, .read)]
+    return FileTree([
+        root, shared, meta(3, parent: 2, "doc"), folder(4, parent: 2, "inner"), meta(5, parent: 4, "deep"),
+        folder(6, parent: 1, "private"), meta(7, parent: 6, "secret"),
+    ])
+}
+
+/// Applies `changes` to `tree` as one batch and runs the access rules over it.
+func authorize(
+    _ changes: [FileMetadata], in tree: FileTree = sharedTree(), linkTarget: (FileID) -> LinkTargetFacts? = { _ in nil }
+) throws(AccessError) {
+    var batch = Batch(base: tree)
+    for m in changes { batch.upsertUnchecked(m) }
+    try Authorization.check(
+        changed: changes.map(\.id), before: tree, after: batch, verify: fakeVerify, linkTarget: linkTarget)
+}
+
+func refusal(_ body: () throws(AccessError) -> Void) -> AccessError? {
+    do {
+        try body()
+        return nil
+    } catch { return error }
+}
+
+@Suite("Access modes and the rules every change is held to")
+struct AccessTests {
+    @Test func modesAreTheHighestGrantOnTheFileOrAnAncestor() {
+        var tree = sharedTree()
+        #expect(tree.accessMode(of: alice, on: fid(5)) == .owner)
+        #expect(tree.accessMode(of: bob, on: fid(5)) == .write)
+        #expect(tree.accessMode(of: carol, on: fid(3)) == .read)
+        #expect(tree.accessMode(of: bob, on: fid(7)) == nil)
+        #expect(tree.accessMode(of: bob, on: fid(2)) == .write)
+        #expect(tree.accessMode(of: bob, on: rootID) == nil)
+        // Nested grants combine as the highest: read above, write below gives write below only.
+        var inner = tree.file(fid(4))!
+        inner.access = [grant(4, to: carol, .write)]
+        tree.insert(inner)
+        #expect(tree.accessMode(of: carol, on: fid(5)) == .write)
+        #expect(tree.accessMode(of: carol, on: fid(3)) == .read)
+        // A revoked grant gives nothing.
+        var shared = tree.file(fid(2))!
+        shared.access = [grant(2, to: bob, .write, deleted: true)]
+        tree.insert(shared)
+        #expect(tree.accessMode(of: bob, on: fid(3)) == nil)
+        #expect(tree.sharedAncestor(ofOrAt: fid(5)) == fid(4))
+        #expect(tree.sharedAncestor(ofOrAt: fid(3)) == nil)
+    }
+
+    @Test func aSharedFolderSeenWithoutItsParentStillGivesItsMode() {
+        // A sharee's tree holds the shared folder without the owner's folders above it.
+        var shared = folder(2, parent: 1, "shared")
+        shared.access = [grant(2, to: bob, .read)]
+        let view = FileTree([shared, meta(3, parent: 2, "doc")])
+        #expect(view.accessMode(of: bob, on: fid(3)) == .read)
+        #expect(view.accessMode(of: carol, on: fid(3)) == nil)
+    }
+
+    @Test func theOwnerMayDoAnything() throws {
+        var doc = meta(3, parent: 2, "renamed")
+        doc.sealedAttributes = [7]
+        try authorize([doc, meta(20, parent: 6, "new"), folder(4, parent: 6, "inner-moved")])
+        var shared = sharedTree().file(fid(2))!
+        shared.access = [grant(2, to: bob, .read), grant(2, to: carol, .read, deleted: true)]
+        try authorize([shared])
+    }
+
+    @Test func aWriteShareeEditsCreatesRenamesAndDeletesInside() throws {
+        var doc = by(bob, meta(3, parent: 2, "doc"))
+        doc.sealedAttributes = [9, 9]
+        doc.contentDigest = [1, 2]
+        try authorize([doc])
+        try authorize([by(bob, meta(20, parent: 4, "new"))])
+        // A new folder, and a file in it, are judged by the shared folder above them.
+        try authorize([by(bob, folder(21, parent: 2, "sub")), by(bob, meta(22, parent: 21, "in-sub"))])
+        try authorize([by(bob, meta(3, parent: 2, "renamed"))])
+        try authorize([by(bob, meta(5, parent: 2, "deep"))])  // moved within the share
+        try authorize([by(bob, meta(3, parent: 2, "doc", deleted: true))])
+    }
+
+    @Test func aReadShareeChangesNothing() {
+        var doc = by(carol, meta(3, parent: 2, "doc"))
+        doc.contentDigest = [1, 2]
+        for change in [
+            doc, by(carol, meta(20, parent: 2, "new")), by(carol, meta(3, parent: 2, "renamed")),
+            by(carol, meta(3, parent: 2, "doc", deleted: true)), by(carol, meta(5, parent: 2, "deep")),
+        ] {
+            guard case .denied = refusal({ () throws(AccessError) in try authorize([change]) }) else {
+                Issue.record("read sharee's change to \(change.id) was not denied")
+                continue
+            }
+        }
+    }
+
+    @Test func aShareeCannotMoveRenameOrDeleteTheSharedFolderItself() {
+        for change in [
+            by(bob, folder(2, parent: 1, "renamed")), by(bob, folder(2, parent: 6, "shared")),
+            by(bob, folder(2, parent: 1, "shared", deleted: true)),
+        ] {
+            var m = change
+            m.access = sharedTree().file(fid(2))!.access
+            guard case .denied = refusal({ () throws(AccessError) in try authorize([m]) }) else {
+                Issue.record("sharee changed the shared root: \(m.name.mac)")
+                continue
+            }
+        }
+    }
+
+    @Test func nothingMovesInOrOutOfASharedFolderWithoutWriteOnBothSides() {
+        // Bob cannot move a shared file into Alice's private folder, nor bring one in from there.
+        guard case .denied = refusal({ () throws(AccessError) in try authorize([by(bob, meta(3, parent: 6, "doc"))]) })
+        else {
+            Issue.record("move out of the share was not denied")
+            return
+        }
+        guard case .denied = refusal({ () throws(AccessError) in try authorize([by(bob, meta(7, parent: 2, "s"))]) })
+        else {
+            Issue.record("move into the share was not denied")
+            return
+        }
+    }
+
+    @Test func accessIsJudgedBeforeTheBatch() {
+        // Carol (read) cannot write in the same batch that would give her write: even a grant
+        // signed by the owner does not help when she writes the record.
+        var shared = by(carol, folder(2, parent: 1, "shared"))
+        shared.access = [grant(2, to: bob, .write), grant(2, to: carol, .write)]
+        var doc = by(carol, meta(3, parent: 2, "doc"))
+        doc.contentDigest = [5]
+        #expect(refusal({ () throws(AccessError) in try authorize([shared, doc]) }) != nil)
+        guard case .denied = refusal({ () throws(AccessError) in try authorize([doc]) }) else {
+            Issue.record("read sharee's write was not denied")
+            return
+        }
+    }
+
+    @Test func onlyTheOwnerGrants() {
+        // Bob (write) re-shares with carol at write, or grants himself more: denied, whoever
+        // signed the grant, because he writes the record.
+        for signer in [bob, alice] {
+            var shared = by(bob, folder(2, parent: 1, "shared"))
+            shared.access = [grant(2, to: bob, .write), grant(2, to: carol, .write, by: signer)]
+            guard case .denied = refusal({ () throws(AccessError) in try authorize([shared]) }) else {
+                Issue.record("a sharee changed a grant (signed by \(signer == bob ? "bob" : "alice"))")
+                continue
+            }
+        }
+        var upgraded = by(carol, folder(2, parent: 1, "shared"))
+        upgraded.access = [grant(2, to: bob, .write), grant(2, to: carol, .write, by: carol)]
+        #expect(refusal({ () throws(AccessError) in try authorize([upgraded]) }) != nil)
+        // Bob cannot revoke carol either.
+        var revoked = by(bob, folder(2, parent: 1, "shared"))
+        revoked.access = [grant(2, to: bob, .write), grant(2, to: carol, .read, deleted: true, by: bob)]
+        #expect(refusal({ () throws(AccessError) in try authorize([revoked]) }) != nil)
+    }
+
+    @Test func aShareeMayGiveUpItsOwnGrantAndNothingElse() throws {
+        var left = by(carol, folder(2, parent: 1, "shared"))
+        left.access = [grant(2, to: bob, .write), grant(2, to: carol, .read, deleted: true, by: carol)]
+        try authorize([left])
+        // Giving up while changing the mode is not giving up.
+        var sneaky = left
+        sneaky.access[1] = grant(2, to: carol, .write, deleted: true, by: carol)
+        #expect(refusal({ () throws(AccessError) in try authorize([sneaky]) }) != nil)
+        // A tombstone signed by someone else is no tombstone of hers.
+        var forged = left
+        forged.access[1] = grant(2, to: carol, .read, deleted: true, by: bob)
+        #expect(refusal({ () throws(AccessError) in try authorize([forged]) }) != nil)
+    }
+
+    @Test func grantsAreSignedOneEachNeverRemovedAndNeverOnTheRoot() {
+        var unsigned = folder(2, parent: 1, "shared")
+        unsigned.access = [grant(2, to: bob, .write), AccessEntry(account: carol, mode: .write, sealedKey: [1])]
+        var badSignature = folder(2, parent: 1, "shared")
+        badSignature.access = [grant(2, to: bob, .write), grant(3, to: carol, .read)]  // signed for file 3
+        badSignature.access[1].sealedKey = [2, 0x5E]
+        var twice = folder(2, parent: 1, "shared")
+        twice.access = [grant(2, to: bob, .write), grant(2, to: carol, .read), grant(2, to: carol, .write)]
+        var dropped = folder(2, parent: 1, "shared")
+        dropped.access = [grant(2, to: bob, .write)]
+        var toOwner = folder(6, parent: 1, "private")
+        toOwner.access = [grant(6, to: alice, .write)]
+        var ownerMode = folder(6, parent: 1, "private")
+        ownerMode.access = [grant(6, to: bob, .owner)]
+        var sharedRoot = root
+        sharedRoot.access = [grant(1, to: bob, .read)]
+        for m in [unsigned, badSignature, twice, dropped, toOwner, ownerMode, sharedRoot] {
+            guard case .invalidGrant = refusal({ () throws(AccessError) in try authorize([m]) }) else {
+                Issue.record("grant change on \(m.id) was not refused as invalid")
+                continue
+            }
+        }
+    }
+
+    @Test func filesBelongToTheirFoldersOwner() {
+        // Bob creates a file in the shared folder under his own name: refused; under Alice's: fine.
+        var his = by(bob, meta(20, parent: 2, "his"))
+        his.owner = bob
+        guard case .crossOwner = refusal({ () throws(AccessError) in try authorize([his]) }) else {
+            Issue.record("a file owned by bob in alice's folder was accepted")
+            return
+        }
+        var changed = meta(3, parent: 2, "doc")
+        changed.owner = bob
+        #expect(
+            refusal({ () throws(AccessError) in try authorize([changed]) }) == .crossOwner("\(fid(3)) changes owner"))
+    }
+
+    @Test func linksPointAtAnotherAccountsLiveSharedFileOnceAndStayOutOfShares() {
+        let target = fid(900)
+        func link(_ id: Int, parent: Int, to t: FileID = target) -> FileMetadata {
+            var m = meta(id, parent: parent, "link-\(id)", .link)
+            m.contentDigest = nil
+            m.linkTarget = t
+            return m
+        }
+        let shared = LinkTargetFacts(owner: bob, isLive: true, mode: .read, liveLinks: [])
+        let facts: (FileID) -> LinkTargetFacts? = { $0 == target ? shared : nil }
+        #expect(refusal({ () throws(AccessError) in try authorize([link(30, parent: 6)], linkTarget: facts) }) == nil)
+        let cases: [(FileMetadata, (FileID) -> LinkTargetFacts?, String)] = [
+            (link(30, parent: 2), facts, "in a shared folder"),
+            (link(30, parent: 6, to: fid(901)), facts, "to nothing"),
+            (
+                link(30, parent: 6), { _ in LinkTargetFacts(owner: alice, isLive: true, mode: .owner, liveLinks: []) },
+                "own"
+            ),
+            (
+                link(30, parent: 6), { _ in LinkTargetFacts(owner: bob, isLive: true, mode: nil, liveLinks: []) },
+                "unshared"
+            ),
+            (
+                link(30, parent: 6), { _ in LinkTargetFacts(owner: bob, isLive: false, mode: .read, liveLinks: []) },
+                "gone"
+            ),
+            (
+                link(30, parent: 6),
+                { _ in LinkTargetFacts(owner: bob, isLive: true, mode: .read, liveLinks: [fid(31)]) },
+                "second"
+            ),
+        ]
+        for (m, f, what) in cases {
+            guard case .invalidLink = refusal({ () throws(AccessError) in try authorize([m], linkTarget: f) }) else {
+                Issue.record("link \(what) was not refused")
+                continue
+            }
+        }
+        var noTarget = link(30, parent: 6)
+        noTarget.linkTarget = nil
+        var notALink = meta(30, parent: 6, "doc")
+        notALink.linkTarget = target
+        for m in [noTarget, notALink] {
+            guard case .invalidLink = refusal({ () throws(AccessError) in try authorize([m], linkTarget: facts) })
+            else {
+                Issue.record("malformed link \(m.type) was not refused")
+                continue
+            }
+        }
+        // A folder holding a link cannot be shared, nor moved into a shared folder.
+        var tree = sharedTree()
+        tree.insert(link(30, parent: 6))
+        var sharedPrivate = folder(6, parent: 1, "private")
+        sharedPrivate.access = [grant(6, to: carol, .read)]
+        guard case .invalidLink = refusal({ () throws(AccessError) in try authorize([sharedPrivate], in: tree) }) else {
+            Issue.record("a folder holding a link was shared")
+            return
+        }
+        guard
+            case .invalidLink = refusal({ () throws(AccessError) in
+                try authorize([folder(6, parent: 2, "private")], in: tree)
+            })
+        else {
+            Issue.record("a folder holding a link moved into a shared folder")
+            return
+        }
+        // A link cannot itself be shared.
+        var sharedLink = link(30, parent: 6)
+        sharedLink.access = [grant(30, to: carol, .read)]
+        #expect(refusal({ () throws(AccessError) in try authorize([sharedLink], in: tree, linkTarget: facts) }) != nil)
+        // A standing link renamed keeps standing even if its target is gone.
+        var renamed = link(30, parent: 6)
+        renamed.name = sname("renamed-link")
+        #expect(refusal({ () throws(AccessError) in try authorize([renamed], in: tree) }) == nil)
+    }
+
+    @Test func aNewTreeIsItsOwnersToFill() {
+        let firstPush = [root, folder(2, parent: 1, "a"), meta(3, parent: 2, "d")]
+        #expect(refusal({ () throws(AccessError) in try authorize(firstPush, in: FileTree()) }) == nil)
+        let intruder = [root, by(bob, folder(2, parent: 1, "a"))]
+        guard case .denied = refusal({ () throws(AccessError) in try authorize(intruder, in: FileTree()) }) else {
+            Issue.record("bob filled alice's new tree")
+            return
+        }
+    }
+
+    @Test func theRootIsOnlyItsOwners() {
+        let bobsRoot = FileMetadata(
+            id: fid(100), type: .folder, parent: fid(100), name: sname("bob"), owner: alice,
+            wrappedKey: [], sealedAttributes: [0], lastModifiedBy: bob)
+        #expect(refusal({ () throws(AccessError) in try authorize([bobsRoot], in: FileTree()) }) != nil)
+        var chmod = by(bob, root)
+        chmod.sealedAttributes = [1]
+        #expect(refusal({ () throws(AccessError) in try authorize([chmod]) }) != nil)
+        var own = root
+        own.sealedAttributes = [1]
+        #expect(refusal({ () throws(AccessError) in try authorize([own]) }) == nil)
+    }
+}
