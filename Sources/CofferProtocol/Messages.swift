@@ -110,9 +110,14 @@ public struct ServerFile: Codable, Sendable, Equatable {
 public struct UpdatesRequest: Codable, Sendable {
     public var since: Int64
     public var afterID: Data?
-    public init(since: Int64, afterID: Data? = nil) {
+    /// Also what other accounts share with the caller (its share feed, docs/SHARING.md). Devices
+    /// ask for it once they hold shared trees; until then they are sent their own tree only, so
+    /// nothing they cannot check yet is ever sent to them.
+    public var shared: Bool?
+    public init(since: Int64, afterID: Data? = nil, shared: Bool? = nil) {
         self.since = since
         self.afterID = afterID
+        self.shared = shared
     }
 }
 
@@ -140,17 +145,28 @@ public struct UpdatesResponse: Codable, Sendable {
     /// Set when the page ended inside version `latest`: the last record's file id, to send as
     /// `afterID`. A version is complete (and `latest` a cursor to keep) only when this is nil.
     public var nextAfterID: Data?
-    public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil) {
+    /// Files of other accounts' trees this account was sent before and no longer sees (access
+    /// revoked, or moved out of what was shared with it): a device drops them and what it holds
+    /// below them (docs/SHARING.md, "The feed"). Absent when empty.
+    public var gone: [Data]?
+    public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil, gone: [Data]? = nil) {
         self.files = files
         self.latest = latest
         self.more = more
         self.nextAfterID = nextAfterID
+        self.gone = gone
     }
 }
 
 public struct ChunkIDsRequest: Codable, Sendable {
     public var ids: [Data]
-    public init(ids: [Data]) { self.ids = ids }
+    /// A file of another account's tree shared with the caller: the chunks are that account's
+    /// (docs/SHARING.md, "Content"). Absent for the caller's own.
+    public var via: Data?
+    public init(ids: [Data], via: Data? = nil) {
+        self.ids = ids
+        self.via = via
+    }
 }
 
 public struct MissingChunksResponse: Codable, Sendable {
@@ -165,11 +181,15 @@ public struct PutManifestRequest: Codable, Sendable {
     public var digest: Data
     public var sealed: Data
     public var chunkIDs: [Data]
-    public init(fileID: Data, digest: Data, sealed: Data, chunkIDs: [Data]) {
+    /// For a document not yet on the server, in a folder another account shares with the caller
+    /// at write: that folder (or any file of the share), whose owner's the content is.
+    public var via: Data?
+    public init(fileID: Data, digest: Data, sealed: Data, chunkIDs: [Data], via: Data? = nil) {
         self.fileID = fileID
         self.digest = digest
         self.sealed = sealed
         self.chunkIDs = chunkIDs
+        self.via = via
     }
 }
 

@@ -16,7 +16,7 @@ extension CofferServer {
     }
 
     /// The server's own check of one account, read afresh from storage: every record decodes,
-    /// is owned and signed by the account, and agrees with the columns stored beside it; the
+    /// is owned by the account and signed by its writer, and agrees with the columns stored beside it; the
     /// effective tree satisfies every invariant (one root, every file reaches it, parents are
     /// folders, live siblings have distinct names); every file under a deleted folder is marked
     /// deleted; every live document's content has its manifest; every chunk a manifest lists is
@@ -71,8 +71,17 @@ extension CofferServer {
             let m = s.metadata
             if Data(m.id.bytes) != f.id { problems.append("file \(m.id) is stored under another id") }
             if m.owner != owner { problems.append("file \(m.id) not owned by the account") }
-            if !key.verify(signature: s.signature, message: s.message) {
+            // Signed by its writer: the owner, or an account it shared a folder with (whose
+            // access was checked when it wrote; it may have been revoked since).
+            let writer = m.lastModifiedBy == owner ? key : try? PublicSigningKey(bytes: m.lastModifiedBy.bytes)
+            if writer?.verify(signature: s.signature, message: s.message) != true {
                 problems.append("bad signature on file \(m.id)")
+            }
+            if m.lastModifiedBy != owner, try tx.account(key: Data(m.lastModifiedBy.bytes)) == nil {
+                problems.append("file \(m.id) was written by an account the server does not know")
+            }
+            if f.linkTarget != m.linkTarget.map({ Data($0.bytes) }) {
+                problems.append("file \(m.id): stored link target differs from its record")
             }
             if f.deleted != (m.isDeleted || f.serverDeleted) {
                 problems.append("file \(m.id): deleted flag inconsistent")

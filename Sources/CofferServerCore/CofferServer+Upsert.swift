@@ -17,6 +17,8 @@ extension CofferServer {
         /// Files newly marked `serverDeleted` (changed or not).
         var marked: Set<FileID> = []
         var superseded: [ManifestKey] = []
+        /// Which grantees to tell about which files (their feed rows move to the batch's version).
+        var feed: [Data: Set<FileID>] = [:]
     }
 
     /// Applies a batch of signed records atomically. See docs/PROTOCOL.md, "What the server
@@ -34,13 +36,19 @@ extension CofferServer {
         var decoded: [Decoded] = []
         decoded.reserveCapacity(request.updates.count)
         var ids: Set<FileID> = []
+        // The tree the batch writes to: the caller's own, or another account's that shares a
+        // folder with it (the access rules decide what it may change there).
+        var ownerID: AccountID?
         for (i, u) in request.updates.enumerated() {
             let bytes = Array(u.record)
             guard let s = try? SignedMetadata(decoding: bytes) else { throw .badRequest("record \(i) is malformed") }
             guard s.encoded() == bytes else { throw .badRequest("record \(i) is not canonically encoded") }
             let m = s.metadata
             guard ids.insert(m.id).inserted else { throw .badRequest("file \(m.id) appears twice in the batch") }
-            guard m.owner == callerID else { throw .forbidden("record \(i) (file \(m.id)) is not owned by the caller") }
+            guard ownerID == nil || ownerID == m.owner else {
+                throw .badRequest("a batch writes to one account's tree; send each tree's records apart")
+            }
+            ownerID = m.owner
             guard m.lastModifiedBy == callerID else {
                 throw .forbidden("record \(i) (file \(m.id)) was not written by the caller")
             }
@@ -59,29 +67,39 @@ extension CofferServer {
             decoded.append(Decoded(update: u, signed: s))
         }
 
+        let owner = ownerID.map { Data($0.bytes) } ?? caller
         var released: [ChunkKey] = []
         let version: Int64 = try guarded {
             try metadata.write { tx -> Int64 in
-                guard let account = try tx.lockAccount(key: caller) else {
+                if owner != caller, try tx.account(key: caller) == nil {
                     throw ServerError.unauthorized("no account has this key")
+                }
+                // The owner's account is locked: its tree, version and quota are what change.
+                guard let account = try tx.lockAccount(key: owner) else {
+                    if owner == caller { throw ServerError.unauthorized("no account has this key") }
+                    throw ServerError.forbidden("the records' owner has no account on this server")
                 }
                 // The tree is read inside the transaction that writes the batch, so it is the
                 // committed state of this moment, whichever server process wrote it last.
-                let view = StorageTreeView(account: caller, reader: tx)
+                let view = StorageTreeView(account: owner, reader: tx)
+                let links = LinkLookup(reader: tx)
                 let plan: Plan
                 do {
-                    plan = try makePlan(caller: caller, decoded: decoded, view: view)
+                    plan = try makePlan(owner: owner, decoded: decoded, view: view, links: links)
                     try view.throwIfFailed()
+                    try links.throwIfFailed()
                 } catch {
                     // A refusal reached through a read that failed is the storage's failure.
                     try view.throwIfFailed()
+                    try links.throwIfFailed()
                     throw error
                 }
                 if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
-                let v = try apply(plan, caller: caller, view: view, released: &released, tx: tx)
-                // Records count against the quota (`QuotaRule`): a batch that leaves usage
-                // above the quota is refused unless it lowers usage (as deleting content does).
-                if let after = try tx.account(key: caller), after.bytesUsed > account.bytesUsed,
+                let v = try apply(plan, owner: owner, view: view, released: &released, tx: tx)
+                // Records count against the quota of the tree's owner (`QuotaRule`): a batch
+                // that leaves usage above the quota is refused unless it lowers usage (as
+                // deleting content does).
+                if let after = try tx.account(key: owner), after.bytesUsed > account.bytesUsed,
                     after.bytesUsed > quotaBytes
                 {
                     throw ServerError.quotaExceeded(
@@ -103,7 +121,7 @@ extension CofferServer {
 
     /// Writes a plan in the open transaction. Every record it needs was read while planning.
     func apply(
-        _ plan: Plan, caller: Data, view: StorageTreeView, released: inout [ChunkKey], tx: any MetadataWriter
+        _ plan: Plan, owner: Data, view: StorageTreeView, released: inout [ChunkKey], tx: any MetadataWriter
     ) throws -> Int64 {
         let v = try tx.nextVersion()
         let newlyChanged = Set(plan.changed.map(\.id))
@@ -117,20 +135,24 @@ extension CofferServer {
             let placement = StoredFile.placement(of: m)
             try tx.putFile(
                 StoredFile(
-                    id: Data(m.id.bytes), account: caller, record: raw, version: v, contentVersion: cv,
+                    id: Data(m.id.bytes), account: owner, record: raw, version: v, contentVersion: cv,
                     serverDeleted: serverDeleted, deleted: m.isDeleted || serverDeleted,
-                    digest: m.contentDigest.map { Data($0) }, parent: placement.parent, nameMAC: placement.nameMAC))
+                    digest: m.contentDigest.map { Data($0) }, parent: placement.parent, nameMAC: placement.nameMAC,
+                    linkTarget: m.linkTarget.map { Data($0.bytes) }))
+        }
+        for (grantee, files) in plan.feed {
+            for id in files { try tx.putFeed(account: grantee, fileID: Data(id.bytes), version: v) }
         }
         // A marked file the batch did not change keeps its record; its content goes with it.
         for id in plan.marked where !newlyChanged.contains(id) {
-            if let digest = try tx.markServerDeleted(id: Data(id.bytes), account: caller, version: v) {
-                superseded.append(ManifestKey(account: caller, fileID: Data(id.bytes), digest: digest))
+            if let digest = try tx.markServerDeleted(id: Data(id.bytes), account: owner, version: v) {
+                superseded.append(ManifestKey(account: owner, fileID: Data(id.bytes), digest: digest))
             }
         }
         for k in superseded {
-            released += try tx.deleteManifest(k).map { ChunkKey(account: caller, id: $0) }
+            released += try tx.deleteManifest(k).map { ChunkKey(account: owner, id: $0) }
         }
-        try tx.setAccountVersion(key: caller, version: v)
+        try tx.setAccountVersion(key: owner, version: v)
         return v
     }
 
@@ -143,7 +165,7 @@ extension CofferServer {
     /// folder the batch deletes (the files it deletes with it). A folder moved deeper also has
     /// its subtree's height measured, and a folder brought back to life its subtree's names
     /// checked (`Validator.validate`): walks of what the batch moves, never of the tree.
-    func makePlan(caller: Data, decoded: [Decoded], view: StorageTreeView) throws -> Plan {
+    func makePlan(owner: Data, decoded: [Decoded], view: StorageTreeView, links: LinkLookup) throws -> Plan {
         var plan = Plan()
         var batch = Batch(base: view)
         for d in decoded {
@@ -179,7 +201,7 @@ extension CofferServer {
                         "file \(id) has a newer revision on the server than the one sent")
                 }
             } else {
-                // Not in the caller's tree: missing, or another account's. The precondition is
+                // Not in the owner's tree: missing, or another account's. The precondition is
                 // checked first so both give the same answer.
                 guard d.update.expectedParent == nil, d.update.expectedNameMAC == nil else {
                     throw ServerError.getUpdatesRequired("file \(id) is not on the server")
@@ -197,7 +219,7 @@ extension CofferServer {
         do {
             try Authorization.check(
                 changed: changed.map(\.id), before: view, after: batch, verify: Self.verifySignature,
-                linkTarget: { _ in nil })
+                linkTarget: { links.facts(of: $0, forLinksOf: owner, batch: batch) })
         } catch { throw ServerError.forbidden(error.description) }
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
@@ -236,7 +258,7 @@ extension CofferServer {
             guard let digest = m.contentDigest, digest != view.file(m.id)?.contentDigest else { continue }
             guard
                 try view.reader.hasManifest(
-                    ManifestKey(account: caller, fileID: Data(m.id.bytes), digest: Data(digest)))
+                    ManifestKey(account: owner, fileID: Data(m.id.bytes), digest: Data(digest)))
             else {
                 throw ServerError.conflict(
                     "file \(m.id) names content the server does not have; upload its manifest first")
@@ -250,14 +272,15 @@ extension CofferServer {
             let old = view.file(m.id)
             let deletedNow = m.isDeleted || marked.contains(m.id)
             if let od = old?.contentDigest, od != m.contentDigest || deletedNow {
-                plan.superseded.append(ManifestKey(account: caller, fileID: Data(m.id.bytes), digest: Data(od)))
+                plan.superseded.append(ManifestKey(account: owner, fileID: Data(m.id.bytes), digest: Data(od)))
             }
             if deletedNow, let nd = m.contentDigest, nd != old?.contentDigest {
-                plan.superseded.append(ManifestKey(account: caller, fileID: Data(m.id.bytes), digest: Data(nd)))
+                plan.superseded.append(ManifestKey(account: owner, fileID: Data(m.id.bytes), digest: Data(nd)))
             }
         }
         plan.changed = changed
         plan.marked = marked
+        plan.feed = Self.feedPlan(changed: changed, marked: marked, batch: batch)
         return plan
     }
 

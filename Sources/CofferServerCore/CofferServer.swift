@@ -324,35 +324,62 @@ public final class CofferServer: Sendable {
 
     // MARK: - Updates
 
-    /// One page of the caller's records after the cursor (see `UpdatesRequest`): at most
-    /// `API.updatesPageSize` records and about `API.updatesPageBytes` of JSON, whatever the tree;
-    /// a version larger than a page is split, and `nextAfterID` says where to go on.
-    public func updates(caller: Data, since: Int64, afterID: Data? = nil) throws(ServerError) -> UpdatesResponse {
+    /// One page of what the caller sees after the cursor (see `UpdatesRequest`): its own
+    /// records and, when it asks (`shared`), its share feed (docs/SHARING.md, "The feed"), merged in (version, file id)
+    /// order; at most `API.updatesPageSize` entries and about `API.updatesPageBytes` of JSON,
+    /// whatever the tree; a version larger than a page is split, and `nextAfterID` says where to
+    /// go on. A feed entry is served as the file's current record if the caller can still see
+    /// it (its access is checked now, through the owner's tree), else as its id in `gone`.
+    public func updates(
+        caller: Data, since: Int64, afterID: Data? = nil, shared: Bool = false
+    ) throws(ServerError) -> UpdatesResponse {
         guard since >= 0 else { throw .badRequest("since must not be negative") }
         if let afterID, afterID.count != 16 { throw .badRequest("afterID is not a file id") }
-        var files: [StoredFile] = []
-        var bytes = 0
-        var nextVersion: Int64?
+        guard let callerID = try? AccountID(bytes: Array(caller)) else { throw .unauthorized("malformed account key") }
+        // Each stream is read up to a page; `next` is the version of the entry it stopped at.
+        var own = UpdatesStream()
+        var feed = UpdatesStream()
+        let withFeed = shared
         try guarded {
             try metadata.read { tx in
                 try tx.visitFiles(account: caller, since: since, afterID: afterID) { f in
-                    let cost = Self.wireBytes(f)
-                    // Always at least one record (one record is at most a few MiB), so a page advances.
-                    if !files.isEmpty, files.count >= API.updatesPageSize || bytes + cost > API.updatesPageBytes {
-                        nextVersion = f.version
-                        return false
+                    own.admit(UpdatesEntry(version: f.version, id: f.id, file: f))
+                }
+                guard withFeed else { return }
+                var views: [Data: StorageTreeView] = [:]
+                try tx.visitFeed(account: caller, since: since, afterID: afterID) { id, version in
+                    guard feed.hasRoom(version) else { return false }
+                    var entry = UpdatesEntry(version: version, id: id, file: nil)
+                    if var f = try tx.file(id: id), let fileID = try? FileID(bytes: Array(id)) {
+                        let view = views[f.account] ?? StorageTreeView(account: f.account, reader: tx)
+                        views[f.account] = view
+                        if view.accessMode(of: callerID, on: fileID) != nil {
+                            // Served at the feed's version: the cursor the caller keeps.
+                            f.version = version
+                            entry.file = f
+                        }
+                        try view.throwIfFailed()
                     }
-                    files.append(f)
-                    bytes += cost
-                    return true
+                    return feed.admit(entry)
                 }
             }
         }
-        guard let last = files.last else { return UpdatesResponse(files: [], latest: since, more: false) }
-        let split = nextVersion == last.version
+        // Where a stream stopped short, nothing past its last entry can be placed yet: the
+        // other stream's later entries wait for the next page.
+        let bounds = [own, feed].filter { $0.next != nil }.compactMap(\.entries.last)
+        let bound = bounds.min(by: UpdatesEntry.precedes)
+        let merged = (own.entries + feed.entries).sorted(by: UpdatesEntry.precedes)
+        var page = UpdatesStream()
+        for e in merged {
+            if let bound, UpdatesEntry.precedes(bound, e) { break }
+            if !page.admit(e) { break }
+        }
+        guard let last = page.entries.last else { return UpdatesResponse(files: [], latest: since, more: false) }
+        let next = ([merged.dropFirst(page.entries.count).first?.version, own.next, feed.next]).compactMap { $0 }.min()
+        let gone = page.entries.filter { $0.file == nil }.map(\.id)
         return UpdatesResponse(
-            files: files.map(\.wire), latest: last.version, more: nextVersion != nil,
-            nextAfterID: split ? last.id : nil)
+            files: page.entries.compactMap { $0.file?.wire }, latest: last.version, more: next != nil,
+            nextAfterID: next == last.version ? last.id : nil, gone: gone.isEmpty ? nil : gone)
     }
 
     /// A record's share of an updates response as JSON: its base64 and the fields around it.
@@ -364,10 +391,15 @@ public final class CofferServer: Sendable {
         guard id.count == 32 else { throw .badRequest("a chunk id has 32 bytes") }
     }
 
-    public func missingChunks(caller: Data, ids: [Data]) throws(ServerError) -> MissingChunksResponse {
+    public func missingChunks(caller: Data, ids: [Data], via: Data? = nil) throws(ServerError) -> MissingChunksResponse
+    {
         guard ids.count <= 100_000 else { throw .tooLarge("ask about at most 100000 chunks at once") }
         for id in ids { try Self.checkChunkID(id) }
-        let present = try guarded { try metadata.read { try $0.presentChunks(account: caller, ids: ids) } }
+        let present = try guarded {
+            try metadata.read { tx in
+                try tx.presentChunks(account: contentOwner(caller: caller, via: via, needs: .write, tx: tx), ids: ids)
+            }
+        }
         var seen: Set<Data> = []
         return MissingChunksResponse(missing: ids.filter { !present.contains($0) && seen.insert($0).inserted })
     }
@@ -377,14 +409,21 @@ public final class CofferServer: Sendable {
     /// (renamed into place, directory fsynced) and counts them, so of two racing uploads of one
     /// id exactly one is published and counted, the other discards only its own temporary, and
     /// a recorded chunk is always durable.
-    public func putChunk(caller: Data, id: Data, bytes: [UInt8]) throws(ServerError) {
+    public func putChunk(caller: Data, id: Data, bytes: [UInt8], via: Data? = nil) throws(ServerError) {
         try Self.checkChunkID(id)
         guard bytes.count <= API.maxBodyBytes else { throw .tooLarge("a chunk is at most \(API.maxBodyBytes) bytes") }
-        let key = ChunkKey(account: caller, id: id)
-        let counted = QuotaRule.counted(chunk: Int64(bytes.count))
-        let (account, present) = try guarded {
-            try metadata.read { tx in (try tx.account(key: caller), try tx.presentChunks(account: caller, ids: [id])) }
+        // The chunk is the content owner's: stored in its namespace, counted in its quota.
+        let (owner, account, present) = try guarded {
+            try metadata.read { tx in
+                guard try tx.account(key: caller) != nil else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let owner = try contentOwner(caller: caller, via: via, needs: .write, tx: tx)
+                return (owner, try tx.account(key: owner), try tx.presentChunks(account: owner, ids: [id]))
+            }
         }
+        let key = ChunkKey(account: owner, id: id)
+        let counted = QuotaRule.counted(chunk: Int64(bytes.count))
         guard let account else { throw .unauthorized("no account has this key") }
         if !present.isEmpty { return }
         let quotaError = ServerError.quotaExceeded(
@@ -395,10 +434,10 @@ public final class CofferServer: Sendable {
         defer { if !published { content.discard(staged) } }
         let stored: Bool = try guarded {
             try metadata.write { tx in
-                guard let a = try tx.lockAccount(key: caller) else {
+                guard let a = try tx.lockAccount(key: owner) else {
                     throw ServerError.unauthorized("no account has this key")
                 }
-                if try !tx.presentChunks(account: caller, ids: [id]).isEmpty { return true }  // another upload won
+                if try !tx.presentChunks(account: owner, ids: [id]).isEmpty { return true }  // another upload won
                 guard fitsQuota(used: a.bytesUsed, adding: counted) else { return false }
                 try content.publish(staged)
                 published = true
@@ -420,12 +459,17 @@ public final class CofferServer: Sendable {
 
     /// Plans the answer to `chunks/get`: 404 if any chunk is missing, 413 if the bundle would
     /// exceed `maxChunkResponseBytes`; duplicates are answered once.
-    public func planChunks(caller: Data, ids: [Data]) throws(ServerError) -> ChunkBundlePlan {
+    public func planChunks(caller: Data, ids: [Data], via: Data? = nil) throws(ServerError) -> ChunkBundlePlan {
         guard ids.count <= 100_000 else { throw .tooLarge("ask for at most 100000 chunks at once") }
         for id in ids { try Self.checkChunkID(id) }
         var seen: Set<Data> = []
         let unique = ids.filter { seen.insert($0).inserted }
-        let sizes = try guarded { try metadata.read { try $0.chunkSizes(account: caller, ids: unique) } }
+        let (owner, sizes) = try guarded {
+            try metadata.read { tx in
+                let owner = try contentOwner(caller: caller, via: via, needs: .read, tx: tx)
+                return (owner, try tx.chunkSizes(account: owner, ids: unique))
+            }
+        }
         var entries: [(id: Data, size: Int)] = []
         var total = 4
         for id in unique {
@@ -439,7 +483,7 @@ public final class CofferServer: Sendable {
             total += 36 + size
             entries.append((id, size))
         }
-        return ChunkBundlePlan(account: caller, entries: entries, byteCount: total)
+        return ChunkBundlePlan(account: owner, entries: entries, byteCount: total)
     }
 
     /// Reads a planned bundle piece by piece (at most `chunkPieceBytes` of chunk bytes at a time),
@@ -450,8 +494,8 @@ public final class CofferServer: Sendable {
 
     /// The requested chunks as one `ChunkBundle` in memory (tests and tools; the HTTP route
     /// streams `bundleReader`).
-    public func getChunks(caller: Data, ids: [Data]) throws(ServerError) -> [UInt8] {
-        let reader = bundleReader(try planChunks(caller: caller, ids: ids))
+    public func getChunks(caller: Data, ids: [Data], via: Data? = nil) throws(ServerError) -> [UInt8] {
+        let reader = bundleReader(try planChunks(caller: caller, ids: ids, via: via))
         var out: [UInt8] = []
         while let piece = try reader.next() { out += piece }
         return out
@@ -466,17 +510,22 @@ public final class CofferServer: Sendable {
         }
         guard req.chunkIDs.count <= 1_000_000 else { throw .tooLarge("too many chunks in one manifest") }
         for id in req.chunkIDs { try Self.checkChunkID(id) }
-        let key = ManifestKey(account: caller, fileID: req.fileID, digest: req.digest)
         try guarded {
             try metadata.write { tx in
-                guard let account = try tx.lockAccount(key: caller) else {
+                guard try tx.account(key: caller) != nil else {
                     throw ServerError.unauthorized("no account has this key")
                 }
-                if let f = try tx.file(id: req.fileID), f.account != caller {
-                    throw ServerError.forbidden(Self.unusableFileID(req.fileID))
+                // A stored document's content is its owner's; a new one's, the owner's of `via`.
+                let stored = try tx.file(id: req.fileID)
+                let owner = try contentOwner(
+                    caller: caller, via: stored != nil ? req.fileID : req.via, needs: .write, tx: tx)
+                if let stored, stored.account != owner { throw ServerError.forbidden(Self.unusableFileID(req.fileID)) }
+                guard let account = try tx.lockAccount(key: owner) else {
+                    throw ServerError.unauthorized("no account has this key")
                 }
+                let key = ManifestKey(account: owner, fileID: req.fileID, digest: req.digest)
                 if try tx.hasManifest(key) { return }
-                let present = try tx.presentChunks(account: caller, ids: req.chunkIDs)
+                let present = try tx.presentChunks(account: owner, ids: req.chunkIDs)
                 let missing = Set(req.chunkIDs).subtracting(present)
                 guard missing.isEmpty else {
                     throw ServerError.conflict(
@@ -493,11 +542,41 @@ public final class CofferServer: Sendable {
 
     public func getManifest(caller: Data, _ req: GetManifestRequest) throws(ServerError) -> Data {
         guard req.fileID.count == 16, req.digest.count <= 64 else { throw .badRequest("malformed file id or digest") }
-        let key = ManifestKey(account: caller, fileID: req.fileID, digest: req.digest)
-        guard let sealed = try guarded({ try metadata.read { try $0.manifest(key) } }) else {
-            throw .notFound("no such manifest")
+        let sealed = try guarded {
+            try metadata.read { tx in
+                // Another account's document is read by a grantee, in its owner's namespace; for
+                // anyone else the answer is the one for a manifest that does not exist.
+                let owner = try grantedOwner(caller: caller, file: req.fileID, needs: .read, tx: tx) ?? caller
+                return try tx.manifest(ManifestKey(account: owner, fileID: req.fileID, digest: req.digest))
+            }
         }
+        guard let sealed else { throw .notFound("no such manifest") }
         return sealed
+    }
+
+    /// Whose content a request touches: the caller's own, or, with `via` (a file of another
+    /// account's tree), that account's, if the caller holds at least `mode` on `via` now
+    /// (docs/SHARING.md, "Content"). Anything else is refused as an unusable file id.
+    func contentOwner(caller: Data, via: Data?, needs mode: AccessMode, tx: any MetadataReader) throws -> Data {
+        guard let via else { return caller }
+        guard via.count == 16 else { throw ServerError.badRequest("via is not a file id") }
+        guard let owner = try grantedOwner(caller: caller, file: via, needs: mode, tx: tx) else {
+            throw ServerError.forbidden(Self.unusableFileID(via))
+        }
+        return owner
+    }
+
+    /// The owner of `file` if the caller holds at least `mode` on it (its own files included);
+    /// nil if it is not stored or the caller holds less. Throws only when storage fails.
+    func grantedOwner(caller: Data, file: Data, needs mode: AccessMode, tx: any MetadataReader) throws -> Data? {
+        guard let id = try? FileID(bytes: Array(file)), let f = try tx.file(id: file) else { return nil }
+        if f.account == caller { return caller }
+        guard let callerID = try? AccountID(bytes: Array(caller)) else { return nil }
+        let view = StorageTreeView(account: f.account, reader: tx)
+        let held = view.accessMode(of: callerID, on: id)
+        try view.throwIfFailed()
+        guard let held, held >= mode else { return nil }
+        return f.account
     }
 
     /// The one refusal for a file id another account holds. It says no more than that this

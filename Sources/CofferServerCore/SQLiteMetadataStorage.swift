@@ -95,6 +95,26 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                         (SELECT COUNT(*) FROM file WHERE file.account = account.key AND file.deleted = 0);
                     """)
         }
+        m.registerMigration("v3") { db in
+            // Sharing (docs/SHARING.md): a link's target beside its record, indexed for the
+            // one-live-link-per-target rule; and each grantee's feed, one row per file of
+            // another account's tree the grantee was told about, at the version it last
+            // changed in the grantee's view, walked by pulls as `file_by_version` is. Before
+            // this version the server refused links and stored no grant to another account,
+            // so there is nothing to fill in.
+            try db.execute(
+                sql: """
+                    ALTER TABLE file ADD COLUMN link_target BLOB;
+                    CREATE INDEX file_by_link ON file (account, link_target, deleted) WHERE link_target IS NOT NULL;
+                    CREATE TABLE feed (
+                        account BLOB NOT NULL,
+                        file_id BLOB NOT NULL,
+                        version INTEGER NOT NULL,
+                        PRIMARY KEY (account, file_id)
+                    ) WITHOUT ROWID;
+                    CREATE INDEX feed_by_version ON feed (account, version, file_id);
+                    """)
+        }
         return m
     }
 
@@ -176,7 +196,7 @@ struct SQLiteTransaction: MetadataWriter {
     // still names the old ones, so a row would lack a column a migration added. A named column
     // missing from a stale schema makes SQLite reload the schema and prepare again instead.
     static let fileColumns =
-        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac"
+        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, link_target"
     static let accountColumns = "key, username, box_key, version, bytes_used, live_files"
 
     private func accountRow(_ row: Row?) -> AccountRecord? {
@@ -192,7 +212,8 @@ struct SQLiteTransaction: MetadataWriter {
         return StoredFile(
             id: row["id"], account: row["account"], record: row["record"], version: row["version"],
             contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
-            deleted: row["deleted"], digest: row["digest"], parent: row["parent"], nameMAC: nameMAC ?? Data())
+            deleted: row["deleted"], digest: row["digest"], parent: row["parent"], nameMAC: nameMAC ?? Data(),
+            linkTarget: row["link_target"])
     }
 
     func accountKeys() throws -> [Data] {
@@ -261,6 +282,32 @@ struct SQLiteTransaction: MetadataWriter {
                 sql: "SELECT id FROM file WHERE account = ? AND parent = ? AND deleted = 0 "
                     + "AND name_mac = COALESCE(?, X'')"
             ), arguments: [account, parent, nameMAC])
+    }
+
+    func liveLinks(account: Data, target: Data) throws -> [Data] {
+        try Data.fetchAll(
+            db.cachedStatement(sql: "SELECT id FROM file WHERE account = ? AND link_target = ? AND deleted = 0"),
+            arguments: [account, target])
+    }
+
+    func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
+        // Both forms walk the index feed_by_version (account, version, file_id) in order.
+        let rows: RowCursor
+        if let afterID {
+            rows = try Row.fetchCursor(
+                db,
+                sql: "SELECT file_id, version FROM feed WHERE account = ? AND (version, file_id) > (?, ?) "
+                    + "ORDER BY version, file_id",
+                arguments: [account, since, afterID])
+        } else {
+            rows = try Row.fetchCursor(
+                db,
+                sql: "SELECT file_id, version FROM feed WHERE account = ? AND version > ? ORDER BY version, file_id",
+                arguments: [account, since])
+        }
+        while let row = try rows.next() {
+            if try !body(row["file_id"], row["version"]) { return }
+        }
     }
 
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
@@ -367,16 +414,16 @@ struct SQLiteTransaction: MetadataWriter {
         try db.execute(
             sql: """
                 INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest,
-                    parent, name_mac)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, X''))
+                    parent, name_mac, link_target)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, X''), ?)
                 ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
                     version = excluded.version, content_version = excluded.content_version,
                     server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest,
-                    parent = excluded.parent, name_mac = excluded.name_mac
+                    parent = excluded.parent, name_mac = excluded.name_mac, link_target = excluded.link_target
                 """,
             arguments: [
                 f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest,
-                f.parent, f.nameMAC,
+                f.parent, f.nameMAC, f.linkTarget,
             ])
         if let old {
             let account: Data = old["account"]
@@ -385,6 +432,13 @@ struct SQLiteTransaction: MetadataWriter {
         }
         try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
         if !f.deleted { try addLiveFiles(account: f.account, 1) }
+    }
+
+    func putFeed(account: Data, fileID: Data, version: Int64) throws {
+        try db.cachedStatement(
+            sql: "INSERT INTO feed (account, file_id, version) VALUES (?, ?, ?) "
+                + "ON CONFLICT (account, file_id) DO UPDATE SET version = excluded.version"
+        ).execute(arguments: [account, fileID, version])
     }
 
     func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data? {

@@ -40,9 +40,12 @@ public struct StoredFile: Sendable, Equatable {
     public var digest: Data?
     public var parent: Data?
     public var nameMAC: Data
+    /// A link's target (the record's `linkTarget`), kept apart so an account's links to one
+    /// target are found through an index (`liveLinks`).
+    public var linkTarget: Data?
     public init(
         id: Data, account: Data, record: Data, version: Int64, contentVersion: Int64,
-        serverDeleted: Bool, deleted: Bool, digest: Data?, parent: Data?, nameMAC: Data
+        serverDeleted: Bool, deleted: Bool, digest: Data?, parent: Data?, nameMAC: Data, linkTarget: Data? = nil
     ) {
         self.id = id
         self.account = account
@@ -54,6 +57,7 @@ public struct StoredFile: Sendable, Equatable {
         self.digest = digest
         self.parent = parent
         self.nameMAC = nameMAC
+        self.linkTarget = linkTarget
     }
 
     public var wire: ServerFile {
@@ -161,6 +165,14 @@ public protocol MetadataReader {
     /// `deleted`: the path-conflict lookup. Deleted ones are left out, since on the server a
     /// deleted file never comes back and a name saved over many times leaves many of them.
     func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data]
+    /// The live links of `account` whose target is `target` (read from the index alone).
+    func liveLinks(account: Data, target: Data) throws -> [Data]
+    /// Visits the rows of `account`'s share feed after the cursor, in (version, file id) order,
+    /// as `visitFiles` does its own files: each row names a file of another account's tree that
+    /// changed, or came into or went out of view, at that version. `body` returns false to stop.
+    func visitFeed(
+        account: Data, since: Int64, afterID: Data?, _ body: (_ fileID: Data, _ version: Int64) throws -> Bool)
+        throws
     /// Counts the account's files afresh (the audit; `AccountRecord.liveFiles` keeps the count).
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64
     func manifest(_ key: ManifestKey) throws -> Data?
@@ -191,6 +203,9 @@ public protocol MetadataWriter: MetadataReader {
     /// Stores a record (replacing the file's previous one); keeps usage: the file counts once,
     /// at its current record's size (`QuotaRule`), and `liveFiles`.
     func putFile(_ file: StoredFile) throws
+    /// Tells `account` (a grantee) that a file of another account's tree changed at `version`:
+    /// its feed row for the file, one per file, moves to that version.
+    func putFeed(account: Data, fileID: Data, version: Int64) throws
     /// Marks a file of `account` deleted by the server (`serverDeleted` and `deleted` set,
     /// `version` given, the record untouched) and returns its content digest, whose manifest it
     /// no longer needs; nil when it names none or `account` has no such file (then nothing changes).

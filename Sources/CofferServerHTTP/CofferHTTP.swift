@@ -116,7 +116,8 @@ public enum CofferHTTP {
             let req = try decode(UpdatesRequest.self, context.body)
             return try json(
                 try await offload { () throws(ServerError) in
-                    return try server.updates(caller: caller, since: req.since, afterID: req.afterID)
+                    return try server.updates(
+                        caller: caller, since: req.since, afterID: req.afterID, shared: req.shared ?? false)
                 })
         }
 
@@ -125,7 +126,7 @@ public enum CofferHTTP {
             let req = try decode(ChunkIDsRequest.self, context.body)
             return try json(
                 try await offload { () throws(ServerError) in
-                    return try server.missingChunks(caller: caller, ids: req.ids)
+                    return try server.missingChunks(caller: caller, ids: req.ids, via: req.via)
                 })
         }
 
@@ -135,7 +136,7 @@ public enum CofferHTTP {
             // Planned from the recorded sizes (404, 413) before anything is read, then streamed a
             // piece at a time: memory is bounded by a piece, not by the answer.
             let reader = try await offload { () throws(ServerError) in
-                return server.bundleReader(try server.planChunks(caller: caller, ids: req.ids))
+                return server.bundleReader(try server.planChunks(caller: caller, ids: req.ids, via: req.via))
             }
             let body = ResponseBody(contentLength: reader.byteCount) { writer in
                 while let piece = try await offload({ () throws(ServerError) in try reader.next() }) {
@@ -146,14 +147,22 @@ public enum CofferHTTP {
             return Response(status: .ok, headers: [.contentType: "application/octet-stream"], body: body)
         }
 
-        router.put("/v1/chunks/:id") { _, context -> Response in
+        router.put("/v1/chunks/:id") { request, context -> Response in
             let caller = try context.requireCaller()
             guard let hex = context.parameters.get("id"), let id = RequestSigning.unhex(hex), id.count == 32 else {
                 throw ServerError.badRequest("the path names a chunk by its 32-byte id in hex")
             }
+            // `?via=FILE` (hex): a chunk for a share another account owns (docs/SHARING.md).
+            var via: Data?
+            if let hex = request.uri.queryParameters["via"].map(String.init) {
+                guard let bytes = RequestSigning.unhex(hex), bytes.count == 16 else {
+                    throw ServerError.badRequest("via names a file by its 16-byte id in hex")
+                }
+                via = Data(bytes)
+            }
             let body = context.body
-            try await offload { () throws(ServerError) in
-                try server.putChunk(caller: caller, id: Data(id), bytes: body)
+            try await offload { [via] () throws(ServerError) in
+                try server.putChunk(caller: caller, id: Data(id), bytes: body, via: via)
             }
             return Response(status: .noContent)
         }

@@ -67,6 +67,16 @@ struct CountingTransaction: MetadataWriter {
         let c = try reader.liveChildIDs(account: account, parent: parent, nameMAC: nameMAC)
         return counted(c.count, c)
     }
+    func liveLinks(account: Data, target: Data) throws -> [Data] {
+        let l = try reader.liveLinks(account: account, target: target)
+        return counted(l.count, l)
+    }
+    func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
+        try reader.visitFeed(account: account, since: since, afterID: afterID) { id, version in
+            storage.rows.withLock { $0 += 1 }
+            return try body(id, version)
+        }
+    }
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
         // A count walks every row it counts.
         let n = try reader.fileCount(account: account, liveOnly: liveOnly)
@@ -94,6 +104,9 @@ struct CountingTransaction: MetadataWriter {
     func setAccountVersion(key: Data, version: Int64) throws { try w().setAccountVersion(key: key, version: version) }
     func nextVersion() throws -> Int64 { try w().nextVersion() }
     func putFile(_ file: StoredFile) throws { try w().putFile(file) }
+    func putFeed(account: Data, fileID: Data, version: Int64) throws {
+        try w().putFeed(account: account, fileID: fileID, version: version)
+    }
     func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data? {
         try w().markServerDeleted(id: id, account: account, version: version)
     }

@@ -68,6 +68,39 @@ func makeApp(
 }
 
 @Suite struct HTTPTests {
+    @Test func sharedFoldersOverHTTP() async throws {
+        let (app, server) = try makeApp()
+        let alice = try Device(server, TestUser("alice"))
+        let bob = TestUser("bob")
+        let carol = TestUser("carol")
+        try await app.test(.router) { client in
+            for u in [bob, carol] {
+                #expect(try await client.signedJSON(u, .post, "/v1/accounts", u.createRequest).status == .ok)
+            }
+            let root = rootRecord(alice.user)
+            var shared = record(alice.user, .folder, in: root.id, named: "shared")
+            shared.access = [try signedGrant(shared.id, owner: alice.user, to: bob, .write)]
+            try alice.push([root, shared])
+            // Bob asks for shared trees and is sent the folder; without asking, nothing.
+            let own = try await client.signedJSON(bob, .post, "/v1/updates", UpdatesRequest(since: 0))
+            #expect(try own.json(UpdatesResponse.self).files.isEmpty)
+            let withShared = try await client.signedJSON(
+                bob, .post, "/v1/updates", UpdatesRequest(since: 0, shared: true))
+            #expect(try withShared.json(UpdatesResponse.self).files.map(decodeRecord) == [shared])
+            // A chunk for the share goes to alice's namespace through `?via=`, signed with it.
+            let chunk = randomBytes(2000)
+            let path = "/v1/chunks/\(RequestSigning.hex(blake2b(chunk)))?via=\(RequestSigning.hex(shared.id.bytes))"
+            #expect(try await client.signed(bob, .put, path, body: chunk).status == .noContent)
+            #expect(try server.missingChunks(caller: alice.user.key, ids: [Data(blake2b(chunk))]).missing.isEmpty)
+            #expect(try await client.signed(carol, .put, path, body: chunk).status == .forbidden)
+            let malformed = "/v1/chunks/\(RequestSigning.hex(blake2b(chunk)))?via=zz"
+            #expect(try await client.signed(bob, .put, malformed, body: chunk).status == .badRequest)
+            let got = try await client.signedJSON(
+                bob, .post, "/v1/chunks/get", ChunkIDsRequest(ids: [Data(blake2b(chunk))], via: Data(shared.id.bytes)))
+            #expect(got.status == .ok && ChunkBundle.decode(got.bytes)?.first?.sealed == chunk)
+        }
+    }
+
     @Test func healthAndAccounts() async throws {
         let (app, _) = try makeApp()
         try await app.test(.router) { client in
