@@ -72,21 +72,16 @@ public struct PublicBoxKey: Sendable, Hashable {
 
     /// Seals a file key for this account. The file id travels inside the box and is checked on
     /// open, because sealed boxes take no associated data.
-    public func seal(key: SymmetricKey, fileID: [UInt8]) -> [UInt8] {
-        ensureSodium()
-        let message: [UInt8] = [1] + fileID + key.bytes
-        var out = [UInt8](repeating: 0, count: message.count + Int(crypto_box_sealbytes()))
-        _ = crypto_box_seal(&out, message, UInt64(message.count), bytes)
-        return out
-    }
+    public func seal(key: SymmetricKey, fileID: [UInt8]) -> [UInt8] { seal([1] + fileID + key.bytes) }
 
     /// Seals a file key granted to this account by another (a share). Sealed boxes take no
     /// associated data, so `binding` (the file, the grantee, the mode and the grantor:
     /// `AccessEntry.keyBinding`) travels inside the box and must match on open: a grant's key
     /// cannot be presented as another file's, another mode's or another grantor's.
-    public func seal(key: SymmetricKey, binding: [UInt8]) -> [UInt8] {
+    public func seal(key: SymmetricKey, binding: [UInt8]) -> [UInt8] { seal([2] + binding + key.bytes) }
+
+    private func seal(_ message: [UInt8]) -> [UInt8] {
         ensureSodium()
-        let message: [UInt8] = [2] + binding + key.bytes
         var out = [UInt8](repeating: 0, count: message.count + Int(crypto_box_sealbytes()))
         _ = crypto_box_seal(&out, message, UInt64(message.count), bytes)
         return out
@@ -110,37 +105,34 @@ public struct BoxKeyPair: Sendable {
     let secret: [UInt8]
 
     public func open(sealedKey: [UInt8], fileID: [UInt8]) throws -> SymmetricKey {
-        ensureSodium()
-        let overhead = Int(crypto_box_sealbytes())
-        guard sealedKey.count == overhead + 1 + fileID.count + SymmetricKey.byteCount else {
-            throw CryptoError.authenticationFailed("sealed key")
-        }
-        var message = [UInt8](repeating: 0, count: sealedKey.count - overhead)
-        guard crypto_box_seal_open(&message, sealedKey, UInt64(sealedKey.count), publicKey.bytes, secret) == 0 else {
-            throw CryptoError.authenticationFailed("sealed key")
-        }
-        guard message[0] == 1, Array(message[1..<(1 + fileID.count)]) == fileID else {
-            throw CryptoError.authenticationFailed("sealed key (bound to another file)")
-        }
-        return SymmetricKey(unchecked: Array(message[(1 + fileID.count)...]))
+        try open(sealedKey, version: 1, context: fileID, what: "sealed key", bound: "bound to another file")
     }
 
     /// Opens a key sealed with `PublicBoxKey.seal(key:binding:)`; fails unless it was sealed for
     /// this account with exactly this binding.
     public func open(sealedKey: [UInt8], binding: [UInt8]) throws -> SymmetricKey {
+        try open(
+            sealedKey, version: 2, context: binding, what: "granted key",
+            bound: "bound to another file, account or mode")
+    }
+
+    /// Opens `version ‖ context ‖ key` sealed to this account, checking version and context.
+    private func open(
+        _ sealedKey: [UInt8], version: UInt8, context: [UInt8], what: String, bound: String
+    ) throws -> SymmetricKey {
         ensureSodium()
         let overhead = Int(crypto_box_sealbytes())
-        guard sealedKey.count == overhead + 1 + binding.count + SymmetricKey.byteCount else {
-            throw CryptoError.authenticationFailed("granted key")
+        guard sealedKey.count == overhead + 1 + context.count + SymmetricKey.byteCount else {
+            throw CryptoError.authenticationFailed(what)
         }
         var message = [UInt8](repeating: 0, count: sealedKey.count - overhead)
         guard crypto_box_seal_open(&message, sealedKey, UInt64(sealedKey.count), publicKey.bytes, secret) == 0 else {
-            throw CryptoError.authenticationFailed("granted key")
+            throw CryptoError.authenticationFailed(what)
         }
-        guard message[0] == 2, Array(message[1..<(1 + binding.count)]) == binding else {
-            throw CryptoError.authenticationFailed("granted key (bound to another file, account or mode)")
+        guard message[0] == version, Array(message[1..<(1 + context.count)]) == context else {
+            throw CryptoError.authenticationFailed("\(what) (\(bound))")
         }
-        return SymmetricKey(unchecked: Array(message[(1 + binding.count)...]))
+        return SymmetricKey(unchecked: Array(message[(1 + context.count)...]))
     }
 }
 
@@ -154,5 +146,26 @@ public enum KeyWrap {
     {
         let raw = try AEAD.open(wrapped, key: parentKey, purpose: .keyWrap, fileID: fileID, what: "wrapped file key")
         return try SymmetricKey(bytes: raw)
+    }
+}
+
+/// What people compare out of band to know they hold the right account key: the first 20 bytes
+/// of SHA-256 of an account's signing key, as ten groups of four hex digits.
+public enum KeyFingerprint {
+    public static func of(_ signingKey: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef")
+        let hex = String(sha256(signingKey).prefix(20).flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] })
+        var groups: [Substring] = []
+        var rest = Substring(hex)
+        while !rest.isEmpty {
+            groups.append(rest.prefix(4))
+            rest = rest.dropFirst(4)
+        }
+        return groups.joined(separator: " ")
+    }
+
+    /// A fingerprint as typed (any case, with spaces, colons or dashes), in one comparable form.
+    public static func normalized(_ typed: String) -> String {
+        String(typed.lowercased().filter { $0.isHexDigit })
     }
 }

@@ -41,11 +41,15 @@ public struct CreateAccountRequest: Codable, Sendable {
     /// An invite code from the server's operator (`coffer-server invite`), needed when the server
     /// runs with `--registration invite`.
     public var invite: String?
-    public init(username: String, signingKey: Data, boxKey: Data, invite: String? = nil) {
+    /// The account's signature over its username and keys (`KeyCard`), which the server keeps and
+    /// serves with them. Accounts made before key cards publish theirs later (`KeyCardRequest`).
+    public var card: Data?
+    public init(username: String, signingKey: Data, boxKey: Data, invite: String? = nil, card: Data? = nil) {
         self.username = username
         self.signingKey = signingKey
         self.boxKey = boxKey
         self.invite = invite
+        self.card = card
     }
 }
 
@@ -53,11 +57,27 @@ public struct AccountResponse: Codable, Sendable {
     public var username: String
     public var signingKey: Data
     public var boxKey: Data
-    public init(username: String, signingKey: Data, boxKey: Data) {
+    /// The `KeyCard` signature, if the account published one.
+    public var card: Data?
+    public init(username: String, signingKey: Data, boxKey: Data, card: Data? = nil) {
         self.username = username
         self.signingKey = signingKey
         self.boxKey = boxKey
+        self.card = card
     }
+
+    /// The key card this answer makes, valid or not (callers check `isValid`); nil without one.
+    public var keyCard: KeyCard? {
+        card.map {
+            KeyCard(username: username, signingKey: Array(signingKey), boxKey: Array(boxKey), signature: Array($0))
+        }
+    }
+}
+
+/// `POST /v1/accounts/card`: the caller's `KeyCard` signature over its stored username and keys.
+public struct KeyCardRequest: Codable, Sendable {
+    public var card: Data
+    public init(card: Data) { self.card = card }
 }
 
 /// One metadata record to upsert, with the precondition the client saw: the parent, name MAC and

@@ -248,7 +248,30 @@ public final class CofferServer: Sendable {
             throw .forbidden("an account is created by a request signed with its own key")
         }
         guard let username = Username.normalized(req.username) else { throw .badRequest(Username.rule) }
-        return AccountRecord(key: req.signingKey, username: username, boxKey: req.boxKey)
+        if let card = req.card {
+            let keyCard = KeyCard(
+                username: username, signingKey: Array(req.signingKey), boxKey: Array(req.boxKey), signature: Array(card)
+            )
+            guard keyCard.isValid else { throw .badRequest("the key card's signature does not verify") }
+        }
+        return AccountRecord(key: req.signingKey, username: username, boxKey: req.boxKey, card: req.card)
+    }
+
+    /// Stores the caller's key card (an account made before cards publishes its own), after
+    /// checking it signs the username and keys the server holds.
+    public func publishCard(caller: Data, _ req: KeyCardRequest) throws(ServerError) {
+        try guarded {
+            try metadata.write { tx in
+                guard let account = try tx.lockAccount(key: caller) else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let card = KeyCard(
+                    username: account.username, signingKey: Array(account.key), boxKey: Array(account.boxKey),
+                    signature: Array(req.card))
+                guard card.isValid else { throw ServerError.badRequest("the key card's signature does not verify") }
+                try tx.setCard(key: caller, card: req.card)
+            }
+        }
     }
 
     public func createAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountResponse {
@@ -275,7 +298,8 @@ public final class CofferServer: Sendable {
                 }
             }
         }
-        return AccountResponse(username: record.username, signingKey: record.key, boxKey: record.boxKey)
+        return AccountResponse(
+            username: record.username, signingKey: record.key, boxKey: record.boxKey, card: record.card)
     }
 
     /// Makes `count` single-use invite codes (32 hex digits, 128 random bits each) and stores
@@ -309,7 +333,7 @@ public final class CofferServer: Sendable {
         else {
             throw .notFound("no such account")
         }
-        return AccountResponse(username: a.username, signingKey: a.key, boxKey: a.boxKey)
+        return AccountResponse(username: a.username, signingKey: a.key, boxKey: a.boxKey, card: a.card)
     }
 
     // MARK: - Usage

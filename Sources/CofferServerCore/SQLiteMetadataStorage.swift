@@ -115,6 +115,11 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     CREATE INDEX feed_by_version ON feed (account, version, file_id);
                     """)
         }
+        m.registerMigration("v4") { db in
+            // Key cards (docs/SHARING.md): each account's signature over its username and keys,
+            // served with them; NULL until the account publishes one.
+            try db.execute(sql: "ALTER TABLE account ADD COLUMN card BLOB")
+        }
         return m
     }
 
@@ -197,13 +202,13 @@ struct SQLiteTransaction: MetadataWriter {
     // missing from a stale schema makes SQLite reload the schema and prepare again instead.
     static let fileColumns =
         "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, link_target"
-    static let accountColumns = "key, username, box_key, version, bytes_used, live_files"
+    static let accountColumns = "key, username, box_key, version, bytes_used, live_files, card"
 
     private func accountRow(_ row: Row?) -> AccountRecord? {
         guard let row else { return nil }
         return AccountRecord(
             key: row["key"], username: row["username"], boxKey: row["box_key"],
-            version: row["version"], bytesUsed: row["bytes_used"], liveFiles: row["live_files"])
+            version: row["version"], bytesUsed: row["bytes_used"], liveFiles: row["live_files"], card: row["card"])
     }
 
     private func fileRow(_ row: Row) -> StoredFile {
@@ -387,13 +392,17 @@ struct SQLiteTransaction: MetadataWriter {
         if exists { return false }
         try db.execute(
             sql:
-                "INSERT INTO account (key, username, username_key, box_key, version, bytes_used) "
-                + "VALUES (?, ?, ?, ?, ?, ?)",
-            arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed])
+                "INSERT INTO account (key, username, username_key, box_key, version, bytes_used, card) "
+                + "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            arguments: [a.key, a.username, usernameKey, a.boxKey, a.version, a.bytesUsed, a.card])
         return true
     }
 
     func lockAccount(key: Data) throws -> AccountRecord? { try account(key: key) }
+
+    func setCard(key: Data, card: Data) throws {
+        try db.execute(sql: "UPDATE account SET card = ? WHERE key = ?", arguments: [card, key])
+    }
 
     func setAccountVersion(key: Data, version: Int64) throws {
         try db.execute(sql: "UPDATE account SET version = ? WHERE key = ?", arguments: [version, key])

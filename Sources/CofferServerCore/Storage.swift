@@ -12,8 +12,11 @@ public struct AccountRecord: Sendable, Equatable {
     public var bytesUsed: Int64
     /// Files whose `deleted` is false.
     public var liveFiles: Int64
+    /// The account's `KeyCard` signature, verified when it was stored.
+    public var card: Data?
     public init(
-        key: Data, username: String, boxKey: Data, version: Int64 = 0, bytesUsed: Int64 = 0, liveFiles: Int64 = 0
+        key: Data, username: String, boxKey: Data, version: Int64 = 0, bytesUsed: Int64 = 0, liveFiles: Int64 = 0,
+        card: Data? = nil
     ) {
         self.key = key
         self.username = username
@@ -21,6 +24,7 @@ public struct AccountRecord: Sendable, Equatable {
         self.version = version
         self.bytesUsed = bytesUsed
         self.liveFiles = liveFiles
+        self.card = card
     }
 }
 
@@ -198,6 +202,8 @@ public protocol MetadataWriter: MetadataReader {
     /// its current state.
     func lockAccount(key: Data) throws -> AccountRecord?
     func setAccountVersion(key: Data, version: Int64) throws
+    /// Stores the account's key card signature (verified by the caller).
+    func setCard(key: Data, card: Data) throws
     /// Increments and returns the server-wide metadata version counter.
     func nextVersion() throws -> Int64
     /// Stores a record (replacing the file's previous one); keeps usage: the file counts once,

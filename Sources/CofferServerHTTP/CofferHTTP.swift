@@ -102,6 +102,13 @@ public enum CofferHTTP {
             return try json(try await offload { () throws(ServerError) in try server.lookup(username: username) })
         }
 
+        router.post("/v1/accounts/card") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(KeyCardRequest.self, context.body)
+            try await offload { () throws(ServerError) in try server.publishCard(caller: caller, req) }
+            return Response(status: .noContent)
+        }
+
         router.post("/v1/files/upsert") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(UpsertRequest.self, context.body)

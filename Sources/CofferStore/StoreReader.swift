@@ -40,6 +40,18 @@ public struct StoreReader {
         }
     }
 
+    /// Visits the records of one side a row at a time (so a walk of a large tree holds one
+    /// record, not the table); `body` returns false to stop.
+    public func visitFiles(_ side: TreeSide, _ body: (StoredFile) throws -> Bool) throws {
+        try with { db in
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(sql: "SELECT record, version, content_version, server_deleted FROM \(side.table)"))
+            while let row = try rows.next() {
+                if try !body(Self.decode(row)) { return }
+            }
+        }
+    }
+
     /// Every record that decodes, plus a description of each that does not (for fsck).
     public func filesLeniently(_ side: TreeSide) throws -> (files: [StoredFile], problems: [String]) {
         let rows = try with { db in
@@ -176,6 +188,17 @@ public struct StoreReader {
         try with { db in
             try Data.fetchOne(db.cachedStatement(sql: "SELECT value FROM settings WHERE key = ?"), arguments: [key]).map
             { [UInt8]($0) }
+        }
+    }
+
+    /// Every setting whose key starts with `prefix`, in key order.
+    public func settings(withPrefix prefix: String) throws -> [(key: String, value: [UInt8])] {
+        try with { db in
+            // The range [prefix, prefix + U+10FFFF) holds exactly the keys with that prefix.
+            try Row.fetchAll(
+                db.cachedStatement(sql: "SELECT key, value FROM settings WHERE key >= ? AND key < ? ORDER BY key"),
+                arguments: [prefix, prefix + "\u{10FFFF}"]
+            ).map { row in (row["key"], [UInt8](row["value"] as Data)) }
         }
     }
 

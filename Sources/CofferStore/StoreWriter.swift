@@ -251,6 +251,12 @@ public struct StoreWriter {
         try session.run { db in try Self.writeSetting(key, bytes, db) }
     }
 
+    public func removeSetting(_ key: String) throws {
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM settings WHERE key = ?").execute(arguments: [key])
+        }
+    }
+
     private static func writeSetting(_ key: String, _ value: Data, _ db: Database) throws {
         try db.cachedStatement(
             sql:

@@ -233,12 +233,19 @@ public struct ServerClient: Sendable {
         return try await json("GET", API.prefix + "/accounts/" + escaped, Optional<Empty>.none)
     }
 
+    public func publishCard(_ request: KeyCardRequest) async throws {
+        try await send("POST", API.prefix + "/accounts/card", request)
+    }
+
     public func upsert(_ request: UpsertRequest) async throws -> UpsertResponse {
         try await json("POST", API.prefix + "/files/upsert", request)
     }
 
-    public func updates(since: Int64, afterID: Data? = nil) async throws -> UpdatesResponse {
-        try await json("POST", API.prefix + "/updates", UpdatesRequest(since: since, afterID: afterID))
+    /// With `shared`, the account's share feed too (docs/SHARING.md, "The feed").
+    public func updates(since: Int64, afterID: Data? = nil, shared: Bool = false) async throws -> UpdatesResponse {
+        try await json(
+            "POST", API.prefix + "/updates", UpdatesRequest(since: since, afterID: afterID, shared: shared ? true : nil)
+        )
     }
 
     public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {

@@ -34,6 +34,8 @@ public final class SyncEngine: Sendable {
     /// device last read (one small `updates` request); the first sync of an engine always checks.
     let serverCheckInterval: Double
     let lastServerCheck = Mutex<Date?>(nil)
+    /// Whether this engine has made sure the server holds the account's key card.
+    let cardChecked = Mutex<Bool>(false)
 
     /// An engine over `transport`; the server's id is pinned in the vault at first contact.
     public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
@@ -63,11 +65,13 @@ public final class SyncEngine: Sendable {
     public func register(invite: String? = nil) async throws {
         guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
+        let card = ownKeyCard()
         _ = try await client.createAccount(
             CreateAccountRequest(
                 username: vault.username,
                 signingKey: Data(keys.signingKeys.publicKey.bytes),
-                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite))
+                boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite, card: Data(card.signature)))
+        try? vault.setKeyCardPublished()
     }
 
     @discardableResult
@@ -91,6 +95,9 @@ public final class SyncEngine: Sendable {
             }
             try await pull(&report)
             report.pruned = try vault.pruneSyncedDeletions()
+            // Best effort: an account made before key cards signs its keys once; a failure
+            // here is tried again by the next engine and never fails a sync.
+            try? await publishKeyCardIfNeeded()
             vault.recordSyncOutcome(error: nil)
             return report
         } catch {

@@ -169,6 +169,7 @@ struct Whoami: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             print("\(vault.username) (key \(vault.accountID))")
+            print("fingerprint: \(KeyFingerprint.of(vault.accountID.bytes))")
         }
     }
 }

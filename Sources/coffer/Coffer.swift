@@ -15,7 +15,7 @@ struct Coffer: ParsableCommand {
         subcommands: [
             Init.self, Account.self, Whoami.self, List.self, Tree.self, Cat.self, Write.self, Edit.self,
             MakeFolder.self, Move.self, Remove.self, Import.self, Export.self, Status.self, Fsck.self,
-            GarbageCollect.self, Sync.self, Mount.self, Unmount.self, Completions.self,
+            GarbageCollect.self, Sync.self, Contacts.self, Share.self, Mount.self, Unmount.self, Completions.self,
         ]
     )
 }

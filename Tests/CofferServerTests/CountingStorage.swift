@@ -102,6 +102,7 @@ struct CountingTransaction: MetadataWriter {
     func insertAccount(_ account: AccountRecord) throws -> Bool { try w().insertAccount(account) }
     func lockAccount(key: Data) throws -> AccountRecord? { try w().lockAccount(key: key) }
     func setAccountVersion(key: Data, version: Int64) throws { try w().setAccountVersion(key: key, version: version) }
+    func setCard(key: Data, card: Data) throws { try w().setCard(key: key, card: card) }
     func nextVersion() throws -> Int64 { try w().nextVersion() }
     func putFile(_ file: StoredFile) throws { try w().putFile(file) }
     func putFeed(account: Data, fileID: Data, version: Int64) throws {

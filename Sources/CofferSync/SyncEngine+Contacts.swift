@@ -1,0 +1,71 @@
+import CofferCrypto
+import CofferModel
+import CofferProtocol
+import CofferVault
+import Foundation
+
+/// Why a contact's keys were not taken.
+public enum ContactError: Error, CustomStringConvertible, Sendable {
+    /// The server's answer for the username is not a card its own key signed.
+    case unsigned(String)
+    /// The server now gives another key than the one pinned for the username.
+    case changed(username: String, pinned: String, offered: String)
+
+    public var description: String {
+        switch self {
+        case .unsigned(let name):
+            return "the server's keys for \(name) are not signed by that account (an account made before key cards "
+                + "signs its keys at its next sync); nothing was pinned"
+        case .changed(let name, let pinned, let offered):
+            return "the server gives \(name) a different key than the one pinned here (pinned \(pinned), now "
+                + "\(offered)); refusing it. If \(name) really has a new account key, check the new fingerprint "
+                + "with them and run `coffer contacts forget \(name)` first"
+        }
+    }
+}
+
+extension SyncEngine {
+    /// This account's key card, signed here.
+    func ownKeyCard() -> KeyCard {
+        let keys = vault.exportedSecret
+        return KeyCard(username: vault.username, signing: keys.signingKeys, boxKey: keys.boxKeys.publicKey.bytes)
+    }
+
+    /// Publishes this account's key card if the server holds none (accounts made before cards).
+    /// Once the server is seen to hold it, the store remembers, so it costs one lookup per
+    /// account, not per sync.
+    func publishKeyCardIfNeeded() async throws {
+        guard
+            cardChecked.withLock({ checked in
+                defer { checked = true }
+                return !checked
+            }), try !vault.keyCardPublished
+        else { return }
+        let mine = try await client.lookup(username: vault.username)
+        if mine.keyCard?.isValid != true || mine.signingKey != Data(vault.exportedSecret.signingKeys.publicKey.bytes) {
+            try await client.publishCard(KeyCardRequest(card: Data(ownKeyCard().signature)))
+        }
+        try vault.setKeyCardPublished()
+    }
+
+    /// The keys of `username`, as this device pinned them or, the first time, as the server
+    /// gives them under the account's own signature (pinned then: trust on first use). A server
+    /// answer with other keys than the pinned ones is refused (`ContactError.changed`).
+    public func contact(_ username: String) async throws -> (contact: Contact, newlyPinned: Bool) {
+        guard Username.normalized(username) != nil else { throw VaultError.invalidArgument(Username.rule) }
+        let answer = try await client.lookup(username: username)
+        guard let card = answer.keyCard, card.isValid, Username.key(answer.username) == Username.key(username) else {
+            throw ContactError.unsigned(username)
+        }
+        if let pinned = try vault.contact(named: username) {
+            guard pinned.signingKey == card.signingKey, pinned.boxKey == card.boxKey else {
+                throw ContactError.changed(
+                    username: pinned.username, pinned: pinned.fingerprint, offered: card.fingerprint)
+            }
+            return (pinned, false)
+        }
+        let contact = Contact(username: card.username, signingKey: card.signingKey, boxKey: card.boxKey)
+        try vault.pin(contact)
+        return (contact, true)
+    }
+}

@@ -1,0 +1,101 @@
+import CofferCrypto
+import CofferModel
+import Foundation
+
+/// An account this device has pinned: the keys it was first given for a username, kept so that a
+/// later answer from the server with other keys is refused (docs/SHARING.md, "Accounts, keys and
+/// contacts").
+public struct Contact: Sendable, Equatable {
+    public var username: String
+    public var signingKey: [UInt8]
+    public var boxKey: [UInt8]
+    /// The user compared the fingerprint out of band (`coffer contacts verify`).
+    public var verified: Bool
+
+    public init(username: String, signingKey: [UInt8], boxKey: [UInt8], verified: Bool = false) {
+        self.username = username
+        self.signingKey = signingKey
+        self.boxKey = boxKey
+        self.verified = verified
+    }
+
+    public var fingerprint: String { KeyFingerprint.of(signingKey) }
+
+    static let formatVersion: UInt8 = 1
+
+    func encoded() -> [UInt8] {
+        var w = ByteWriter()
+        w.u8(Self.formatVersion)
+        w.string(username)
+        w.data(signingKey)
+        w.data(boxKey)
+        w.bool(verified)
+        return w.bytes
+    }
+
+    init(decoding bytes: [UInt8]) throws {
+        var r = ByteReader(bytes)
+        guard try r.u8() == Self.formatVersion else { throw DecodingError("unknown contact format") }
+        username = try r.string(max: 4 * Username.maxBytes)
+        signingKey = try r.data(max: 32)
+        boxKey = try r.data(max: 32)
+        verified = try r.bool()
+        try r.expectEnd()
+        guard signingKey.count == 32, boxKey.count == 32 else { throw DecodingError("a contact's keys are 32 bytes") }
+    }
+}
+
+extension Vault {
+    /// Contacts live in the store's settings, one row each, keyed by the username's key (so every
+    /// spelling of one account finds the same row).
+    static let contactPrefix = "contact."
+
+    static func contactKey(_ username: String) throws -> String {
+        guard let key = Username.key(username) else { throw VaultError.invalidArgument(Username.rule) }
+        return contactPrefix + key
+    }
+
+    /// Every pinned contact, by username key.
+    public func contacts() throws -> [Contact] {
+        try store.readOne { r in
+            try r.settings(withPrefix: Self.contactPrefix).map { row in
+                do { return try Contact(decoding: row.value) } catch {
+                    throw VaultError.corrupt(
+                        "the pinned contact \(row.key.dropFirst(Self.contactPrefix.count)) is damaged")
+                }
+            }
+        }
+    }
+
+    public func contact(named username: String) throws -> Contact? {
+        let key = try Self.contactKey(username)
+        guard let bytes = try store.readOne({ try $0.setting(key) }) else { return nil }
+        do { return try Contact(decoding: bytes) } catch {
+            throw VaultError.corrupt("the pinned contact \(username) is damaged")
+        }
+    }
+
+    /// Pins (or replaces) a contact.
+    public func pin(_ contact: Contact) throws {
+        let key = try Self.contactKey(contact.username)
+        try store.write { w in try w.setSetting(key, contact.encoded()) }
+    }
+
+    /// Whether the server is known to hold this account's key card (set once a sync confirmed it).
+    public var keyCardPublished: Bool {
+        get throws { try store.readOne { try $0.setting("keycard.published") } == [1] }
+    }
+
+    public func setKeyCardPublished() throws {
+        try store.write { w in try w.setSetting("keycard.published", [1]) }
+    }
+
+    /// Forgets a pinned contact; false if there was none.
+    @discardableResult
+    public func forgetContact(named username: String) throws -> Bool {
+        let key = try Self.contactKey(username)
+        guard try store.readOne({ try $0.setting(key) }) != nil else { return false }
+        try store.write { w in try w.removeSetting(key) }
+        return true
+    }
+}

@@ -1,0 +1,134 @@
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+
+/// The owner's side of sharing (docs/SHARING.md): grants added, changed and revoked on this
+/// account's own files, each grant's key sealed for its grantee and the grant signed here.
+extension Vault {
+    /// Shares `id` with `contact` at `mode` (read or write), or changes the mode of its grant.
+    /// The file's key is sealed for the contact's box key together with file, grantee, mode and
+    /// owner, and the grant is signed with this account's key; the access rules are checked
+    /// here as the server will check them, so a refusal comes with the rule's own words.
+    public func share(_ id: FileID, with contact: Contact, mode: AccessMode) throws {
+        guard mode == .read || mode == .write else { throw VaultError.invalidArgument("a share is read or write") }
+        let grantee = try AccountID(bytes: contact.signingKey)
+        guard grantee != accountID else { throw VaultError.invalidArgument("you cannot share with yourself") }
+        let box = try PublicBoxKey(bytes: contact.boxKey)
+        try commit { batch, s, _ in
+            guard let m = batch.file(id), s.view.tree.isLive(id) else {
+                throw VaultError.tree(.notFound(s.view.describe(id)))
+            }
+            if m.isRoot { throw VaultError.invalidArgument("the root folder cannot be shared; share a folder in it") }
+            if let live = m.grant(to: grantee), live.mode == mode {
+                throw VaultError.invalidArgument("\(s.view.describe(id)) is already shared with \(contact.username)")
+            }
+            var e = AccessEntry(account: grantee, mode: mode, sealedKey: [])
+            e.sealedKey = box.seal(key: try s.view.key(id), binding: e.keyBinding(fileID: id, owner: accountID))
+            e.signature = signing.sign(e.grantMessage(fileID: id))
+            var access = m.access
+            if let i = access.firstIndex(where: { $0.account == grantee }) { access[i] = e } else { access.append(e) }
+            try batch.update(id, describe: s.view.describe) { $0.access = access }
+            try authorize(id, batch: batch, &s)
+        }
+    }
+
+    /// Revokes `account`'s grant on `id`: the grant stays as a signed tombstone (grants are never
+    /// removed). Keys are not rotated yet (docs/SHARING.md, "Revocation").
+    public func unshare(_ id: FileID, from account: AccountID, name: String) throws {
+        try commit { batch, s, _ in
+            guard let m = batch.file(id) else { throw VaultError.tree(.notFound(s.view.describe(id))) }
+            guard let i = m.access.firstIndex(where: { $0.account == account && !$0.isDeleted }) else {
+                throw VaultError.invalidArgument("\(s.view.describe(id)) is not shared with \(name)")
+            }
+            var access = m.access
+            access[i].isDeleted = true
+            access[i].signature = signing.sign(access[i].grantMessage(fileID: id))
+            try batch.update(id, describe: s.view.describe) { $0.access = access }
+            try authorize(id, batch: batch, &s)
+        }
+    }
+
+    /// The access rules over one changed record, as the server runs them.
+    private func authorize(_ id: FileID, batch: Batch<StoreTree>, _ s: inout VaultState) throws {
+        do {
+            try Authorization.check(
+                changed: [id], before: s.view.tree, after: batch, verify: Self.verifySignature,
+                describe: s.view.describe)
+        } catch { throw VaultError.invalidArgument(error.description) }
+    }
+
+    static func verifySignature(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -> Bool {
+        guard let key = try? PublicSigningKey(bytes: signer.bytes) else { return false }
+        return key.verify(signature: signature, message: message)
+    }
+
+    /// The grants to other accounts on `id` and on each folder above it (live and revoked), the
+    /// nearest first: who can reach `id`, and through which folder.
+    public func grants(reaching id: FileID) throws -> [(file: FileID, grant: AccessEntry)] {
+        try state.withLock { s in
+            var out: [(FileID, AccessEntry)] = []
+            var cursor = id
+            for _ in 0...TreeLimits.maxDepth + 1 {
+                guard let m = s.view.tree.file(cursor) else { break }
+                for e in m.access where e.account != m.owner { out.append((cursor, e)) }
+                if m.isRoot { break }
+                cursor = m.parent
+            }
+            if let failure = s.view.tree.takeFailure() { throw VaultError.io(failure) }
+            return out
+        }
+    }
+
+    /// Every file of this account's tree that carries a grant to another account, with its
+    /// grants. Streams the store's records once (local over base), holding only those found.
+    public func sharedFiles() throws -> [(file: FileID, grants: [AccessEntry])] {
+        var found: [FileID: [AccessEntry]] = [:]
+        var local: Set<FileID> = []
+        try store.readOne { r in
+            try r.visitFiles(.local) { f in
+                let m = f.signed.metadata
+                local.insert(m.id)
+                let grants = m.access.filter { $0.account != m.owner }
+                if !grants.isEmpty, !m.isDeleted { found[m.id] = grants }
+                return true
+            }
+            try r.visitFiles(.base) { f in
+                let m = f.signed.metadata
+                guard !local.contains(m.id), !m.isDeleted else { return true }
+                let grants = m.access.filter { $0.account != m.owner }
+                if !grants.isEmpty { found[m.id] = grants }
+                return true
+            }
+        }
+        return found.map { ($0.key, $0.value) }.filter { isLive($0.0) }
+    }
+}
+
+extension Vault {
+    /// Grants merged field by field (docs/SYNC.md): every account's entry is taken from the side
+    /// that changed it since the base; when both did, a revocation wins (the safer outcome, and
+    /// the same on every device), else the remote's.
+    static func mergeAccess(base: [AccessEntry], local: [AccessEntry], remote: [AccessEntry]) -> [AccessEntry] {
+        func byAccount(_ list: [AccessEntry]) -> [AccountID: AccessEntry] {
+            Dictionary(list.map { ($0.account, $0) }, uniquingKeysWith: { a, _ in a })
+        }
+        let b = byAccount(base)
+        let l = byAccount(local)
+        var merged = remote
+        var index = Dictionary(remote.enumerated().map { ($1.account, $0) }, uniquingKeysWith: { a, _ in a })
+        for e in local where l[e.account] == e {
+            let localChanged = b[e.account] != e
+            guard localChanged else { continue }
+            if let i = index[e.account] {
+                let r = merged[i]
+                let remoteChanged = b[e.account] != r
+                if !remoteChanged || (e.isDeleted && !r.isDeleted) { merged[i] = e }
+            } else {
+                index[e.account] = merged.count
+                merged.append(e)
+            }
+        }
+        return merged
+    }
+}
