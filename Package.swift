@@ -109,6 +109,7 @@ let package = Package(
             name: "CofferServerTests",
             dependencies: [
                 "CofferServerHTTP", "CofferServerCore", "CofferProtocol", "CofferModel", "CofferCrypto",
+                "CofferTestSupport",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HummingbirdTesting", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),

@@ -142,20 +142,33 @@ public enum Authorization {
         // Placement (create, rename, move, delete, restore) needs write on the folder it leaves
         // and the folder it enters; a sharee holds neither above a shared folder, so it cannot
         // rename, move or delete the shared folder itself, only its own link to it.
+        // The file's key is wrapped under its parent's, so a new wrapping is the parent's
+        // business too: a grantee holding write on a shared folder, but not on the folder above
+        // it, must not replace the folder's key (it could only write one its owner cannot open).
         let placementChanged =
             old == nil || old?.parent != m.parent || old?.name != m.name || old?.isDeleted != m.isDeleted
+            || old?.wrappedKey != m.wrappedKey
         if placementChanged {
             if let old { try need(.write, on: old.parent, in: before, after: after, actor: actor, for: name) }
             if old?.parent != m.parent {
                 try need(.write, on: m.parent, in: before, after: after, actor: actor, for: name)
             }
         }
-        // Content, attributes and key: write on the file itself.
-        if let old,
-            old.sealedAttributes != m.sealedAttributes || old.contentDigest != m.contentDigest
-                || old.wrappedKey != m.wrappedKey || old.type != m.type || old.linkTarget != m.linkTarget
-        {
-            try need(.write, on: m.id, in: before, after: after, actor: actor, for: name)
+        // Content and attributes: write on the file itself. So is any other change another
+        // account makes, even one that changes nothing but the writer (a re-signed record that
+        // only a writer may leave behind), but for giving up its own grant, which `checkGrants`
+        // judges alone.
+        if let old {
+            var grantsOnly = old
+            grantsOnly.access = m.access
+            grantsOnly.lastModifiedBy = m.lastModifiedBy
+            let givingUp = actor != m.owner && grantsOnly == m && old.access != m.access
+            if !givingUp,
+                actor != m.owner || old.sealedAttributes != m.sealedAttributes || old.contentDigest != m.contentDigest
+                    || old.type != m.type || old.linkTarget != m.linkTarget
+            {
+                try need(.write, on: m.id, in: before, after: after, actor: actor, for: name)
+            }
         }
         try checkGrants(m, old: old, actor: actor, verify: verify, name: name)
         if m.isShared, old?.isShared != true || old?.isDeleted != m.isDeleted,
@@ -248,9 +261,11 @@ public enum Authorization {
         // A link that already stood and keeps its target is not judged again on a rename or a
         // move (its target may have gone since; the merge removes such links).
         if let old, !old.isDeleted, old.linkTarget == target { return }
-        guard let facts = linkTarget(target), facts.isLive else { throw .invalidLink("\(name): no such shared file") }
-        if facts.owner == m.owner { throw .invalidLink("\(name) points at a file its owner owns") }
-        if facts.mode == nil { throw .invalidLink("\(name) points at a file not shared with its owner") }
+        // One answer for a target that is missing, deleted, the link owner's own or not shared
+        // with it, so links cannot be used to probe which file ids exist.
+        guard let facts = linkTarget(target), facts.isLive, facts.owner != m.owner, facts.mode != nil else {
+            throw .invalidLink("\(name): no such file is shared with this account")
+        }
         if facts.liveLinks.contains(where: { $0 != m.id }) {
             throw .invalidLink("\(name): the shared file already has a link in this tree")
         }

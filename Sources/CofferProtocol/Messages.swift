@@ -167,7 +167,8 @@ public struct UpdatesResponse: Codable, Sendable {
     public var nextAfterID: Data?
     /// Files of other accounts' trees this account was sent before and no longer sees (access
     /// revoked, or moved out of what was shared with it): a device drops them and what it holds
-    /// below them (docs/SHARING.md, "The feed"). Absent when empty.
+    /// below them, but for subtrees under a grant of their own to it (docs/SHARING.md, "The
+    /// feed"). Absent when empty.
     public var gone: [Data]?
     public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil, gone: [Data]? = nil) {
         self.files = files

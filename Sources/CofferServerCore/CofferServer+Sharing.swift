@@ -82,8 +82,8 @@ extension CofferServer {
     /// Which grantees a batch must tell about which files (docs/SHARING.md, "The feed"):
     /// - every changed or server-deleted file, to the accounts that see it after the batch
     ///   (grants on it or above it), that saw it before (so a file moved out of a share is
-    ///   reported gone), and that are named on the record at all (so a revoked grantee learns of
-    ///   its revocation);
+    ///   reported gone), and whose own grant on it the batch changed (so a revoked grantee
+    ///   learns of its revocation);
     /// - a folder that comes into an account's view (a new grant, a move into a shared folder):
     ///   its whole live subtree, which the account has never been sent.
     static func feedPlan(
@@ -101,7 +101,9 @@ extension CofferServer {
         }
         for m in changed {
             let old = view.file(m.id)
-            var told = Set(m.access.map(\.account))
+            // An account named on the record hears of it when its own grant changed (a revoked
+            // grantee learns of its revocation), not of every later change.
+            var told = Set(m.access.filter { e in old?.access.first { $0.account == e.account } != e }.map(\.account))
             var sees = Set(m.access.filter { !$0.isDeleted }.map(\.account))
             if !m.isRoot { sees.formUnion(after.grantees(atOrAbove: m.parent, in: batch)) }
             var saw: Set<AccountID> = []
@@ -121,7 +123,8 @@ extension CofferServer {
         }
         for id in marked where batch.changes[id] == nil {
             guard let m = batch.file(id), !m.isRoot else { continue }
-            var told = Set(m.access.map(\.account)).union(after.grantees(atOrAbove: m.parent, in: batch))
+            var told = after.grantees(atOrAbove: m.parent, in: batch).union(
+                m.access.filter { !$0.isDeleted }.map(\.account))
             told.remove(m.owner)
             tell(told, [id])
         }

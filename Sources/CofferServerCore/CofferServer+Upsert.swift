@@ -52,6 +52,12 @@ extension CofferServer {
             guard m.lastModifiedBy == callerID else {
                 throw .forbidden("record \(i) (file \(m.id)) was not written by the caller")
             }
+            // Revisions carry the writer's clock (`SignedMetadata.revision(after:now:)`); one far
+            // ahead of the server's would leave no newer revision for anyone to write, the file's
+            // owner included.
+            guard s.revision <= UInt64(max(0, now + API.maxClockSkewMillis)) else {
+                throw .badRequest("record \(i) (file \(m.id)) has a revision ahead of the server's clock")
+            }
             guard callerKey.verify(signature: s.signature, message: s.message) else {
                 throw .forbidden("record \(i) (file \(m.id)): signature does not verify")
             }
@@ -68,6 +74,9 @@ extension CofferServer {
         }
 
         let owner = ownerID.map { Data($0.bytes) } ?? caller
+        if owner != caller, !acceptsGranteeWrites {
+            throw .forbidden("writing into another account's tree is not open on this server yet (docs/SHARING.md)")
+        }
         var released: [ChunkKey] = []
         let version: Int64 = try guarded {
             try metadata.write { tx -> Int64 in
@@ -213,9 +222,9 @@ extension CofferServer {
         }
         let changed: [FileMetadata]
         do { changed = try batch.validate() } catch { throw ServerError.invalidTree(error.description) }
-        // The access rules, against the stored tree as it was: grants signed by the owner,
-        // never on the root or a link, links to their rules (docs/SHARING.md). Until the server
-        // keeps links by target, it knows no link target, so it refuses every link.
+        // The access rules, against the stored tree as it was: the writer's access, grants
+        // signed by the owner, never on the root or a link, links to their rules
+        // (docs/SHARING.md).
         do {
             try Authorization.check(
                 changed: changed.map(\.id), before: view, after: batch, verify: Self.verifySignature,

@@ -33,6 +33,13 @@ public final class CofferServer: Sendable {
 
     public static let defaultQuotaBytes: Int64 = 10 * 1024 * 1024 * 1024
 
+    /// Whether an account may write into another account's tree where it holds write access.
+    /// Off by default: until devices verify records of their own tree written by others
+    /// (docs/SHARING.md, "Where it stands"), an owner's device refuses such a record and with it
+    /// every pull, so one write by a grantee would stop the owner's sync. The rules for it are
+    /// complete and tested with this on.
+    public let acceptsGranteeWrites: Bool
+
     /// Who may create an account (`coffer-server --registration`).
     public enum RegistrationPolicy: String, Sendable, CaseIterable {
         /// Anyone (subject to the per-address rate limit).
@@ -48,9 +55,10 @@ public final class CofferServer: Sendable {
         identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
         registration: RegistrationPolicy = .open,
         maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
-        nonces: any NonceStore = MemoryNonceStore(),
+        nonces: any NonceStore = MemoryNonceStore(), acceptsGranteeWrites: Bool = false,
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
     ) {
+        self.acceptsGranteeWrites = acceptsGranteeWrites
         self.metadata = metadata
         self.content = content
         self.nonces = nonces
@@ -65,7 +73,7 @@ public final class CofferServer: Sendable {
     /// (both 0600), `server.id` and `chunks/`.
     public static func open(
         directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
-        registration: RegistrationPolicy = .open,
+        registration: RegistrationPolicy = .open, acceptsGranteeWrites: Bool = false,
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
     ) throws -> CofferServer {
         try PrivateFiles.prepareDirectory(directory)
@@ -76,7 +84,7 @@ public final class CofferServer: Sendable {
             tmp: directory.appendingPathComponent("tmp", isDirectory: true))
         return CofferServer(
             metadata: meta, content: chunks, quotaBytes: quotaBytes, identity: try identity(in: directory),
-            registration: registration, nonces: nonces, clock: clock)
+            registration: registration, nonces: nonces, acceptsGranteeWrites: acceptsGranteeWrites, clock: clock)
     }
 
     /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
@@ -586,6 +594,9 @@ public final class CofferServer: Sendable {
         guard via.count == 16 else { throw ServerError.badRequest("via is not a file id") }
         guard let owner = try grantedOwner(caller: caller, file: via, needs: mode, tx: tx) else {
             throw ServerError.forbidden(Self.unusableFileID(via))
+        }
+        if owner != caller, mode >= .write, !acceptsGranteeWrites {
+            throw ServerError.forbidden("writing into another account's tree is not open on this server yet")
         }
         return owner
     }

@@ -66,12 +66,13 @@ public final class SyncEngine: Sendable {
         guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
         let keys = vault.exportedSecret
         let card = ownKeyCard()
-        _ = try await client.createAccount(
+        let created = try await client.createAccount(
             CreateAccountRequest(
                 username: vault.username,
                 signingKey: Data(keys.signingKeys.publicKey.bytes),
                 boxKey: Data(keys.boxKeys.publicKey.bytes), invite: invite, card: Data(card.signature)))
-        try? vault.setKeyCardPublished()
+        // A server that did not keep the card (one older than key cards) gets it at a sync.
+        if created.keyCard?.isValid == true { try? vault.setKeyCardPublished() }
     }
 
     @discardableResult

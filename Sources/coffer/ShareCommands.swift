@@ -1,4 +1,5 @@
 import ArgumentParser
+import CofferCrypto
 import CofferModel
 import CofferSync
 import CofferVault
@@ -43,17 +44,29 @@ struct Share: ParsableCommand {
             commandName: "remove", abstract: "Stop sharing PATH with USER.")
         @OptionGroup var store: StoreOptions
         @Argument(help: "The shared folder or file.") var path: String
-        @Argument(help: "The account to remove.") var username: String
+        @Argument(help: "The account to remove: a username, or the key fingerprint `coffer share list` shows.")
+        var account: String
 
         func run() throws {
             try guarded {
                 let vault = try store.openVault()
                 let node = try vault.resolve(path)
-                guard let contact = try vault.contact(named: username) else {
-                    throw CLIError("no pinned account \(username) (see `coffer share list`)")
+                // The grantee is found among the file's own grants: by the key pinned for the
+                // name, else by a fingerprint (a grant whose key this device never pinned).
+                let grantees = try vault.grants(reaching: node.id).filter { $0.file == node.id }.map(\.grant.account)
+                let pinned = try? vault.contact(named: account)
+                let typed = KeyFingerprint.normalized(account)
+                guard
+                    let grantee = grantees.first(where: { $0.bytes == pinned?.signingKey })
+                        ?? grantees.first(where: {
+                            !typed.isEmpty && KeyFingerprint.normalized(KeyFingerprint.of($0.bytes)) == typed
+                        })
+                else {
+                    throw CLIError("\(vault.path(of: node.id)) is not shared with \(account) (see `coffer share list`)")
                 }
-                try vault.unshare(node.id, from: try AccountID(bytes: contact.signingKey), name: contact.username)
-                print("\(vault.path(of: node.id)) is no longer shared with \(contact.username)")
+                let name = pinned?.username ?? account
+                try vault.unshare(node.id, from: grantee, name: name)
+                print("\(vault.path(of: node.id)) is no longer shared with \(name)")
             }
         }
     }
@@ -70,7 +83,9 @@ struct Share: ParsableCommand {
                 let vault = try store.openVault()
                 let names = Dictionary(
                     try vault.contacts().map { (Array($0.signingKey), $0.username) }, uniquingKeysWith: { a, _ in a })
-                func who(_ e: AccessEntry) -> String { names[e.account.bytes] ?? "key \(e.account)" }
+                func who(_ e: AccessEntry) -> String {
+                    names[e.account.bytes] ?? "key " + KeyFingerprint.normalized(KeyFingerprint.of(e.account.bytes))
+                }
                 func line(_ file: FileID, _ e: AccessEntry) -> String {
                     let mode = e.mode == .write ? "read-write" : "read-only"
                     return "\(vault.path(of: file))\t\(who(e))\t\(mode)\(e.isDeleted ? "\trevoked" : "")"

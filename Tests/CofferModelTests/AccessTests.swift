@@ -167,18 +167,42 @@ struct AccessTests {
         }
     }
 
-    @Test func accessIsJudgedBeforeTheBatch() {
-        // Carol (read) cannot write in the same batch that would give her write: even a grant
-        // signed by the owner does not help when she writes the record.
-        var shared = by(carol, folder(2, parent: 1, "shared"))
-        shared.access = [grant(2, to: bob, .write), grant(2, to: carol, .write)]
+    @Test func accessIsJudgedBeforeTheBatch() throws {
+        // One batch (as a device pulls it): alice gives carol write, and carol writes. Judged on
+        // the batch's own tree carol would hold write; judged before it, she holds read.
+        var upgraded = folder(2, parent: 1, "shared")
+        upgraded.access = [grant(2, to: bob, .write), grant(2, to: carol, .write)]
         var doc = by(carol, meta(3, parent: 2, "doc"))
         doc.contentDigest = [5]
-        #expect(refusal({ () throws(AccessError) in try authorize([shared, doc]) }) != nil)
-        guard case .denied = refusal({ () throws(AccessError) in try authorize([doc]) }) else {
-            Issue.record("read sharee's write was not denied")
+        guard case .denied = refusal({ () throws(AccessError) in try authorize([upgraded, doc]) }) else {
+            Issue.record("a write judged on the batch's own grants was accepted")
             return
         }
+        // The grant alone is fine, and once it is in the tree, so is carol's write.
+        try authorize([upgraded])
+        var tree = sharedTree()
+        tree.insert(upgraded)
+        try authorize([doc], in: tree)
+    }
+
+    @Test func aGranteeChangesNothingItMayNotWriteNorReplacesTheSharedKey() throws {
+        // A record changed in nothing but its writer (re-signed): write on the file needed.
+        guard
+            case .denied = refusal({ () throws(AccessError) in try authorize([by(carol, meta(3, parent: 2, "doc"))]) })
+        else {
+            Issue.record("a reader re-signed a record")
+            return
+        }
+        try authorize([by(bob, meta(3, parent: 2, "doc"))])
+        // The shared folder's key is wrapped under its parent's: bob (write on the share, not
+        // above it) cannot replace it; alice can.
+        var rewrapped = sharedTree().file(fid(2))!
+        rewrapped.wrappedKey = [0xEE]
+        guard case .denied = refusal({ () throws(AccessError) in try authorize([by(bob, rewrapped)]) }) else {
+            Issue.record("a grantee replaced the shared folder's key")
+            return
+        }
+        try authorize([rewrapped])
     }
 
     @Test func onlyTheOwnerGrants() {

@@ -87,7 +87,7 @@ struct GrantRuleTests {
         #expect(try c.all().isEmpty)
     }
 
-    @Test func linksAreRefusedUntilTheServerKnowsTheirTargets() throws {
+    @Test func linksToNothingAndTargetsOnOtherTypesAreRefused() throws {
         let (server, _) = try makeServer()
         let a = try Device(server, TestUser())
         let root = rootRecord(a.user)

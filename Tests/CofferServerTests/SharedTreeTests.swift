@@ -53,8 +53,8 @@ struct SharedFixture {
     let privateFolder: FileMetadata
     let secret: FileMetadata
 
-    init(mode: AccessMode) throws {
-        (server, _) = try makeServer()
+    init(mode: AccessMode, granteeWrites: Bool = true) throws {
+        (server, _) = try makeServer(acceptsGranteeWrites: granteeWrites)
         alice = try Device(server, TestUser("alice"))
         bob = try Device(server, TestUser("bob"))
         carol = try Device(server, TestUser("carol"))
@@ -172,6 +172,38 @@ struct SharedTreeTests {
         #expect(try f.server.audit(account: f.alice.user.key).isEmpty)
     }
 
+    @Test func granteeWritesAreClosedByDefault() throws {
+        let f = try SharedFixture(mode: .write, granteeWrites: false)
+        let made = written(by: f.bob.user, record(f.alice.user, .folder, in: f.shared.id, named: "m"))
+        expectRefusal(403) { try f.bob.push([made]) }
+        let chunk = randomBytes(100)
+        expectRefusal(403) {
+            try f.server.putChunk(
+                caller: f.bob.user.key, id: Data(blake2b(chunk)), bytes: chunk, via: Data(f.shared.id.bytes))
+        }
+        // Reading stays open: bob is sent the share.
+        #expect(Set(try f.bob.pull().files.keys) == f.sharedIDs)
+    }
+
+    @Test func aGranteeCannotReSignRecordsOrReplaceTheShareKey() throws {
+        let f = try SharedFixture(mode: .read)
+        f.bob.adopt([f.doc.id], from: f.alice)
+        // A record changed in nothing but its writer: a reader may not leave it behind.
+        expectRefusal(403) { try f.bob.push([written(by: f.bob.user, f.doc)]) }
+        // Far-future revisions would leave no newer one for anyone: refused, whoever sends them.
+        let update = FileUpdate(
+            record: f.alice.user.sign(f.doc, revision: UInt64.max), expectedParent: Data(f.shared.id.bytes),
+            expectedNameMAC: Data(f.doc.name.mac), expectedRevision: f.alice.sent[f.doc.id]?.revision)
+        expectRefusal(400) { _ = try f.server.upsert(caller: f.alice.user.key, UpsertRequest(updates: [update])) }
+        // A write grantee cannot re-wrap the shared folder's own key (that is its parent's).
+        let w = try SharedFixture(mode: .write)
+        w.bob.adopt([w.shared.id], from: w.alice)
+        var rewrapped = written(by: w.bob.user, w.shared)
+        rewrapped.wrappedKey = randomBytes(72)
+        expectRefusal(403) { try w.bob.push([rewrapped]) }
+        #expect(try w.server.audit(account: w.alice.user.key).isEmpty)
+    }
+
     @Test func aReadShareeWritesNothing() throws {
         let f = try SharedFixture(mode: .read)
         f.bob.adopt([f.doc.id], from: f.alice)
@@ -261,7 +293,9 @@ struct SharedTreeTests {
         let bob = f.bob
         let bobRoot = rootRecord(bob.user)
         let bobFolder = record(bob.user, .folder, in: bobRoot.id, named: "mine")
-        try bob.push([bobRoot, bobFolder])
+        var bobShared = record(bob.user, .folder, in: bobRoot.id, named: "bob-shares-this")
+        bobShared.access = [try signedGrant(bobShared.id, owner: bob.user, to: f.carol.user, .read)]
+        try bob.push([bobRoot, bobFolder, bobShared])
         func link(_ name: String, to target: FileID, in parent: FileID? = nil) -> FileMetadata {
             var m = record(bob.user, .link, in: parent ?? bobRoot.id, named: name)
             m.linkTarget = target
@@ -274,6 +308,8 @@ struct SharedTreeTests {
         expectRefusal(403) { try bob.push([link("own", to: bobFolder.id)]) }
         expectRefusal(403) { try bob.push([link("not-shared", to: f.privateFolder.id)]) }
         expectRefusal(403) { try bob.push([link("nothing", to: newFileID())]) }
+        // Not inside a folder bob shares: carol would be shown a file nobody shared with her.
+        expectRefusal(403) { try bob.push([link("in-a-share", to: f.doc.id, in: bobShared.id)]) }
         // Deleting the link makes the share pending again; a new link may then be made.
         var deleted = accepted
         deleted.isDeleted = true

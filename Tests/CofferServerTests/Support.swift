@@ -77,11 +77,14 @@ func tempDirectory() -> URL {
 
 /// A server on the embedded defaults in a fresh directory, plus the directory.
 func makeServer(
-    quota: Int64 = CofferServer.defaultQuotaBytes,
+    quota: Int64 = CofferServer.defaultQuotaBytes, acceptsGranteeWrites: Bool = false,
     clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
 ) throws -> (CofferServer, URL) {
     let dir = tempDirectory()
-    return (try CofferServer.open(directory: dir, quotaBytes: quota, clock: clock), dir)
+    return (
+        try CofferServer.open(
+            directory: dir, quotaBytes: quota, acceptsGranteeWrites: acceptsGranteeWrites, clock: clock), dir
+    )
 }
 
 /// Calls the server as `u`, tracking what it last saw of each file for preconditions.

@@ -95,6 +95,9 @@ final class KeySwappingTransport: ServerTransport {
         unsigned.card = Data(card.signature)  // signed for "bob", not "carol"
         lying.swapped.withLock { $0 = ("carol", unsigned) }
         await #expect(throws: ContactError.self) { _ = try await alice.contact("carol") }
+        // A valid card of another name, served for "carol": not carol's.
+        lying.swapped.withLock { $0 = ("carol", forged) }
+        await #expect(throws: ContactError.self) { _ = try await alice.contact("carol") }
         #expect(try aliceVault.contact(named: "carol") == nil)
     }
 

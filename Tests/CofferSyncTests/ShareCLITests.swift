@@ -56,9 +56,15 @@ import Testing
         #expect(coffer(bob, ["sync"]).status == 0)
         #expect(coffer(bob, ["ls"]).out.isEmpty)
 
-        #expect(
-            coffer(alice, ["share", "remove", "projects", "bob"]).out == "/projects is no longer shared with bob\n")
-        #expect(coffer(alice, ["share", "list"]).out == "/projects\tbob\tread-write\trevoked\n")
+        // A grant to a key this device no longer has pinned is shown, and removed, by fingerprint.
+        #expect(coffer(alice, ["contacts", "forget", "bob"]).status == 0)
+        let listed = coffer(alice, ["share", "list"]).out
+        let fingerprint = KeyFingerprint.normalized(KeyFingerprint.of(bobVault.accountID.bytes))
+        #expect(listed == "/projects\tkey \(fingerprint)\tread-write\n", "\(listed)")
+        #expect(coffer(alice, ["share", "remove", "projects", "bob"]).status == 1)
+        let removed = coffer(alice, ["share", "remove", "projects", fingerprint])
+        #expect(removed.out == "/projects is no longer shared with \(fingerprint)\n", "\(removed.err)")
+        #expect(coffer(alice, ["share", "list"]).out == "/projects\tkey \(fingerprint)\tread-write\trevoked\n")
         #expect(coffer(alice, ["sync"]).status == 0)
         let after = try await bobEngine.client.updates(since: page.latest, shared: true)
         #expect(after.files.isEmpty && after.gone == [Data(folder.id.bytes)])
