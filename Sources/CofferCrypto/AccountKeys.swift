@@ -53,6 +53,12 @@ public struct PublicSigningKey: Sendable, Hashable {
     }
     init(unchecked: [UInt8]) { self.bytes = unchecked }
 
+    /// Whether `signature` is `signer`'s (an account's key, as records name it) over `message`;
+    /// false for a malformed key, as for a wrong signature.
+    public static func isValid(_ signer: [UInt8], _ message: [UInt8], _ signature: [UInt8]) -> Bool {
+        (try? PublicSigningKey(bytes: signer))?.verify(signature: signature, message: message) ?? false
+    }
+
     public func verify(signature: [UInt8], message: [UInt8]) -> Bool {
         ensureSodium()
         guard signature.count == Int(crypto_sign_bytes()) else { return false }

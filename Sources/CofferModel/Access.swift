@@ -129,7 +129,7 @@ public enum Authorization {
         if m.isRoot {
             // Only an account's own root; the validator keeps it unchanged afterwards.
             guard m.owner == actor else { throw .denied("\(name) is another account's root") }
-            for e in m.access where e.account != m.owner || e.mode != .owner || !e.signature.isEmpty {
+            if m.access.contains(where: { $0.account != m.owner || $0.mode != .owner || !$0.signature.isEmpty }) {
                 throw .invalidGrant("the root folder cannot be shared")
             }
             return
@@ -282,5 +282,33 @@ public enum Authorization {
             for c in tree.childIDs(of: next) where seen.insert(c).inserted { queue.append(c) }
         }
         return nil
+    }
+}
+
+extension AccessEntry {
+    /// Grants merged field by field (docs/SYNC.md): every account's entry is taken from the side
+    /// that changed it since the base; when both did, a revocation wins (the safer outcome, and
+    /// the same on every device), else the remote's.
+    public static func merged(base: [AccessEntry], local: [AccessEntry], remote: [AccessEntry]) -> [AccessEntry] {
+        func byAccount(_ list: [AccessEntry]) -> [AccountID: AccessEntry] {
+            Dictionary(list.map { ($0.account, $0) }, uniquingKeysWith: { a, _ in a })
+        }
+        let b = byAccount(base)
+        let l = byAccount(local)
+        var merged = remote
+        var index = Dictionary(remote.enumerated().map { ($1.account, $0) }, uniquingKeysWith: { a, _ in a })
+        for e in local where l[e.account] == e {
+            let localChanged = b[e.account] != e
+            guard localChanged else { continue }
+            if let i = index[e.account] {
+                let r = merged[i]
+                let remoteChanged = b[e.account] != r
+                if !remoteChanged || (e.isDeleted && !r.isDeleted) { merged[i] = e }
+            } else {
+                index[e.account] = merged.count
+                merged.append(e)
+            }
+        }
+        return merged
     }
 }

@@ -122,12 +122,6 @@ extension CofferServer {
         return UpsertResponse(version: version)
     }
 
-    /// Ed25519 verification for the access rules (grants' signatures).
-    static func verifySignature(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -> Bool {
-        guard let key = try? PublicSigningKey(bytes: signer.bytes) else { return false }
-        return key.verify(signature: signature, message: message)
-    }
-
     /// Writes a plan in the open transaction. Every record it needs was read while planning.
     func apply(
         _ plan: Plan, owner: Data, view: StorageTreeView, released: inout [ChunkKey], tx: any MetadataWriter
@@ -227,7 +221,8 @@ extension CofferServer {
         // (docs/SHARING.md).
         do {
             try Authorization.check(
-                changed: changed.map(\.id), before: view, after: batch, verify: Self.verifySignature,
+                changed: changed.map(\.id), before: view, after: batch,
+                verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
                 linkTarget: { links.facts(of: $0, forLinksOf: owner, batch: batch) })
         } catch { throw ServerError.forbidden(error.description) }
 

@@ -53,14 +53,10 @@ extension Vault {
     private func authorize(_ id: FileID, batch: Batch<StoreTree>, _ s: inout VaultState) throws {
         do {
             try Authorization.check(
-                changed: [id], before: s.view.tree, after: batch, verify: Self.verifySignature,
+                changed: [id], before: s.view.tree, after: batch,
+                verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
                 describe: s.view.describe)
         } catch { throw VaultError.invalidArgument(error.description) }
-    }
-
-    static func verifySignature(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -> Bool {
-        guard let key = try? PublicSigningKey(bytes: signer.bytes) else { return false }
-        return key.verify(signature: signature, message: message)
     }
 
     /// The grants to other accounts on `id` and on each folder above it (live and revoked), the
@@ -102,33 +98,5 @@ extension Vault {
             }
         }
         return found.map { ($0.key, $0.value) }.filter { isLive($0.0) }
-    }
-}
-
-extension Vault {
-    /// Grants merged field by field (docs/SYNC.md): every account's entry is taken from the side
-    /// that changed it since the base; when both did, a revocation wins (the safer outcome, and
-    /// the same on every device), else the remote's.
-    static func mergeAccess(base: [AccessEntry], local: [AccessEntry], remote: [AccessEntry]) -> [AccessEntry] {
-        func byAccount(_ list: [AccessEntry]) -> [AccountID: AccessEntry] {
-            Dictionary(list.map { ($0.account, $0) }, uniquingKeysWith: { a, _ in a })
-        }
-        let b = byAccount(base)
-        let l = byAccount(local)
-        var merged = remote
-        var index = Dictionary(remote.enumerated().map { ($1.account, $0) }, uniquingKeysWith: { a, _ in a })
-        for e in local where l[e.account] == e {
-            let localChanged = b[e.account] != e
-            guard localChanged else { continue }
-            if let i = index[e.account] {
-                let r = merged[i]
-                let remoteChanged = b[e.account] != r
-                if !remoteChanged || (e.isDeleted && !r.isDeleted) { merged[i] = e }
-            } else {
-                index[e.account] = merged.count
-                merged.append(e)
-            }
-        }
-        return merged
     }
 }

@@ -82,18 +82,18 @@ struct VaultSharingTests {
         }
         let base = [e(1, .read)]
         // Each side added someone: both kept.
-        #expect(Vault.mergeAccess(base: base, local: base + [e(2, .read)], remote: base + [e(3, .write)]).count == 3)
+        #expect(AccessEntry.merged(base: base, local: base + [e(2, .read)], remote: base + [e(3, .write)]).count == 3)
         // Local changed a grant the remote left alone: local's.
-        #expect(Vault.mergeAccess(base: base, local: [e(1, .write)], remote: base) == [e(1, .write)])
+        #expect(AccessEntry.merged(base: base, local: [e(1, .write)], remote: base) == [e(1, .write)])
         // Both changed one grant: a revocation wins on either side; else the remote's.
         #expect(
-            Vault.mergeAccess(base: base, local: [e(1, .read, deleted: true)], remote: [e(1, .write)])
+            AccessEntry.merged(base: base, local: [e(1, .read, deleted: true)], remote: [e(1, .write)])
                 == [e(1, .read, deleted: true)])
         #expect(
-            Vault.mergeAccess(base: base, local: [e(1, .write)], remote: [e(1, .read, deleted: true)])
+            AccessEntry.merged(base: base, local: [e(1, .write)], remote: [e(1, .read, deleted: true)])
                 == [e(1, .read, deleted: true)])
         var other = e(1, .write)
         other.sealedKey = [9]
-        #expect(Vault.mergeAccess(base: base, local: [e(1, .write)], remote: [other]) == [other])
+        #expect(AccessEntry.merged(base: base, local: [e(1, .write)], remote: [other]) == [other])
     }
 }

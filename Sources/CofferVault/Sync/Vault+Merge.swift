@@ -218,7 +218,7 @@ struct PullMerge {
             m.wrappedKey = r.wrappedKey
         }
         m.isDeleted = l.isDeleted || r.isDeleted
-        m.access = Vault.mergeAccess(base: b.access, local: l.access, remote: r.access)
+        m.access = AccessEntry.merged(base: b.access, local: l.access, remote: r.access)
         m.owner = r.owner
         let localContent = l.contentDigest != b.contentDigest
         let remoteContent = r.contentDigest != b.contentDigest
