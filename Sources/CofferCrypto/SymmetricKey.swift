@@ -9,10 +9,12 @@ public enum SealPurpose: UInt8, Sendable {
     case chunk = 4
     case manifest = 5
     case accountKey = 6
+    /// A shared file's name under its own key, for its grantees (`FileMetadata.shareName`).
+    case shareName = 7
 
     /// Names and attributes (which hold symlink targets and xattr values) are padded before
     /// sealing (`Padding`), so the server does not learn their exact lengths.
-    var isPadded: Bool { self == .name || self == .attributes }
+    var isPadded: Bool { self == .name || self == .attributes || self == .shareName }
 }
 
 /// Length hiding for short values: the plaintext gets a 0x80 byte and zeros up to a bucket

@@ -57,6 +57,21 @@
                 sealedAttributes: [UInt8](repeating: 0x66, count: 60),
                 contentDigest: [UInt8](repeating: 0x77, count: 32),
                 lastModifiedBy: owner)
+            // A shared folder (format version 3): a signed grant and the name for its grantees.
+            var shared = doc
+            shared.type = .folder
+            shared.isDeleted = false
+            shared.contentDigest = nil
+            var grant = AccessEntry(account: owner, mode: .write, sealedKey: [UInt8](repeating: 0x88, count: 80))
+            grant.signature = keys.sign(grant.grantMessage(fileID: docID))
+            shared.access = [grant]
+            shared.shareName = [UInt8](repeating: 0x99, count: 72)
+            // A link (format version 2).
+            var placed = doc
+            placed.type = .link
+            placed.isDeleted = false
+            placed.contentDigest = nil
+            placed.linkTarget = rootID
             func signed(_ m: FileMetadata, revision: UInt64 = 1_764_000_000_000) -> [UInt8] {
                 let message = SignedMetadata.message(metadata: m, revision: revision)
                 return SignedMetadata(metadata: m, revision: revision, signature: keys.sign(message)).encoded()
@@ -145,13 +160,14 @@
                     .metadata,
                     [
                         ("root", root.encoded()), ("document", doc.encoded()), ("empty", []),
+                        ("shared", shared.encoded()), ("link", placed.encoded()),
                         ("truncated", Array(doc.encoded().dropLast())),
                     ]
                 ),
                 (
                     .signedMetadata,
                     [
-                        ("root", signed(root)), ("document", signed(doc)),
+                        ("root", signed(root)), ("document", signed(doc)), ("shared", signed(shared)),
                         ("unsigned", SignedMetadata(metadata: doc, signature: []).encoded()),
                     ]
                 ),

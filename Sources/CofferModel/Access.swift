@@ -312,3 +312,51 @@ extension AccessEntry {
         return merged
     }
 }
+
+extension Authorization {
+    /// How a device judges a record another account wrote, pulled from a server it does not
+    /// trust with integrity, against `tree`: what it held before with the pulled records staged
+    /// over it. Grants are checked exactly as the server checks them (`checkGrants`: only the
+    /// owner's signature makes or changes one; a grantee only gives its own up). The writer must
+    /// be the owner, or hold write on the file or a folder above it (and above the folder it
+    /// left), by a grant the owner signed, live or since revoked: a device pulling from scratch
+    /// sees a revoked writer's grant only as a tombstone, and the records it wrote while it held
+    /// it are still valid. What this cannot tell apart is a record a revoked writer signed after
+    /// its revocation and a server chose to keep (docs/SHARING.md, "What devices verify").
+    public static func checkPulled<T: TreeView>(
+        _ m: FileMetadata, old: FileMetadata?, in tree: T, verify: Verify
+    ) throws(AccessError) {
+        let actor = m.lastModifiedBy
+        let name = m.id.description
+        if let old, old.owner != m.owner { throw .crossOwner("\(name) changes owner") }
+        try checkGrants(m, old: old, actor: actor, verify: verify, name: name)
+        guard actor != m.owner else { return }
+        if m.isRoot { throw .denied("\(name) is another account's root") }
+        if let old {
+            var grantsOnly = old
+            grantsOnly.access = m.access
+            grantsOnly.lastModifiedBy = actor
+            if grantsOnly == m && old.access != m.access { return }  // a grant given up, judged above
+        }
+        guard tree.heldWrite(by: actor, atOrAbove: m.id),
+            old.map({ $0.parent == m.parent || tree.heldWrite(by: actor, atOrAbove: $0.parent) }) ?? true
+        else { throw .denied("\(name) was written by an account without write access to it") }
+    }
+}
+
+extension TreeView {
+    /// Whether `account` holds, or held, write on `id` or a folder above it: a grant of write
+    /// mode, live or revoked, on the way up (grants in a device's tree were verified as they
+    /// arrived).
+    func heldWrite(by account: AccountID, atOrAbove id: FileID) -> Bool {
+        var cursor = id
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            guard let m = file(cursor) else { return false }
+            if m.owner == account { return true }
+            if m.access.contains(where: { $0.account == account && $0.mode >= .write }) { return true }
+            if m.isRoot { return false }
+            cursor = m.parent
+        }
+        return false
+    }
+}

@@ -111,12 +111,17 @@ public struct FileMetadata: Hashable, Sendable {
     /// For a link (`FileType.link`), the shared file it places here; nil for every other type.
     /// In the clear, like parents, so the server can hold links to their rules.
     public var linkTarget: FileID?
+    /// The file's name sealed with its own key (`SealPurpose.shareName`), for the accounts it is
+    /// shared with: they hold the file's key but not its parent's, under which `name` is sealed,
+    /// so this is how a pending share shows its name. Set by the owner when sharing, kept
+    /// current when the file is renamed; nil on files never shared.
+    public var shareName: [UInt8]?
 
     public init(
         id: FileID, type: FileType, parent: FileID, name: SealedName, owner: AccountID,
         isDeleted: Bool = false, wrappedKey: [UInt8], access: [AccessEntry] = [],
         sealedAttributes: [UInt8], contentDigest: [UInt8]? = nil, lastModifiedBy: AccountID,
-        linkTarget: FileID? = nil
+        linkTarget: FileID? = nil, shareName: [UInt8]? = nil
     ) {
         self.id = id
         self.type = type
@@ -130,6 +135,7 @@ public struct FileMetadata: Hashable, Sendable {
         self.contentDigest = contentDigest
         self.lastModifiedBy = lastModifiedBy
         self.linkTarget = linkTarget
+        self.shareName = shareName
     }
 
     public var isRoot: Bool { parent == id }
@@ -140,9 +146,10 @@ public struct FileMetadata: Hashable, Sendable {
     /// neither (no signed grant, not a link: every record before sharing, and most after) is
     /// written as version 1, byte for byte as before, so stored signatures stay valid and the
     /// same value always has one encoding; a version 2 record that could have been version 1 is
-    /// refused as not canonical.
+    /// refused as not canonical. Version 3 adds the share name, and is written only with one.
     var formatVersion: UInt8 {
-        linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
+        if shareName != nil { return 3 }
+        return linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
     }
 
     /// The canonical bytes that are signed.
@@ -171,6 +178,7 @@ public struct FileMetadata: Hashable, Sendable {
         w.optionalData(contentDigest)
         w.raw(lastModifiedBy.bytes)
         if version >= 2 { w.optionalData(linkTarget?.bytes) }
+        if version >= 3 { w.optionalData(shareName) }
         return w.bytes
     }
 
@@ -183,7 +191,7 @@ public struct FileMetadata: Hashable, Sendable {
     init(reading r: inout ByteReader) throws {
         guard try r.raw(4) == Self.tag else { throw DecodingError("not a metadata record") }
         let v = try r.u8()
-        guard v == 1 || v == 2 else { throw DecodingError("unsupported metadata version \(v)") }
+        guard (1...3).contains(v) else { throw DecodingError("unsupported metadata version \(v)") }
         id = try FileID(bytes: r.raw(16))
         guard let t = FileType(rawValue: try r.u8()) else { throw DecodingError("unknown file type") }
         type = t
@@ -209,6 +217,7 @@ public struct FileMetadata: Hashable, Sendable {
         contentDigest = try r.optionalData(max: 64)
         lastModifiedBy = try AccountID(bytes: r.raw(32))
         linkTarget = v >= 2 ? try r.optionalData(max: 16).map { try FileID(bytes: $0) } : nil
+        shareName = v >= 3 ? try r.optionalData(max: 4096) : nil
         guard formatVersion == v else {
             throw DecodingError("metadata version \(v) is not this record's canonical form")
         }

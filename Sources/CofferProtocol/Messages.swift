@@ -134,10 +134,15 @@ public struct UpdatesRequest: Codable, Sendable {
     /// ask for it once they hold shared trees; until then they are sent their own tree only, so
     /// nothing they cannot check yet is ever sent to them.
     public var shared: Bool?
-    public init(since: Int64, afterID: Data? = nil, shared: Bool? = nil) {
+    /// The share feed alone, without the caller's own records: a device keeps a cursor of its
+    /// own for the feed, so it can start reading it at any time without reading its own tree
+    /// again from the start.
+    public var feedOnly: Bool?
+    public init(since: Int64, afterID: Data? = nil, shared: Bool? = nil, feedOnly: Bool? = nil) {
         self.since = since
         self.afterID = afterID
         self.shared = shared
+        self.feedOnly = feedOnly
     }
 }
 

@@ -33,13 +33,6 @@ public final class CofferServer: Sendable {
 
     public static let defaultQuotaBytes: Int64 = 10 * 1024 * 1024 * 1024
 
-    /// Whether an account may write into another account's tree where it holds write access.
-    /// Off by default: until devices verify records of their own tree written by others
-    /// (docs/SHARING.md, "Where it stands"), an owner's device refuses such a record and with it
-    /// every pull, so one write by a grantee would stop the owner's sync. The rules for it are
-    /// complete and tested with this on.
-    public let acceptsGranteeWrites: Bool
-
     /// Who may create an account (`coffer-server --registration`).
     public enum RegistrationPolicy: String, Sendable, CaseIterable {
         /// Anyone (subject to the per-address rate limit).
@@ -55,10 +48,9 @@ public final class CofferServer: Sendable {
         identity: [UInt8] = randomBytes(RequestSigning.serverIDBytes),
         registration: RegistrationPolicy = .open,
         maxChunkResponseBytes: Int = CofferServer.defaultMaxChunkResponseBytes,
-        nonces: any NonceStore = MemoryNonceStore(), acceptsGranteeWrites: Bool = false,
+        nonces: any NonceStore = MemoryNonceStore(),
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
     ) {
-        self.acceptsGranteeWrites = acceptsGranteeWrites
         self.metadata = metadata
         self.content = content
         self.nonces = nonces
@@ -73,7 +65,7 @@ public final class CofferServer: Sendable {
     /// (both 0600), `server.id` and `chunks/`.
     public static func open(
         directory: URL, quotaBytes: Int64 = CofferServer.defaultQuotaBytes,
-        registration: RegistrationPolicy = .open, acceptsGranteeWrites: Bool = false,
+        registration: RegistrationPolicy = .open,
         clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
     ) throws -> CofferServer {
         try PrivateFiles.prepareDirectory(directory)
@@ -84,7 +76,7 @@ public final class CofferServer: Sendable {
             tmp: directory.appendingPathComponent("tmp", isDirectory: true))
         return CofferServer(
             metadata: meta, content: chunks, quotaBytes: quotaBytes, identity: try identity(in: directory),
-            registration: registration, nonces: nonces, acceptsGranteeWrites: acceptsGranteeWrites, clock: clock)
+            registration: registration, nonces: nonces, clock: clock)
     }
 
     /// The server's id, kept in `DIR/server.id` (made once, mode 0600, written whole then renamed),
@@ -362,8 +354,9 @@ public final class CofferServer: Sendable {
     /// whatever the tree; a version larger than a page is split, and `nextAfterID` says where to
     /// go on. A feed entry is served as the file's current record if the caller can still see
     /// it (its access is checked now, through the owner's tree), else as its id in `gone`.
+    /// With `feedOnly`, the feed alone.
     public func updates(
-        caller: Data, since: Int64, afterID: Data? = nil, shared: Bool = false
+        caller: Data, since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false
     ) throws(ServerError) -> UpdatesResponse {
         guard since >= 0 else { throw .badRequest("since must not be negative") }
         if let afterID, afterID.count != 16 { throw .badRequest("afterID is not a file id") }
@@ -371,11 +364,13 @@ public final class CofferServer: Sendable {
         // Each stream is read up to a page; `next` is the version of the entry it stopped at.
         var own = UpdatesStream()
         var feed = UpdatesStream()
-        let withFeed = shared
+        let withFeed = shared || feedOnly
         try guarded {
             try metadata.read { tx in
-                try tx.visitFiles(account: caller, since: since, afterID: afterID) { f in
-                    own.admit(UpdatesEntry(version: f.version, id: f.id, file: f))
+                if !feedOnly {
+                    try tx.visitFiles(account: caller, since: since, afterID: afterID) { f in
+                        own.admit(UpdatesEntry(version: f.version, id: f.id, file: f))
+                    }
                 }
                 guard withFeed else { return }
                 var views: [Data: StorageTreeView] = [:]
@@ -594,9 +589,6 @@ public final class CofferServer: Sendable {
         guard via.count == 16 else { throw ServerError.badRequest("via is not a file id") }
         guard let owner = try grantedOwner(caller: caller, file: via, needs: mode, tx: tx) else {
             throw ServerError.forbidden(Self.unusableFileID(via))
-        }
-        if owner != caller, mode >= .write, !acceptsGranteeWrites {
-            throw ServerError.forbidden("writing into another account's tree is not open on this server yet")
         }
         return owner
     }

@@ -124,7 +124,8 @@ public enum CofferHTTP {
             return try json(
                 try await offload { () throws(ServerError) in
                     return try server.updates(
-                        caller: caller, since: req.since, afterID: req.afterID, shared: req.shared ?? false)
+                        caller: caller, since: req.since, afterID: req.afterID, shared: req.shared ?? false,
+                        feedOnly: req.feedOnly ?? false)
                 })
         }
 

@@ -223,6 +223,26 @@ public final class Store: Sendable {
                     sql: "CREATE INDEX \(side.table)_folders ON \(side.table)(parent) WHERE kind = 1 AND id != parent")
             }
         }
+        // Other accounts' files shared with this one, as the server's share feed sent them and
+        // the vault verified them (docs/SHARING.md, "On the grantee's device"): a mirror kept
+        // apart from the account's own tree, whose invariants (one root, no orphans) it does
+        // not share: a shared folder's parent is a folder this account never sees.
+        m.registerMigration("v5") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE shared_files (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        parent BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        content_digest BLOB,
+                        version INTEGER NOT NULL,
+                        content_version INTEGER NOT NULL,
+                        server_deleted INTEGER NOT NULL
+                    ) WITHOUT ROWID;
+                    CREATE INDEX shared_files_parent ON shared_files(parent);
+                    CREATE INDEX shared_files_digest ON shared_files(content_digest);
+                    """)
+        }
         return m
     }
 
@@ -755,7 +775,8 @@ public final class Store: Sendable {
                     sql: """
                         DELETE FROM manifests WHERE digest NOT IN (
                             SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
-                            UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL)
+                            UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL
+                            UNION SELECT content_digest FROM shared_files WHERE content_digest IS NOT NULL)
                         """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")

@@ -147,6 +147,40 @@ public struct StoreReader {
             contentVersion: row["content_version"], serverDeleted: row["server_deleted"])
     }
 
+    // MARK: The mirror of shared files (format v5)
+
+    private static let sharedColumns = "record, version, content_version, server_deleted"
+
+    /// Another account's file shared with this one, as last pulled and verified.
+    public func sharedFile(_ id: FileID) throws -> StoredFile? {
+        try with { db in
+            try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT \(Self.sharedColumns) FROM shared_files WHERE id = ?"),
+                arguments: [Data(id.bytes)]
+            ).map(Self.decode)
+        }
+    }
+
+    /// The ids of the mirror's files under `parent`, in any deletion state.
+    public func sharedChildIDs(of parent: FileID) throws -> [FileID] {
+        try with { db in
+            try Data.fetchAll(
+                db.cachedStatement(sql: "SELECT id FROM shared_files WHERE parent = ? AND id != parent"),
+                arguments: [Data(parent.bytes)]
+            ).map { try FileID(bytes: [UInt8]($0)) }
+        }
+    }
+
+    /// Visits every record of the mirror; `body` returns false to stop.
+    public func visitSharedFiles(_ body: (StoredFile) throws -> Bool) throws {
+        try with { db in
+            let rows = try Row.fetchCursor(db.cachedStatement(sql: "SELECT \(Self.sharedColumns) FROM shared_files"))
+            while let row = try rows.next() {
+                if try !body(Self.decode(row)) { return }
+            }
+        }
+    }
+
     public func manifest(_ digest: [UInt8]) throws -> [UInt8]? {
         try with { db in
             try Data.fetchOne(

@@ -136,6 +136,7 @@ public struct StoreWriter {
                     sql: """
                         SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
                             OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
+                            OR EXISTS (SELECT 1 FROM shared_files WHERE content_digest = ?1)
                         """), arguments: [digest]) ?? true
         guard !used else { return }
         try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
@@ -249,6 +250,33 @@ public struct StoreWriter {
     public func setSetting(_ key: String, _ value: [UInt8]) throws {
         let bytes = Data(value)
         try session.run { db in try Self.writeSetting(key, bytes, db) }
+    }
+
+    /// Stores a verified record of another account's file shared with this one (the mirror,
+    /// format `v5`), replacing the one held.
+    public func putShared(_ f: StoredFile) throws {
+        let m = f.signed.metadata
+        let args: StatementArguments = [
+            Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()), m.contentDigest.map { Data($0) },
+            f.version, f.contentVersion, f.serverDeleted,
+        ]
+        try session.run { db in
+            try db.cachedStatement(
+                sql: """
+                    INSERT OR REPLACE INTO shared_files
+                        (id, parent, record, content_digest, version, content_version, server_deleted)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """
+            ).execute(arguments: args)
+        }
+    }
+
+    /// Drops a file from the mirror (its manifest stays until garbage collection).
+    public func removeShared(_ id: FileID) throws {
+        let key = Data(id.bytes)
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM shared_files WHERE id = ?").execute(arguments: [key])
+        }
     }
 
     public func removeSetting(_ key: String) throws {

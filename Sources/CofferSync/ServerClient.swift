@@ -242,10 +242,13 @@ public struct ServerClient: Sendable {
     }
 
     /// With `shared`, the account's share feed too (docs/SHARING.md, "The feed").
-    public func updates(since: Int64, afterID: Data? = nil, shared: Bool = false) async throws -> UpdatesResponse {
+    public func updates(
+        since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false
+    ) async throws -> UpdatesResponse {
         try await json(
-            "POST", API.prefix + "/updates", UpdatesRequest(since: since, afterID: afterID, shared: shared ? true : nil)
-        )
+            "POST", API.prefix + "/updates",
+            UpdatesRequest(
+                since: since, afterID: afterID, shared: shared ? true : nil, feedOnly: feedOnly ? true : nil))
     }
 
     public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {
@@ -260,8 +263,11 @@ public struct ServerClient: Sendable {
             contentType: "application/octet-stream")
     }
 
-    public func getChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]: [UInt8]] {
-        let body = try [UInt8](JSONEncoder().encode(ChunkIDsRequest(ids: ids.map { Data($0) })))
+    /// With `via`, chunks of another account's document shared with this one (docs/SHARING.md,
+    /// "Content").
+    public func getChunks(_ ids: [[UInt8]], via: FileID? = nil) async throws -> [[UInt8]: [UInt8]] {
+        let body = try [UInt8](
+            JSONEncoder().encode(ChunkIDsRequest(ids: ids.map { Data($0) }, via: via.map { Data($0.bytes) })))
         let data = try await raw("POST", API.prefix + "/chunks/get", body: body)
         guard let chunks = ChunkBundle.decode(data) else { throw SyncError.protocolError("malformed chunk bundle") }
         var out: [[UInt8]: [UInt8]] = [:]

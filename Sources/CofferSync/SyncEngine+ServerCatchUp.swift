@@ -14,9 +14,13 @@ struct PageProgress {
         let serverDeleted: Bool
     }
     private var seen: Set<Seen> = []
+    private var seenGone: Set<FileID> = []
 
-    mutating func admit(_ records: [RemoteFile], more: Bool) throws {
+    /// A page counts as progress if it brings a record, or (from the share feed) a file no
+    /// longer shared, not seen yet in this pull.
+    mutating func admit(_ records: [RemoteFile], gone: [FileID] = [], more: Bool) throws {
         var fresh = false
+        for id in gone where seenGone.insert(id).inserted { fresh = true }
         for r in records where seen.insert(Seen(signed: r.signed, serverDeleted: r.serverDeleted)).inserted {
             fresh = true
         }

@@ -17,6 +17,8 @@ public struct SyncReport: Sendable {
     public var resentToServer: Int?
     /// Ids whose view changed on this device (the daemon tells the kernel).
     public var changed: Set<FileID> = []
+    /// Records of shared files refused by the sharing rules (the ones held were kept).
+    public var refusedShared: [FeedRefusal] = []
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -95,6 +97,7 @@ public final class SyncEngine: Sendable {
                 }
             }
             try await pull(&report)
+            try await pullFeed(&report)
             report.pruned = try vault.pruneSyncedDeletions()
             // Best effort: an account made before key cards signs its keys once; a failure
             // here is tried again by the next engine and never fails a sync.
@@ -114,13 +117,32 @@ public final class SyncEngine: Sendable {
     /// read up to. A hostile server can neither loop it (each page must move the cursor on and
     /// bring a signed record not seen yet) nor leave it inside a version.
     func updates(since cursor: Int64) async throws -> (files: [FileID: RemoteFile], latest: Int64) {
+        let read = try await updates(since: cursor, feed: false)
+        return (read.files, read.latest)
+    }
+
+    /// `updates(since:)` over the account's own tree, or (`feed`) over its share feed alone,
+    /// which also names files the account no longer sees (`gone`). A file the feed sends again
+    /// after naming it gone, or names gone after sending it, counts as the later of the two.
+    func updates(
+        since cursor: Int64, feed: Bool
+    ) async throws -> (files: [FileID: RemoteFile], gone: Set<FileID>, latest: Int64) {
         var since = cursor
         // Set while a version larger than a page is being read: the last file id of it seen.
         var afterID: Data?
         var byID: [FileID: RemoteFile] = [:]
+        var gone: Set<FileID> = []
         var progress = PageProgress()
+        let writers = vault.otherWriterCheck()
         while true {
-            let page = try await client.updates(since: since, afterID: afterID)
+            let page = try await client.updates(since: since, afterID: afterID, feedOnly: feed)
+            var pageGone: [FileID] = []
+            for raw in page.gone ?? [] {
+                guard feed, let id = try? FileID(bytes: [UInt8](raw)) else {
+                    throw SyncError.protocolError("the server sent a malformed list of files no longer shared")
+                }
+                pageGone.append(id)
+            }
             var records: [RemoteFile] = []
             records.reserveCapacity(page.files.count)
             for f in page.files {
@@ -134,10 +156,18 @@ public final class SyncEngine: Sendable {
             }
             // Every record is checked as its page arrives, so nothing unsigned piles up while a
             // server keeps paging (and the catch-up never builds on a record nobody signed).
-            try vault.verifySignatures(records.map(\.signed))
+            if !feed {
+                try vault.verifySignatures(records.map(\.signed))
+                try writers.admit(records)
+            }
             for r in records {
                 if let prior = byID[r.signed.metadata.id], prior.version > r.version { continue }
                 byID[r.signed.metadata.id] = r
+                gone.remove(r.signed.metadata.id)
+            }
+            for id in pageGone {
+                byID[id] = nil
+                gone.insert(id)
             }
             guard page.latest >= since else { throw SyncError.protocolError("the server's version went backwards") }
             // A page that says "more" must move the cursor on, or the loop would never end; and
@@ -151,12 +181,12 @@ public final class SyncEngine: Sendable {
             if let next = page.nextAfterID, next.count != 16 {
                 throw SyncError.protocolError("the server sent a malformed update cursor")
             }
-            try progress.admit(records, more: page.more)
+            try progress.admit(records, gone: pageGone, more: page.more)
             since = page.latest
             afterID = page.nextAfterID
             if !page.more { break }
         }
-        return (byID, since)
+        return (byID, gone, since)
     }
 
     func pull(_ report: inout SyncReport) async throws {
@@ -165,8 +195,17 @@ public final class SyncEngine: Sendable {
         guard !byID.isEmpty || since != cursor else { return }
         let files = Array(byID.values)
         try vault.verifyRemote(files)
-        // Content before the metadata that names it; several documents in flight at once.
-        let needs = try vault.contentNeeds(files)
+        // Content before the metadata that names it.
+        report.fetchedChunks += try await fetch(try vault.contentNeeds(files), shared: false)
+        let changed = try vault.applyPull(files, cursor: since)
+        report.pulled += files.count
+        report.changed.formUnion(changed)
+    }
+
+    /// Fetches and stores the content `needs` name, several documents in flight at once; with
+    /// `shared`, through each document itself (`via`), as another account's content is kept in
+    /// its owner's namespace. Returns the number of chunks fetched.
+    func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
         let fetched = try await forEachConcurrently(needs) { [vault, client] need -> Int in
             let sealed = try await client.getManifest(fileID: need.fileID, digest: need.digest)
             let manifest = try vault.openRemoteManifest(need, sealed: sealed)
@@ -175,7 +214,7 @@ public final class SyncEngine: Sendable {
             var start = 0
             while start < missing.count {
                 let batch = Array(missing[start..<min(missing.count, start + 64)])
-                let got = try await client.getChunks(batch)
+                let got = try await client.getChunks(batch, via: shared ? need.fileID : nil)
                 for id in batch {
                     guard let c = got[id] else {
                         throw SyncError.protocolError("the server did not send a requested chunk")
@@ -187,10 +226,7 @@ public final class SyncEngine: Sendable {
             try vault.storeRemoteContent(need, manifest: manifest, sealedManifest: sealed, chunks: chunks)
             return chunks.count
         }
-        report.fetchedChunks += fetched.reduce(0, +)
-        let changed = try vault.applyPull(files, cursor: since)
-        report.pulled += files.count
-        report.changed.formUnion(changed)
+        return fetched.reduce(0, +)
     }
 
     /// Body bytes sent and received by this engine so far.

@@ -236,6 +236,11 @@ struct KeyedTree<Tree: TreeView> {
         m.sealedAttributes = try sealAttributes(a, of: m.id)
     }
 
+    /// `name` sealed under the file's own key, for its grantees (`FileMetadata.shareName`).
+    mutating func sealShareName(_ name: String, of id: FileID) throws -> [UInt8] {
+        AEAD.seal(Array(name.utf8), key: try key(id), purpose: .shareName, fileID: id.bytes)
+    }
+
     mutating func sealName(_ name: String, in parent: FileID, of id: FileID) throws -> SealedName {
         SealedName(sealing: name, parentKey: try key(parent), of: id)
     }

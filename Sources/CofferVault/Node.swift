@@ -26,7 +26,7 @@ public struct Node: Sendable, Equatable {
     /// st_nlink while the file has a name: a folder is linked from its parent, from its own
     /// "." and from each subfolder's "..", as on ext4; tools such as find rely on it.
     public var linkCount: UInt32 {
-        type == .folder ? UInt32(clamping: 2 + subfolders) : 1
+        type == .folder ? UInt32(clamping: 2 + subfolders) : type == .link ? 2 : 1
     }
 
     /// Bytes st_size reports: content length for documents, target length for symlinks.
@@ -43,7 +43,10 @@ public struct Node: Sendable, Equatable {
         let perm = attributes.mode.value & 0o7777
         switch type {
         case .folder: return 0o040000 | perm
-        case .document, .link: return 0o100000 | perm
+        // An accepted share: a folder at the link's place, empty and read-only until the mount
+        // shows shared trees (docs/SHARING.md, "Where it stands").
+        case .link: return 0o040000 | (perm & ~0o222)
+        case .document: return 0o100000 | perm
         case .symlink: return 0o120000 | perm
         }
     }

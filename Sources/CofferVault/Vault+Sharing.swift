@@ -28,7 +28,12 @@ extension Vault {
             e.signature = signing.sign(e.grantMessage(fileID: id))
             var access = m.access
             if let i = access.firstIndex(where: { $0.account == grantee }) { access[i] = e } else { access.append(e) }
-            try batch.update(id, describe: s.view.describe) { $0.access = access }
+            // The grantee holds the file's key, not its parent's: the name goes under the former.
+            let shareName = try s.view.sealShareName(try s.view.name(id), of: id)
+            try batch.update(id, describe: s.view.describe) {
+                $0.access = access
+                if $0.shareName == nil { $0.shareName = shareName }
+            }
             try authorize(id, batch: batch, &s)
         }
     }

@@ -65,6 +65,7 @@ extension Vault {
         do {
             return try state.withLock { s in
                 guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
+                if m.type == .link { return [] }  // what it places here is read through the share
                 guard m.type == .folder else { throw TreeError.notAFolder(s.view.path(id)) }
                 let kids = s.view.tree.liveChildren(of: id)
                 let times = s.pendingFolderTimes
@@ -110,6 +111,7 @@ extension Vault {
 
     func lookup(_ parent: FileID, _ name: String, _ s: inout VaultState) throws -> Node? {
         guard let p = s.view.tree.file(parent) else { throw TreeError.notFound(parent.description) }
+        if p.type == .link { return nil }
         guard p.type == .folder else { throw TreeError.notAFolder(s.view.path(parent)) }
         let mac = try s.view.nameMAC(name, in: parent)
         guard let child = s.view.tree.liveChild(of: parent, nameMAC: mac) else { return nil }
@@ -172,7 +174,21 @@ extension Vault {
                 throw VaultError.invalidArgument("a symlink target must be 1 to 4095 bytes")
             }
         }
-        guard type != .link else { throw VaultError.notSupported("links to shared files come with sharing") }
+        guard type != .link else { throw VaultError.invalidArgument("a link is made by accepting a share") }
+        return try createWithInode(
+            in: parent, name: name, type: type, mode: mode, uid: uid, gid: gid, symlinkTarget: symlinkTarget,
+            mtime: mtime, atime: atime, linkTarget: nil, linkFacts: nil)
+    }
+
+    /// `createWithInode`, also for a link (`acceptShare`): `linkTarget` names the shared file and
+    /// `linkFacts` what this device knows of it, and the link is held to the sharing rules here
+    /// as the server will hold it.
+    func createWithInode(
+        in parent: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32 = getuid(),
+        gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
+        atime: Timespec? = nil, linkTarget: FileID?, linkFacts: LinkTargetFacts?
+    ) throws -> (node: Node, inode: UInt64) {
+        do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
         let id = try FileID(random: randomBytes(16))
         let fileKey = SymmetricKey.random()
         return try commit { batch, s, w in
@@ -189,7 +205,7 @@ extension Vault {
                 id: id, type: type, parent: parent, name: try s.view.sealName(name, in: parent, of: id),
                 owner: accountID, wrappedKey: try s.view.wrap(fileKey, of: id, in: parent),
                 sealedAttributes: attrs.sealed(key: fileKey, of: id),
-                lastModifiedBy: accountID)
+                lastModifiedBy: accountID, linkTarget: linkTarget)
             let describe = s.view.describe
             try batch.create(
                 m,
@@ -197,6 +213,14 @@ extension Vault {
                     let p = describe(parent)
                     return (p == "/" ? "" : p) + "/" + name
                 })
+            if type == .link {
+                do {
+                    try Authorization.check(
+                        changed: [id], before: s.view.tree, after: batch,
+                        verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
+                        linkTarget: { $0 == linkTarget ? linkFacts : nil }, describe: s.view.describe)
+                } catch { throw VaultError.invalidArgument("\(error)") }
+            }
             let inode = try w.newInode(for: id)
             s.view.cache.keys[id] = fileKey
             s.view.cache.names[id] = name
@@ -341,6 +365,11 @@ extension Vault {
             try batch.move(id, to: newParent, name: sealed, wrappedKey: wrapped, describe: describe)
         }
         s.view.cache.names[id] = newName
+        // A shared file's grantees read its name under its own key: it follows the rename.
+        if batch.file(id)?.shareName != nil {
+            let shareName = try s.view.sealShareName(newName, of: id)
+            try batch.update(id, describe: describe) { $0.shareName = shareName }
+        }
         if var a = try? attributes(id, &s) {
             a.ctime = now()
             try setSealedAttributes(id, a, &batch, &s)
@@ -386,7 +415,9 @@ extension Vault {
         try commit { batch, s, _ in
             guard let m = s.view.tree.file(id), s.view.tree.isLive(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
-            if expectFolder == true && m.type != .folder { throw TreeError.notAFolder(s.view.path(id)) }
+            if expectFolder == true && m.type != .folder && m.type != .link {
+                throw TreeError.notAFolder(s.view.path(id))
+            }
             if expectFolder == false && m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
             if m.type == .folder && !recursive && !s.view.tree.liveChildren(of: id).isEmpty {
                 throw TreeError.folderNotEmpty(s.view.path(id))

@@ -263,8 +263,12 @@ public final class Vault: Sendable {
 
     // MARK: Helpers used under the state lock
 
+    /// `m` signed by this account, which it names as its writer: a local change to a record
+    /// another account wrote last (a grantee, in a shared folder) is this account's from now on.
     func sign(_ m: FileMetadata, revision: UInt64) -> SignedMetadata {
-        SignedMetadata(
+        var m = m
+        m.lastModifiedBy = accountID
+        return SignedMetadata(
             metadata: m, revision: revision,
             signature: signing.sign(SignedMetadata.message(metadata: m, revision: revision)))
     }

@@ -7,13 +7,16 @@ struct List: ParsableCommand {
     static let configuration = CommandConfiguration(commandName: "ls", abstract: "List a folder.")
     @OptionGroup var store: StoreOptions
     @Flag(name: .short, help: "Long format: mode, owner, size, modification time.") var l = false
+    @Option(help: "Read PATH inside the share with this id (pending or accepted) instead.") var share: String?
     @Argument(help: "Folder or file (default: the root).") var path: String = "/"
 
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let node = try vault.resolve(path)
-            let entries = node.type == .folder ? try vault.children(of: node.id) : [node]
+            let (node, shared) = try resolveForReading(vault, path, share: share)
+            let entries =
+                node.type == .folder
+                ? try shared ? vault.sharedChildren(of: node.id) : vault.children(of: node.id) : [node]
             for e in entries {
                 let suffix =
                     e.type == .folder ? "/" : (e.type == .symlink ? " -> \(e.attributes.symlinkTarget ?? "")" : "")
@@ -90,18 +93,31 @@ struct Tree: ParsableCommand {
 struct Cat: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Print a document's content.")
     @OptionGroup var store: StoreOptions
+    @Option(help: "Read PATH inside the share with this id (pending or accepted) instead.") var share: String?
     @Argument var path: String
 
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let node = try vault.resolve(path)
+            let (node, shared) = try resolveForReading(vault, path, share: share)
             guard node.type == .document else {
-                throw node.type == .folder ? VaultError.tree(.isAFolder(path)) : VaultError.tree(.notADocument(path))
+                throw node.type == .folder || node.type == .link
+                    ? VaultError.tree(.isAFolder(path)) : VaultError.tree(.notADocument(path))
             }
-            try vault.readContents(node.id) { piece in try writeAllBytes(1, piece) }
+            if shared {
+                try vault.readShared(node.id) { piece in try writeAllBytes(1, piece) }
+            } else {
+                try vault.readContents(node.id) { piece in try writeAllBytes(1, piece) }
+            }
         }
     }
+}
+
+/// `path` in this account's tree, through accepted shares' links, or (`share`) inside the share
+/// with that id; `shared` says the node is another account's file.
+func resolveForReading(_ vault: Vault, _ path: String, share: String?) throws -> (node: Node, shared: Bool) {
+    if let share { return (try vault.sharedNode(try parseShareID(share), path: path), true) }
+    return try vault.resolveAcrossShares(path)
 }
 
 func writeAllBytes(_ fd: Int32, _ bytes: [UInt8]) throws {

@@ -10,7 +10,9 @@ import Foundation
 struct Share: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Share folders and files with other accounts.",
-        subcommands: [AddShare.self, RemoveShare.self, ListShares.self])
+        subcommands: [
+            AddShare.self, RemoveShare.self, ListShares.self, PendingShares.self, AcceptShare.self, RejectShare.self,
+        ])
 
     struct AddShare: ParsableCommand {
         static let configuration = CommandConfiguration(
@@ -95,8 +97,119 @@ struct Share: ParsableCommand {
                 } else {
                     let shared = try vault.sharedFiles().map { (vault.path(of: $0.file), $0) }.sorted { $0.0 < $1.0 }
                     for (_, s) in shared { for e in s.grants { print(line(s.file, e)) } }
+                    // The other direction: what other accounts share with this one.
+                    for s in try vault.incomingShares() {
+                        let mode = s.mode == .write ? "read-write" : "read-only"
+                        let place = s.link.map { "at " + vault.path(of: $0) } ?? "pending \(s.id)"
+                        print("\(s.name ?? "?")\tfrom \(ownerName(s.owner, vault))\t\(mode)\t\(place)")
+                    }
                 }
             }
         }
+    }
+
+    struct PendingShares: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "pending",
+            abstract: "Shares other accounts made with you that you have not accepted, one per line, ID first.")
+        @OptionGroup var store: StoreOptions
+        @Flag(help: "One JSON array of objects (id, owner, ownerKey, name, type, mode, size).") var json = false
+
+        func run() throws {
+            try guarded {
+                let vault = try store.openVault()
+                let pending = try vault.incomingShares().filter { $0.link == nil }
+                if json {
+                    let items = pending.map {
+                        PendingJSON(
+                            id: $0.id.description, owner: ownerName($0.owner, vault),
+                            ownerKey: KeyFingerprint.normalized(KeyFingerprint.of($0.owner.bytes)), name: $0.name,
+                            type: typeName($0.type), mode: $0.mode == .write ? "write" : "read", size: $0.size)
+                    }
+                    let encoder = JSONEncoder()
+                    encoder.outputFormatting = [.sortedKeys]
+                    print(String(decoding: try encoder.encode(items), as: UTF8.self))
+                    return
+                }
+                for s in pending {
+                    let mode = s.mode == .write ? "read-write" : "read-only"
+                    let fields = [
+                        "\(s.id)", ownerName(s.owner, vault), mode, typeName(s.type), "\(s.size)", s.name ?? "?",
+                    ]
+                    print(fields.joined(separator: "\t"))
+                }
+            }
+        }
+    }
+
+    struct PendingJSON: Encodable {
+        var id: String
+        var owner: String
+        var ownerKey: String
+        var name: String?
+        var type: String
+        var mode: String
+        var size: UInt64
+    }
+
+    struct AcceptShare: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "accept", abstract: "Place the share ID in your tree, in the folder DEST.")
+        @OptionGroup var store: StoreOptions
+        @Argument(help: "The share's id, as `coffer share pending` shows it.") var id: String
+        @Argument(help: "The folder of your tree to place it in.") var dest: String
+        @Option(help: "The name to give it (default: its owner's name for it).") var name: String?
+
+        func run() throws {
+            try guarded {
+                let vault = try store.openVault()
+                let share = try parseShareID(id)
+                let folder = try vault.resolve(dest)
+                guard folder.type == .folder else { throw VaultError.tree(.notAFolder(dest)) }
+                let link = try vault.acceptShare(share, in: folder.id, name: name)
+                print("accepted: \(vault.path(of: link.id))")
+            }
+        }
+    }
+
+    struct RejectShare: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "reject",
+            abstract: "Give up the share ID (pending or accepted): your access ends, and its owner sees it.")
+        @OptionGroup var store: StoreOptions
+        @Argument(help: "The share's id, as `coffer share pending` or `coffer share list` shows it.") var id: String
+
+        func run() throws {
+            try guarded {
+                let vault = try store.openVault()
+                let share = try parseShareID(id)
+                let engine = try SyncEngine.forStore(vault)
+                try runBlocking { try await engine.rejectShare(share) }
+                print("rejected share \(share)")
+            }
+        }
+    }
+}
+
+/// A share id as `coffer share pending` prints it (a UUID; dashes optional).
+func parseShareID(_ text: String) throws -> FileID {
+    guard let id = FileID(uuidString: text) else {
+        throw CLIError("\(text) is not a share id (see `coffer share pending`)")
+    }
+    return id
+}
+
+/// An account as the user knows it: the pinned contact's name, else its key's fingerprint.
+func ownerName(_ account: AccountID, _ vault: Vault) -> String {
+    if let c = (try? vault.contacts())?.first(where: { $0.signingKey == account.bytes }) { return c.username }
+    return "key " + KeyFingerprint.normalized(KeyFingerprint.of(account.bytes))
+}
+
+func typeName(_ type: FileType) -> String {
+    switch type {
+    case .folder: "folder"
+    case .document: "document"
+    case .symlink: "symlink"
+    case .link: "link"
     }
 }

@@ -376,3 +376,68 @@ struct AccessTests {
         #expect(refusal({ () throws(AccessError) in try authorize([own]) }) == nil)
     }
 }
+
+/// How a device judges a record another account wrote, as pulled (`Authorization.checkPulled`).
+@Suite struct PulledRecordTests {
+    func check(_ m: FileMetadata, in tree: FileTree = sharedTree()) throws(AccessError) {
+        var staged = tree
+        staged.insert(m)
+        try Authorization.checkPulled(m, old: tree.file(m.id), in: staged, verify: fakeVerify)
+    }
+
+    @Test func theOwnerAndWriteGranteesWrite() throws {
+        let tree = sharedTree()
+        try check(by(alice, meta(3, parent: 2, "doc-renamed")))
+        try check(by(bob, meta(3, parent: 2, "doc-by-bob")))
+        try check(by(bob, meta(8, parent: 4, "new-by-bob")))
+        // Moved within the share.
+        try check(by(bob, meta(5, parent: 2, "deep")))
+        #expect(tree.file(fid(3)) != nil)
+    }
+
+    @Test func readersStrangersAndForgedGrantsAreRefused() throws {
+        #expect(throws: AccessError.self) { try check(by(carol, meta(3, parent: 2, "doc-by-carol"))) }
+        let dave = try AccountID(bytes: [UInt8](repeating: 0xD0, count: 32))
+        #expect(throws: AccessError.self) { try check(by(dave, meta(8, parent: 2, "x"))) }
+        // Outside the share, and out of it: bob holds nothing above the shared folder.
+        #expect(throws: AccessError.self) { try check(by(bob, meta(7, parent: 6, "secret2"))) }
+        #expect(throws: AccessError.self) { try check(by(bob, meta(5, parent: 6, "deep"))) }
+        // Carol raising her own grant, bob granting dave, bob's forged owner signature.
+        var shared = sharedTree().file(fid(2))!
+        shared.access[1] = grant(2, to: carol, .write, by: carol)
+        #expect(throws: AccessError.self) { try check(by(carol, shared)) }
+        shared = sharedTree().file(fid(2))!
+        shared.access.append(grant(2, to: dave, .read, by: bob))
+        #expect(throws: AccessError.self) { try check(by(bob, shared)) }
+        // The root is its owner's alone.
+        #expect(throws: AccessError.self) { try check(by(bob, root)) }
+        // A record that changes owner.
+        var moved = meta(3, parent: 2, "doc")
+        moved.owner = bob
+        #expect(throws: AccessError.self) { try check(by(bob, moved)) }
+    }
+
+    /// A writer revoked since still wrote validly while it held the grant: a device pulling from
+    /// scratch sees only the tombstone, and takes what it wrote.
+    @Test func aRevokedWritersEarlierRecordsStand() throws {
+        var tree = sharedTree()
+        var shared = tree.file(fid(2))!
+        shared.access[0] = grant(2, to: bob, .write, deleted: true)
+        tree.insert(shared)
+        try check(by(bob, meta(3, parent: 2, "doc-by-bob")), in: tree)
+        // A read grant, live or revoked, never made a writer.
+        shared.access[1] = grant(2, to: carol, .read, deleted: true)
+        tree.insert(shared)
+        #expect(throws: AccessError.self) { try check(by(carol, meta(3, parent: 2, "doc")), in: tree) }
+    }
+
+    @Test func aGranteeGivesUpItsOwnGrant() throws {
+        var shared = sharedTree().file(fid(2))!
+        shared.access[1] = grant(2, to: carol, .read, deleted: true, by: carol)
+        try check(by(carol, shared))
+        // Giving up someone else's is not giving up.
+        shared = sharedTree().file(fid(2))!
+        shared.access[0] = grant(2, to: bob, .write, deleted: true, by: carol)
+        #expect(throws: AccessError.self) { try check(by(carol, shared)) }
+    }
+}

@@ -92,6 +92,29 @@ struct MetadataTests {
         }
     }
 
+    /// Version 3 is version 2 with the share name after the link target; written only with one.
+    @Test func versionThreeCarriesTheShareName() throws {
+        var m = try Self.fixedRecord()
+        m.type = .link
+        m.contentDigest = nil
+        m.access[0].signature = [UInt8](repeating: 0x5A, count: 64)
+        m.linkTarget = try FileID(bytes: Array(0x20...0x2F))
+        m.shareName = [0x51, 0x52, 0x53]
+        let v3 = "43464d4403" + String(Self.fixedHexV2.dropFirst(10)) + "01" + "00000003" + "515253"
+        #expect(hex(m.encoded()) == v3)
+        #expect(try FileMetadata(decoding: unhex(v3)) == m)
+        // A share name alone makes a version 3 record; without one, version 3 is not canonical.
+        m.access[0].signature = []
+        m.linkTarget = nil
+        #expect(m.encoded()[4] == 3)
+        #expect(try FileMetadata(decoding: m.encoded()) == m)
+        let noName = Array(unhex("43464d4403" + String(Self.fixedHexV2.dropFirst(10)) + "00"))
+        #expect(throws: DecodingError("metadata version 3 is not this record's canonical form")) {
+            try FileMetadata(decoding: noName)
+        }
+        #expect(throws: DecodingError.self) { try FileMetadata(decoding: Array(unhex(v3).dropLast())) }
+    }
+
     @Test func roundTripVariants() throws {
         var records = sampleTree().files.values.map { $0 }
         var m = try Self.fixedRecord()
@@ -182,8 +205,8 @@ struct MetadataTests {
         b[0] = 0x58
         #expect(throws: DecodingError("not a metadata record")) { try FileMetadata(decoding: b) }
         b = good
-        b[4] = 3
-        #expect(throws: DecodingError("unsupported metadata version 3")) { try FileMetadata(decoding: b) }
+        b[4] = 4
+        #expect(throws: DecodingError("unsupported metadata version 4")) { try FileMetadata(decoding: b) }
         b = good
         b[21] = 9  // type byte
         #expect(throws: DecodingError("unknown file type")) { try FileMetadata(decoding: b) }

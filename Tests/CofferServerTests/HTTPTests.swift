@@ -69,7 +69,7 @@ func makeApp(
 
 @Suite struct HTTPTests {
     @Test func sharedFoldersOverHTTP() async throws {
-        let (app, server) = try makeApp(server: try makeServer(acceptsGranteeWrites: true).0)
+        let (app, server) = try makeApp(server: try makeServer().0)
         let alice = try Device(server, TestUser("alice"))
         let bob = TestUser("bob")
         let carol = TestUser("carol")

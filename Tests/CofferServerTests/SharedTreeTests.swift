@@ -53,8 +53,8 @@ struct SharedFixture {
     let privateFolder: FileMetadata
     let secret: FileMetadata
 
-    init(mode: AccessMode, granteeWrites: Bool = true) throws {
-        (server, _) = try makeServer(acceptsGranteeWrites: granteeWrites)
+    init(mode: AccessMode) throws {
+        (server, _) = try makeServer()
         alice = try Device(server, TestUser("alice"))
         bob = try Device(server, TestUser("bob"))
         carol = try Device(server, TestUser("carol"))
@@ -170,19 +170,6 @@ struct SharedTreeTests {
             try bob.push([bobRoot, written(by: bob.user, record(f.alice.user, .folder, in: f.shared.id, named: "m"))])
         }
         #expect(try f.server.audit(account: f.alice.user.key).isEmpty)
-    }
-
-    @Test func granteeWritesAreClosedByDefault() throws {
-        let f = try SharedFixture(mode: .write, granteeWrites: false)
-        let made = written(by: f.bob.user, record(f.alice.user, .folder, in: f.shared.id, named: "m"))
-        expectRefusal(403) { try f.bob.push([made]) }
-        let chunk = randomBytes(100)
-        expectRefusal(403) {
-            try f.server.putChunk(
-                caller: f.bob.user.key, id: Data(blake2b(chunk)), bytes: chunk, via: Data(f.shared.id.bytes))
-        }
-        // Reading stays open: bob is sent the share.
-        #expect(Set(try f.bob.pull().files.keys) == f.sharedIDs)
     }
 
     @Test func aGranteeCannotReSignRecordsOrReplaceTheShareKey() throws {

@@ -28,7 +28,7 @@ struct SharingTrialTests {
         var refused = 0
 
         init(seed: UInt64) throws {
-            (server, _) = try makeServer(acceptsGranteeWrites: true)
+            (server, _) = try makeServer()
             users = [TestUser("ann"), TestUser("ben"), TestUser("cat")]
             views = Array(repeating: [:], count: users.count)
             cursors = Array(repeating: (0, nil), count: users.count)

@@ -77,13 +77,13 @@ func tempDirectory() -> URL {
 
 /// A server on the embedded defaults in a fresh directory, plus the directory.
 func makeServer(
-    quota: Int64 = CofferServer.defaultQuotaBytes, acceptsGranteeWrites: Bool = false,
+    quota: Int64 = CofferServer.defaultQuotaBytes,
     clock: @escaping @Sendable () -> Int64 = { Int64(Date().timeIntervalSince1970 * 1000) }
 ) throws -> (CofferServer, URL) {
     let dir = tempDirectory()
     return (
         try CofferServer.open(
-            directory: dir, quotaBytes: quota, acceptsGranteeWrites: acceptsGranteeWrites, clock: clock), dir
+            directory: dir, quotaBytes: quota, clock: clock), dir
     )
 }
 

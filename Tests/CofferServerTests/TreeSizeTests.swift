@@ -190,7 +190,7 @@ import Testing
         #expect(
             stored == [
                 "metadata", "content", "nonces", "quotaBytes", "identity", "registration", "clock", "lastNoncePurge",
-                "maxChunkResponseBytes", "acceptsGranteeWrites",
+                "maxChunkResponseBytes",
             ])
     }
 

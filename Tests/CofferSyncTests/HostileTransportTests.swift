@@ -232,8 +232,52 @@ func hasControlCharacters(_ s: String) -> Bool {
             return
         }
         // Every page is verified as it arrives: the first forged record ends the pull.
-        #expect("\(error)".contains("written by another account"), "\(error)")
+        #expect("\(error)".contains("owned by another account"), "\(error)")
         #expect(pages.load(ordering: .relaxed) == 1)
+    }
+
+    /// Records of the device's own tree, each validly signed by an account the server made up,
+    /// in folders the device never saw: they may wait for a later page (a folder made in the
+    /// same change), but no more than one change's worth, so the pull ends early.
+    @Test func recordsByMadeUpWritersDoNotPileUp() async throws {
+        let tmp = TemporaryDirectory("coffer-hostile")
+        let pages = Atomic<Int>(0)
+        let victim = Mutex<AccountID?>(nil)
+        let stranger = AccountSecret.generate().signingKeys
+        let strangerID = try AccountID(bytes: stranger.publicKey.bytes)
+        let server = try FakeServer { _, path in
+            guard path.hasSuffix("/updates"), let owner = victim.withLock({ $0 }) else {
+                return .full(status: 404, body: [])
+            }
+            let n = pages.add(1, ordering: .relaxed).newValue
+            var files: [String] = []
+            for _ in 0..<1000 {
+                let id = (try? FileID(random: (0..<16).map { _ in UInt8.random(in: 0...255) })) ?? FileID.none
+                let parent = (try? FileID(random: (0..<16).map { _ in UInt8.random(in: 0...255) })) ?? FileID.none
+                let m = FileMetadata(
+                    id: id, type: .folder, parent: parent, name: SealedName(ciphertext: [1], mac: [2]), owner: owner,
+                    wrappedKey: [4], sealedAttributes: [3], lastModifiedBy: strangerID)
+                let forged = SignedMetadata(
+                    metadata: m, revision: 1, signature: stranger.sign(SignedMetadata.message(metadata: m, revision: 1))
+                )
+                let record = Data(forged.encoded()).base64EncodedString()
+                files.append(#"{"record":"\#(record)","version":\#(n),"contentVersion":\#(n),"serverDeleted":false}"#)
+            }
+            let json = #"{"files":[\#(files.joined(separator: ","))],"latest":\#(n),"more":true}"#
+            return .full(status: 200, body: Array(json.utf8))
+        }
+        defer { server.stop() }
+        let (vault, engine) = try hostileDevice(tmp, server.url)
+        victim.withLock { $0 = vault.accountID }
+        let outcome: Result<SyncReport, any Error> = try await failingIfHung(after: 120) {
+            do { return .success(try await engine.sync()) } catch { return .failure(error) }
+        }
+        guard case .failure(let error) = outcome else {
+            Issue.record("the sync succeeded against a server of made-up writers")
+            return
+        }
+        #expect("\(error)".contains("more records written by other accounts than one change can hold"), "\(error)")
+        #expect(pages.load(ordering: .relaxed) == TreeLimits.maxRecordsPerBatch / 1000 + 1)
     }
 
     @Test func aTrickledBodyEndsInATimeout() async throws {

@@ -69,4 +69,83 @@ import Testing
         let after = try await bobEngine.client.updates(since: page.latest, shared: true)
         #expect(after.files.isEmpty && after.gone == [Data(folder.id.bytes)])
     }
+
+    /// Bob's side: a share arrives pending with its owner's name for it, can be read by id before
+    /// accepting, is placed in bob's tree under a name of his own, follows the owner's changes,
+    /// and is given up with `reject`, which the owner sees.
+    @Test func aGranteeSeesAcceptsReadsAndRejectsAShare() async throws {
+        let tmp = TemporaryDirectory("coffer-share-grantee")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
+        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        #expect(coffer(alice, ["mkdir", "-p", "projects/site"]).status == 0)
+        #expect(coffer(alice, ["write", "projects/site/index.html"], stdin: Array("<h1>hi</h1>".utf8)).status == 0)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan\n".utf8)).status == 0)
+        #expect(coffer(alice, ["mkdir", "private"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+
+        #expect(coffer(bob, ["sync"]).status == 0)
+        let bobVault = try Vault.open(dataDirectory: bob)
+        let shareID = try #require(try bobVault.incomingShares().first?.id)
+        let aliceKey = KeyFingerprint.normalized(
+            KeyFingerprint.of(try Vault.open(dataDirectory: alice).accountID.bytes))
+        let pending = coffer(bob, ["share", "pending"])
+        #expect(pending.out == "\(shareID)\tkey \(aliceKey)\tread-only\tfolder\t16\tprojects\n", "\(pending.err)")
+        // Pinned, the owner shows by name.
+        #expect(coffer(bob, ["contacts", "add", "alice"]).status == 0)
+        #expect(coffer(bob, ["share", "pending"]).out.hasPrefix("\(shareID)\talice\tread-only\t"))
+        let json = coffer(bob, ["share", "pending", "--json"]).out
+        #expect(json.contains("\"id\":\"\(shareID)\"") && json.contains("\"name\":\"projects\""), "\(json)")
+        // Read before accepting: listing and content by id, write bits off for read-only.
+        #expect(coffer(bob, ["ls", "--share", "\(shareID)"]).out == "notes.txt\nsite/\n")
+        #expect(coffer(bob, ["cat", "--share", "\(shareID)", "site/index.html"]).out == "<h1>hi</h1>")
+        #expect(coffer(bob, ["ls", "-l", "--share", "\(shareID)", "notes.txt"]).out.hasPrefix("-r--r--r-- "))
+        #expect(coffer(bob, ["ls", "--share", "\(shareID)", "nope"]).status == 1)
+
+        // The owner renames it: the pending share shows the new name.
+        #expect(coffer(alice, ["mv", "projects", "work"]).status == 0)
+        #expect(coffer(alice, ["write", "work/todo.txt"], stdin: Array("ship it".utf8)).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["share", "pending"]).out.hasSuffix("\tfolder\t23\twork\n"))
+
+        // Accepted under a name of bob's own, and read through it.
+        #expect(coffer(bob, ["mkdir", "inbox"]).status == 0)
+        let accepted = coffer(bob, ["share", "accept", "\(shareID)", "inbox", "--name", "alice-work"])
+        #expect(accepted.out == "accepted: /inbox/alice-work\n", "\(accepted.err)")
+        #expect(coffer(bob, ["share", "pending"]).out.isEmpty)
+        #expect(coffer(bob, ["share", "accept", "\(shareID)", "/"]).status == 1)  // once only
+        #expect(coffer(bob, ["ls", "inbox/alice-work"]).out == "notes.txt\nsite/\ntodo.txt\n")
+        #expect(coffer(bob, ["cat", "inbox/alice-work/todo.txt"]).out == "ship it")
+        #expect(coffer(bob, ["share", "list"]).out == "work\tfrom alice\tread-only\tat /inbox/alice-work\n")
+        // The link syncs like any file of bob's tree, and the server holds it to the link rules.
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["fsck"]).status == 0)
+        // Renaming the link changes bob's tree only.
+        #expect(coffer(bob, ["mv", "inbox/alice-work", "inbox/w"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["ls"]).out == "private/\nwork/\n")
+
+        // Bob gives it up: the grant becomes bob's signed tombstone, which alice's device takes.
+        let rejected = coffer(bob, ["share", "reject", "\(shareID)"])
+        #expect(rejected.status == 0, "\(rejected.err)")
+        #expect(coffer(bob, ["share", "list"]).out.isEmpty)
+        #expect(coffer(bob, ["ls", "inbox"]).out.isEmpty)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["ls", "--share", "\(shareID)"]).status == 1)
+        let aliceSync = coffer(alice, ["sync"])
+        #expect(aliceSync.status == 0, "\(aliceSync.err)")
+        #expect(coffer(alice, ["share", "list"]).out == "/work\tbob\tread-only\trevoked\n")
+        #expect(coffer(alice, ["fsck"]).status == 0)
+        // Mistakes: one line, exit 1.
+        for args in [
+            ["share", "accept", "nonsense", "/"], ["share", "reject", "\(shareID)"], ["cat", "--share", "x", "y"],
+        ] {
+            let r = coffer(bob, args)
+            #expect(r.status == 1 && r.err.hasPrefix("coffer: ") && r.err.split(separator: "\n").count == 1, "\(args)")
+        }
+    }
 }

@@ -77,7 +77,7 @@ struct VaultTreeTests {
         expectErrno(36) { try f.document(String(repeating: "n", count: 256)) }
         try f.document(String(repeating: "n", count: 255))
         expectErrno(22) { try f.vault.create(in: f.root, name: "s", type: .symlink, mode: 0o777, symlinkTarget: "") }
-        expectErrno(1) { try f.vault.create(in: f.root, name: "l", type: .link, mode: 0o644) }
+        expectErrno(22) { try f.vault.create(in: f.root, name: "l", type: .link, mode: 0o644) }
         // Lookups through a document.
         expectErrno(20) { _ = try f.vault.lookup(note.id, "x") }
         expectErrno(20) { _ = try f.vault.resolve("/docs/note/x") }

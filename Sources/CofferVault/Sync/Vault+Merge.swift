@@ -438,6 +438,7 @@ struct PullMerge {
                 candidate = Self.numbered(name, n)
             }
             t.name = try view.sealName(candidate, in: t.parent, of: target)
+            if t.shareName != nil { t.shareName = try view.sealShareName(candidate, of: target) }
             local[target] = t
             view.put(t)
             touched.insert(target)

@@ -37,16 +37,19 @@ extension Vault {
     public func verifyRemote(_ files: [RemoteFile]) throws {
         try verifySignatures(files.map(\.signed))
         try checkHistory(files)
+        try checkOtherWriters(files)
     }
 
-    /// Refuses records not written and owned by this account or whose signature does not verify.
-    /// Cheap enough to run on every page as it arrives, so a server cannot make a device hold
-    /// unverified records while it keeps paging.
+    /// Refuses records not owned by this account or whose signature does not verify. Cheap
+    /// enough to run on every page as it arrives, so a server cannot make a device hold
+    /// unverified records while it keeps paging. Records another account wrote (a grantee
+    /// writing in a shared folder) are judged by the sharing rules once the pull is whole
+    /// (`checkOtherWriters`).
     public func verifySignatures(_ records: [SignedMetadata]) throws {
         for s in records {
             let m = s.metadata
-            guard m.lastModifiedBy == accountID, m.owner == accountID else {
-                throw VaultError.corrupt("the server sent file \(m.id) written by another account; nothing was applied")
+            guard m.owner == accountID else {
+                throw VaultError.corrupt("the server sent file \(m.id) owned by another account; nothing was applied")
             }
             guard let pk = try? PublicSigningKey(bytes: m.lastModifiedBy.bytes),
                 pk.verify(signature: s.signature, message: s.message)
@@ -154,6 +157,87 @@ extension Vault {
             }
         }
     }
+
+    /// Records of this account's tree written by another account must be what the sharing rules
+    /// let that account write (`Authorization.checkPulled`), judged against this device's base
+    /// with the pull staged over it: a server cannot place a record signed by an account it
+    /// made up, or by a grantee outside its share, in this account's tree.
+    func checkOtherWriters(_ files: [RemoteFile]) throws {
+        let others = files.filter { $0.signed.metadata.lastModifiedBy != accountID }
+        guard !others.isEmpty else { return }
+        try store.read { r in
+            var staged: [FileID: FileMetadata] = [:]
+            for f in files { staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
+            let base = LookupTree { id in try staged[id] ?? r.file(id, .base)?.effectiveMetadata }
+            for f in others {
+                let m = f.signed.metadata
+                do {
+                    try Authorization.checkPulled(
+                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base,
+                        verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                } catch {
+                    throw VaultError.corrupt(
+                        "the server sent file \(m.id) written by another account against the sharing rules "
+                            + "(\(error)); nothing was applied")
+                }
+            }
+            try base.throwIfFailed()
+        }
+    }
+
+    /// Checks, page by page, the records of this account's tree that other accounts wrote, so
+    /// a server cannot make a device hold records signed by accounts it made up while it keeps
+    /// paging (valid signatures cost the server nothing: it can make keys). A record whose walk
+    /// up its folders reaches one this pull has not brought yet (a folder created in the same
+    /// version, on a later page) waits for the pages after; no more than one upsert's records
+    /// (`TreeLimits.maxRecordsPerBatch`) ever wait, since pages come in version order.
+    /// `verifyRemote` judges the whole pull again at the end.
+    public final class OtherWriterCheck {
+        let vault: Vault
+        private var staged: [FileID: FileMetadata] = [:]
+        private var waiting: [RemoteFile] = []
+
+        init(vault: Vault) { self.vault = vault }
+
+        public func admit(_ page: [RemoteFile]) throws {
+            for f in page { staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
+            let candidates = waiting + page.filter { $0.signed.metadata.lastModifiedBy != vault.accountID }
+            guard !candidates.isEmpty else { return }
+            var stillWaiting: [RemoteFile] = []
+            try vault.store.read { r in
+                for f in candidates {
+                    var missed = false
+                    let tree = LookupTree { [staged] id in
+                        if let m = staged[id] { return m }
+                        let m = try r.file(id, .base)?.effectiveMetadata
+                        if m == nil { missed = true }
+                        return m
+                    }
+                    do {
+                        try Authorization.checkPulled(
+                            f.signed.metadata, old: try r.file(f.signed.metadata.id, .base)?.signed.metadata, in: tree,
+                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                    } catch {
+                        try tree.throwIfFailed()
+                        guard missed else {
+                            throw VaultError.corrupt(
+                                "the server sent file \(f.signed.metadata.id) written by another account against the "
+                                    + "sharing rules (\(error)); nothing was applied")
+                        }
+                        stillWaiting.append(f)
+                    }
+                }
+            }
+            guard stillWaiting.count <= TreeLimits.maxRecordsPerBatch else {
+                throw VaultError.corrupt(
+                    "the server sent more records written by other accounts than one change can hold, in folders "
+                        + "this device does not know; nothing was applied")
+            }
+            waiting = stillWaiting
+        }
+    }
+
+    public func otherWriterCheck() -> OtherWriterCheck { OtherWriterCheck(vault: self) }
 
     /// Documents whose pulled version names content this device does not have yet.
     public func contentNeeds(_ files: [RemoteFile]) throws -> [ContentNeed] {

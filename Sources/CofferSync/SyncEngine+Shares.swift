@@ -1,0 +1,40 @@
+import CofferModel
+import CofferProtocol
+import CofferVault
+import Foundation
+
+/// The grantee's side of sync (docs/SHARING.md, "On the grantee's device"): other accounts'
+/// files shared with this one come from the share feed, read with a cursor of its own, checked
+/// record by record, with their content fetched through each document (`via`).
+extension SyncEngine {
+    func pullFeed(_ report: inout SyncReport) async throws {
+        let cursor = vault.feedCursor
+        let read = try await updates(since: cursor, feed: true)
+        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return }
+        let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
+        report.refusedShared += refused
+        // Content before the metadata that names it.
+        report.fetchedChunks += try await fetch(try vault.feedContentNeeds(accepted), shared: true)
+        let changed = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
+        report.pulled += accepted.count
+        report.changed.formUnion(changed)
+    }
+
+    /// Gives up this account's grant on the share `id` (reject a pending share, or leave an
+    /// accepted one): the owner's record with the grant tombstoned goes to the server at once
+    /// (it is a change to another account's tree, which this device does not keep pending), and
+    /// the share leaves this device once the server took it.
+    public func rejectShare(_ id: FileID) async throws {
+        guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
+        let record = try vault.shareRejection(id)
+        _ = try await client.upsert(
+            UpsertRequest(updates: [
+                FileUpdate(
+                    record: Data(record.stored.signed.encoded()),
+                    expectedParent: record.expectedParent.map { Data($0.bytes) },
+                    expectedNameMAC: record.expectedNameMAC.map { Data($0) },
+                    expectedRevision: record.expectedRevision)
+            ]))
+        try vault.forgetShare(id)
+    }
+}

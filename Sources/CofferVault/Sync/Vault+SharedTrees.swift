@@ -1,0 +1,483 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+
+/// The grantee's side of sharing (docs/SHARING.md, "On the grantee's device"): other accounts'
+/// files shared with this one, pulled from the share feed, verified, and kept in the store's
+/// mirror (`shared_files`), apart from the account's own tree.
+
+/// Other accounts' files as this device holds them, read through one store transaction, with
+/// records of a pull staged over them. Like the server's `StorageTreeView` it cannot throw
+/// through the model: a failed read answers "no such file" and is kept in `failure`.
+final class MirrorTree: TreeView {
+    private let reader: StoreReader
+    /// Pulled records being judged, over what the store holds.
+    var staged: [FileID: FileMetadata] = [:]
+    private var read: [FileID: FileMetadata?] = [:]
+    private(set) var failure: (any Error)?
+
+    init(reader: StoreReader) { self.reader = reader }
+
+    func throwIfFailed() throws { if let failure { throw VaultError.io("\(failure)") } }
+
+    func file(_ id: FileID) -> FileMetadata? {
+        if let m = staged[id] { return m }
+        if let hit = read[id] { return hit }
+        do {
+            let m = try reader.sharedFile(id)?.effectiveMetadata
+            read[id] = m
+            return m
+        } catch {
+            if failure == nil { failure = error }
+            return nil
+        }
+    }
+
+    func childIDs(of id: FileID) -> [FileID] {
+        var ids: [FileID]
+        do { ids = try reader.sharedChildIDs(of: id) } catch {
+            if failure == nil { failure = error }
+            ids = []
+        }
+        // A staged record decides where it is: one moved away is no longer listed here.
+        ids = ids.filter { staged[$0].map { $0.parent == id } ?? true }
+        for (sid, m) in staged where m.parent == id && sid != id && !ids.contains(sid) { ids.append(sid) }
+        return ids
+    }
+
+    func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
+        childIDs(of: id).filter { file($0)?.name.mac == nameMAC }
+    }
+
+    var rootID: FileID? { nil }
+}
+
+/// Keys granted to this account: a live grant on the file, sealed to the account's box key
+/// together with file, grantee, mode and owner (checked on open); below it, keys come down the
+/// parent chain as in the account's own tree.
+struct GrantKeyAccess: KeyAccess {
+    let account: AccountID
+    let box: BoxKeyPair
+
+    func directKey(of file: FileMetadata) throws -> SymmetricKey? {
+        guard file.owner != account, let e = file.grant(to: account) else { return nil }
+        return try box.open(sealedKey: e.sealedKey, binding: e.keyBinding(fileID: file.id, owner: file.owner))
+    }
+}
+
+/// A file another account shares with this one directly (a grant on it, not on a folder above).
+public struct IncomingShare: Sendable, Equatable {
+    public let id: FileID
+    public let owner: AccountID
+    public let mode: AccessMode
+    public let type: FileType
+    /// The owner's name for it (`FileMetadata.shareName`), nil if it carries none that opens.
+    public let name: String?
+    /// A document's size, or the total size of the documents in a folder, as far as this device
+    /// holds them.
+    public let size: UInt64
+    /// This account's link to it, if it accepted the share; nil while it is pending.
+    public let link: FileID?
+}
+
+/// What a pull of the share feed refused: records that broke a rule (named by id and reason).
+public struct FeedRefusal: Sendable, Equatable {
+    public let id: FileID
+    public let reason: String
+}
+
+extension Vault {
+    var grantKeys: GrantKeyAccess { GrantKeyAccess(account: accountID, box: box) }
+
+    /// How far this device has read its share feed (a cursor of its own: the feed can be read
+    /// from the start without reading the account's own tree again).
+    public var feedCursor: Int64 {
+        (try? store.read { r in try r.setting("feedCursor").map(Self.int64) } ?? 0) ?? 0
+    }
+
+    /// Checks pulled records of other accounts' files: each must be signed by its writer, owned
+    /// by another account, shared with this one, not older than the record held (a rollback),
+    /// and written by the owner or an account with write access, with every grant in it signed
+    /// by the owner (`Authorization.checkPulled`). A record from this account's own tree here
+    /// fails the whole pull (the server mixed the streams); a record that breaks a rule is
+    /// refused alone and the one held is kept, so one bad record cannot stop a share from
+    /// syncing.
+    public func checkFeed(_ files: [RemoteFile]) throws -> (accepted: [RemoteFile], refused: [FeedRefusal]) {
+        for f in files {
+            let m = f.signed.metadata
+            guard m.owner != accountID else {
+                throw VaultError.corrupt(
+                    "the server sent this account's own file \(m.id) as shared by another; nothing was applied")
+            }
+            guard PublicSigningKey.isValid(m.lastModifiedBy.bytes, f.signed.message, f.signed.signature) else {
+                throw VaultError.corrupt(
+                    "the server sent shared file \(m.id) with a bad signature; nothing was applied")
+            }
+        }
+        let me = accountID
+        return try store.read { r in
+            let mirror = MirrorTree(reader: r)
+            for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
+            var accepted: [RemoteFile] = []
+            var refused: [FeedRefusal] = []
+            for f in files.sorted(by: { $0.signed.metadata.id < $1.signed.metadata.id }) {
+                let m = f.signed.metadata
+                let held = try r.sharedFile(m.id)
+                var reason: String?
+                if let held, f.signed.revision < held.signed.revision {
+                    reason = "older than the record this device holds (a rollback)"
+                } else if let held, f.signed.revision == held.signed.revision, f.signed != held.signed {
+                    reason = "differs from the record this device holds with the same revision"
+                } else if mirror.accessMode(of: me, on: m.id) == nil {
+                    reason = "not shared with this account"
+                } else {
+                    do {
+                        try Authorization.checkPulled(
+                            m, old: held?.signed.metadata, in: mirror,
+                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                    } catch { reason = "\(error)" }
+                }
+                if let reason {
+                    refused.append(FeedRefusal(id: m.id, reason: reason))
+                    mirror.staged[m.id] = held?.effectiveMetadata
+                } else {
+                    accepted.append(f)
+                }
+            }
+            try mirror.throwIfFailed()
+            return (accepted, refused)
+        }
+    }
+
+    /// Shared documents whose pulled version names content this device does not have yet.
+    public func feedContentNeeds(_ files: [RemoteFile]) throws -> [ContentNeed] {
+        try store.read { r in
+            let mirror = MirrorTree(reader: r)
+            for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
+            var view = KeyedTree(tree: mirror, cache: KeyCache(capacity: 4096), access: grantKeys)
+            var out: [ContentNeed] = []
+            for f in files where f.signed.metadata.type == .document && !f.stored.effectiveMetadata.isDeleted {
+                guard let digest = f.signed.metadata.contentDigest, try r.manifest(digest) == nil else { continue }
+                guard let k = try? view.key(f.signed.metadata.id) else { continue }
+                out.append(
+                    ContentNeed(
+                        fileID: f.signed.metadata.id, digest: digest,
+                        cipher: ContentCipher(fileID: f.signed.metadata.id, key: k)))
+            }
+            return out
+        }
+    }
+
+    /// Stores verified records in the mirror, drops what the server says this account no longer
+    /// sees (`gone`: the file and what the mirror holds below it, but for folders shared with
+    /// this account on their own), and moves the feed cursor on, in one transaction. Returns the
+    /// ids whose view changed.
+    @discardableResult
+    public func applyFeed(_ files: [RemoteFile], gone: [FileID], cursor: Int64) throws -> Set<FileID> {
+        let me = accountID
+        var changed: Set<FileID> = []
+        try store.write { w in
+            for f in files {
+                // Another process may have stored a newer one meanwhile.
+                if let held = try w.reader.sharedFile(f.signed.metadata.id), held.signed.revision > f.signed.revision {
+                    continue
+                }
+                try w.putShared(f.stored)
+                changed.insert(f.signed.metadata.id)
+            }
+            for id in gone {
+                var queue = [id]
+                var seen: Set<FileID> = [id]
+                while let next = queue.popLast() {
+                    try w.removeShared(next)
+                    changed.insert(next)
+                    for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
+                        // A folder shared with this account on its own stays: nothing changed there.
+                        if let m = try w.reader.sharedFile(c)?.signed.metadata, m.grant(to: me) != nil,
+                            !gone.contains(c)
+                        {
+                            continue
+                        }
+                        queue.append(c)
+                    }
+                }
+            }
+            try w.setSetting("feedCursor", Self.bytes(cursor))
+        }
+        return changed
+    }
+
+    /// Runs `body` over the mirror seen with this account's granted keys.
+    func withSharedView<R>(_ body: (inout KeyedTree<MirrorTree>, StoreReader) throws -> R) throws -> R {
+        try store.read { r in
+            var view = KeyedTree(tree: MirrorTree(reader: r), cache: KeyCache(capacity: 4096), access: grantKeys)
+            let result = try body(&view, r)
+            try view.tree.throwIfFailed()
+            return result
+        }
+    }
+
+    /// Every file shared with this account directly, pending or accepted, by owner then name.
+    public func incomingShares() throws -> [IncomingShare] {
+        let me = accountID
+        var links: [FileID: FileID] = [:]
+        for (link, target) in try liveLinks() { links[target] = link }
+        return try withSharedView { view, r in
+            var roots: [FileMetadata] = []
+            try r.visitSharedFiles { f in
+                let m = f.effectiveMetadata
+                if !m.isDeleted, m.grant(to: me) != nil { roots.append(m) }
+                return true
+            }
+            var out: [IncomingShare] = []
+            for m in roots {
+                // Nested in another share to this account: reached through that one.
+                if view.tree.file(m.parent).map({ view.tree.accessMode(of: me, on: $0.id) != nil }) == true { continue }
+                guard let grant = m.grant(to: me) else { continue }
+                out.append(
+                    IncomingShare(
+                        id: m.id, owner: m.owner, mode: view.tree.accessMode(of: me, on: m.id) ?? grant.mode,
+                        type: m.type, name: try? shareName(m, &view), size: liveSize(of: m, &view), link: links[m.id]))
+            }
+            return out.sorted {
+                ($0.owner.description, $0.name ?? "", $0.id) < ($1.owner.description, $1.name ?? "", $1.id)
+            }
+        }
+    }
+
+    /// A shared file's name as its owner shares it.
+    func shareName(_ m: FileMetadata, _ view: inout KeyedTree<MirrorTree>) throws -> String {
+        guard let sealed = m.shareName else { throw VaultError.corrupt("\(m.id) carries no name for its grantees") }
+        let raw = try AEAD.open(sealed, key: try view.key(m.id), purpose: .shareName, fileID: m.id.bytes, what: "name")
+        guard let name = String(validating: raw, as: UTF8.self), (try? FileName.validate(name)) != nil else {
+            throw VaultError.corrupt("\(m.id) carries a malformed name")
+        }
+        return name
+    }
+
+    /// The size of a document, or of the live documents below a folder, as the mirror holds them.
+    func liveSize(of m: FileMetadata, _ view: inout KeyedTree<MirrorTree>) -> UInt64 {
+        var total: UInt64 = 0
+        var queue = [m]
+        var seen: Set<FileID> = [m.id]
+        while let next = queue.popLast() {
+            if next.type == .document, let a = try? view.openAttributes(next) {
+                total = total.addingReportingOverflow(a.size).partialValue
+            }
+            guard next.type == .folder else { continue }
+            for c in view.tree.childIDs(of: next.id) where seen.insert(c).inserted {
+                if let cm = view.tree.file(c), !cm.isDeleted { queue.append(cm) }
+            }
+        }
+        return total
+    }
+
+    /// The live links of this account's tree and their targets. Reads every record once (links
+    /// are not indexed yet; docs/SHARING.md).
+    func liveLinks() throws -> [(link: FileID, target: FileID)] {
+        var found: [FileID: FileID] = [:]
+        var local: Set<FileID> = []
+        try store.readOne { r in
+            try r.visitFiles(.local) { f in
+                local.insert(f.signed.metadata.id)
+                if f.signed.metadata.type == .link, let t = f.signed.metadata.linkTarget {
+                    found[f.signed.metadata.id] = t
+                }
+                return true
+            }
+            try r.visitFiles(.base) { f in
+                let m = f.signed.metadata
+                if !local.contains(m.id), m.type == .link, let t = m.linkTarget { found[m.id] = t }
+                return true
+            }
+        }
+        return found.filter { isLive($0.key) }.map { ($0.key, $0.value) }
+    }
+
+    /// The file `path` names below the share `share` ("" for the share itself), as a node.
+    public func sharedNode(_ share: FileID, path: String) throws -> Node {
+        let me = accountID
+        return try withSharedView { view, _ in
+            guard let root = view.tree.file(share), !root.isDeleted, root.grant(to: me) != nil else {
+                throw VaultError.tree(.notFound("no share with id \(share)"))
+            }
+            var current = root
+            var name = try shareName(root, &view)
+            var walked = name
+            for part in Self.components(path) {
+                walked += "/" + part
+                guard current.type == .folder else { throw VaultError.tree(.notAFolder(walked)) }
+                let mac = try view.nameMAC(part, in: current.id)
+                guard
+                    let next = view.tree.childIDs(of: current.id, nameMAC: mac).compactMap(view.tree.file)
+                        .first(where: { !$0.isDeleted })
+                else { throw VaultError.tree(.notFound(walked)) }
+                current = next
+                name = part
+            }
+            return try sharedNode(current, name: name, &view)
+        }
+    }
+
+    /// The live children of a shared folder, by name.
+    public func sharedChildren(of id: FileID) throws -> [Node] {
+        try withSharedView { view, _ in
+            guard let m = view.tree.file(id), !m.isDeleted else { throw VaultError.tree(.notFound(id.description)) }
+            guard m.type == .folder else { throw VaultError.tree(.notAFolder(id.description)) }
+            var nodes: [Node] = []
+            for c in view.tree.childIDs(of: id) {
+                guard let cm = view.tree.file(c), !cm.isDeleted else { continue }
+                nodes.append(try sharedNode(cm, name: try view.openName(cm), &view))
+            }
+            return nodes.sorted { Self.bytesPrecede($0.name, $1.name) }
+        }
+    }
+
+    private func sharedNode(_ m: FileMetadata, name: String, _ view: inout KeyedTree<MirrorTree>) throws -> Node {
+        var a = try view.openAttributes(m)
+        // What this account may not write shows no write bits (docs/SHARING.md).
+        if view.tree.accessMode(of: accountID, on: m.id) != .write { a.mode.value &= ~0o222 }
+        let subfolders =
+            m.type == .folder
+            ? view.tree.childIDs(of: m.id).filter {
+                view.tree.file($0).map { $0.type == .folder && !$0.isDeleted } ?? false
+            }
+            .count : 0
+        return Node(id: m.id, type: m.type, parent: m.parent, name: name, attributes: a, subfolders: subfolders)
+    }
+
+    /// Streams a shared document's content, chunk by chunk, to `sink`.
+    public func readShared(_ id: FileID, into sink: ([UInt8]) throws -> Void) throws {
+        let (cipher, digest) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?) in
+            guard let m = view.tree.file(id), !m.isDeleted else { throw VaultError.tree(.notFound(id.description)) }
+            guard m.type == .document else { throw VaultError.invalidArgument("\(id) is not a document") }
+            return (ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest)
+        }
+        guard let digest else { return }
+        guard let sealed = try store.read({ try $0.manifest(digest) }) else {
+            throw VaultError.corrupt("the content of shared file \(id) has not been fetched")
+        }
+        for ref in try cipher.openManifest(sealed).chunks {
+            guard let chunk = try store.read({ try $0.chunk(ref.id) }) else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
+            try sink(try cipher.openChunk(chunk, ref: ref))
+        }
+    }
+}
+
+/// A tree read one record at a time through `lookup`, for the walks up a file's ancestors that
+/// the sharing rules make (no listings). A failed read answers "no such file" and is kept.
+final class LookupTree: TreeView {
+    private let lookup: (FileID) throws -> FileMetadata?
+    private var memo: [FileID: FileMetadata?] = [:]
+    private(set) var failure: (any Error)?
+
+    init(_ lookup: @escaping (FileID) throws -> FileMetadata?) { self.lookup = lookup }
+
+    func throwIfFailed() throws { if let failure { throw VaultError.io("\(failure)") } }
+
+    func file(_ id: FileID) -> FileMetadata? {
+        if let hit = memo[id] { return hit }
+        do {
+            let m = try lookup(id)
+            memo[id] = m
+            return m
+        } catch {
+            if failure == nil { failure = error }
+            return nil
+        }
+    }
+
+    func childIDs(of id: FileID) -> [FileID] { [] }
+    func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] { [] }
+    var rootID: FileID? { nil }
+}
+
+extension Vault {
+    /// Accepts the share `id`: a link to it in this account's tree, in `parent`, named `name`
+    /// (the owner's name for it by default). Renaming or moving the link later changes this
+    /// account's tree only. The link reaches the server at the next sync, which holds it to the
+    /// same rules checked here (a live file shared with this account, one link per target, not
+    /// inside a shared folder).
+    @discardableResult
+    public func acceptShare(_ id: FileID, in parent: FileID, name: String?) throws -> Node {
+        guard let share = try incomingShares().first(where: { $0.id == id }) else {
+            throw VaultError.tree(.notFound("no share with id \(id) (see `coffer share pending`)"))
+        }
+        if let link = share.link {
+            throw VaultError.invalidArgument("share \(id) is already accepted, at \(path(of: link))")
+        }
+        guard let name = name ?? share.name else {
+            throw VaultError.invalidArgument("share \(id) carries no readable name; give one with --name")
+        }
+        let facts = LinkTargetFacts(owner: share.owner, isLive: true, mode: share.mode, liveLinks: [])
+        return try createWithInode(
+            in: parent, name: name, type: .link, mode: 0o755, linkTarget: id, linkFacts: facts
+        ).node
+    }
+
+    /// The record that gives up this account's grant on the share `id` (reject, or leave): the
+    /// owner's record with the grant tombstoned and signed by this account, one revision above
+    /// the one held, with the preconditions the server checks. Nothing changes here until the
+    /// server has taken it (`forgetShare`).
+    public func shareRejection(_ id: FileID) throws -> PendingRecord {
+        let me = accountID
+        let held = try store.read { r in try r.sharedFile(id) }
+        guard let held, !held.effectiveMetadata.isDeleted,
+            let i = held.signed.metadata.access.firstIndex(where: { $0.account == me && !$0.isDeleted })
+        else { throw VaultError.tree(.notFound("no share with id \(id) (see `coffer share pending`)")) }
+        var m = held.signed.metadata
+        m.access[i].isDeleted = true
+        m.access[i].signature = signing.sign(m.access[i].grantMessage(fileID: id))
+        m.lastModifiedBy = me
+        let signed = sign(m, revision: SignedMetadata.revision(after: held.signed.revision, now: nowMillis))
+        return PendingRecord(
+            stored: StoredFile(signed: signed), expectedParent: held.signed.metadata.parent,
+            expectedNameMAC: held.signed.metadata.name.mac, expectedRevision: held.signed.revision)
+    }
+
+    /// Drops a share this account gave up from the mirror (what it holds below it too), and
+    /// removes this account's link to it, if any.
+    public func forgetShare(_ id: FileID) throws {
+        if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
+        try store.write { w in
+            var queue = [id]
+            var seen: Set<FileID> = [id]
+            while let next = queue.popLast() {
+                try w.removeShared(next)
+                for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted { queue.append(c) }
+            }
+        }
+    }
+}
+
+extension Vault {
+    /// The shared file a link places in this account's tree, nil for anything but a link.
+    public func linkTarget(of id: FileID) -> FileID? {
+        state.withLock { $0.view.tree.file(id)?.linkTarget }
+    }
+
+    /// Resolves `path` from the root as `resolve` does, going on through a link into the share
+    /// it places there; `shared` says the node is another account's file.
+    public func resolveAcrossShares(_ path: String) throws -> (node: Node, shared: Bool) {
+        let parts = Self.components(path)
+        var current = try resolve("/")
+        var walked = ""
+        for (i, part) in parts.enumerated() {
+            if current.type == .link, let target = linkTarget(of: current.id) {
+                return (try sharedNode(target, path: parts[i...].joined(separator: "/")), true)
+            }
+            walked += "/" + part
+            guard current.type == .folder else { throw VaultError.tree(.notAFolder(walked)) }
+            guard let next = try lookup(current.id, part) else { throw VaultError.tree(.notFound(walked)) }
+            current = next
+        }
+        if current.type == .link, let target = linkTarget(of: current.id) {
+            return (try sharedNode(target, path: ""), true)
+        }
+        return (current, false)
+    }
+}

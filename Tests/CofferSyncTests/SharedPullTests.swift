@@ -1,0 +1,153 @@
+import CofferCrypto
+import CofferModel
+import CofferProtocol
+import CofferSync
+import CofferTestSupport
+import CofferVault
+import Foundation
+import Testing
+
+/// What a device takes from a server about files shared with it, or written into its own tree
+/// by a grantee: only what a key holder with the right access signed (docs/SHARING.md, "What
+/// devices verify"). The records are crafted and correctly signed; the server is real.
+@Suite(.serialized) struct SharedPullTests {
+    struct World {
+        let tmp = TemporaryDirectory("coffer-shared-pull")
+        let server: ServerProcess
+        let alice: String
+        let bob: String
+
+        /// Alice shares `projects` (a folder holding `notes.txt`) with bob; both synced.
+        init(write: Bool) throws {
+            server = try ServerProcess(dataDirectory: tmp.sub("server"))
+            (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
+            for (dir, name) in [(alice, "alice"), (bob, "bob")] {
+                guard coffer(dir, ["init", name, "--server", server.url]).status == 0 else { throw TestFailure("init") }
+            }
+            _ = coffer(alice, ["mkdir", "projects"])
+            _ = coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
+            _ = coffer(alice, ["share", "add", "projects", "bob"] + (write ? ["--write"] : []))
+            for dir in [alice, bob] {
+                let r = coffer(dir, ["sync"])
+                guard r.status == 0 else { throw TestFailure("sync: \(r.err)") }
+            }
+        }
+    }
+
+    func remote(_ f: ServerFile) throws -> RemoteFile {
+        RemoteFile(
+            signed: try SignedMetadata(decoding: Array(f.record)), version: f.version,
+            contentVersion: f.contentVersion, serverDeleted: f.serverDeleted)
+    }
+
+    func signed(_ m: FileMetadata, by keys: SigningKeyPair, revision: UInt64) -> RemoteFile {
+        let message = SignedMetadata.message(metadata: m, revision: revision)
+        return RemoteFile(
+            signed: SignedMetadata(metadata: m, revision: revision, signature: keys.sign(message)), version: 99,
+            contentVersion: 0, serverDeleted: false)
+    }
+
+    @Test func aGranteeDeviceRefusesSharedRecordsNoKeyHolderCouldWrite() async throws {
+        let w = try World(write: false)
+        let bob = try Vault.open(dataDirectory: w.bob)
+        let aliceKeys = try Vault.open(dataDirectory: w.alice).exportedSecret.signingKeys
+        let bobKeys = bob.exportedSecret.signingKeys
+        let engine = try SyncEngine.forStore(bob)
+        let page = try await engine.client.updates(since: 0, feedOnly: true)
+        let records = try page.files.map(remote)
+        #expect(records.count == 2)
+        let folder = try #require(records.first { $0.signed.metadata.type == .folder })
+        let notes = try #require(records.first { $0.signed.metadata.type == .document })
+        let next = notes.signed.revision + 1
+
+        // An account nobody granted anything writes a shared file.
+        let mallory = AccountSecret.generate().signingKeys
+        var m = notes.signed.metadata
+        m.lastModifiedBy = try AccountID(bytes: mallory.publicKey.bytes)
+        var refused = try bob.checkFeed([signed(m, by: mallory, revision: next)])
+        #expect(refused.accepted.isEmpty && refused.refused.first?.reason.contains("without write access") == true)
+        // The read-only grantee itself writes, or raises its own grant to write.
+        m.lastModifiedBy = bob.accountID
+        refused = try bob.checkFeed([signed(m, by: bobKeys, revision: next)])
+        #expect(refused.accepted.isEmpty && refused.refused.count == 1)
+        var f = folder.signed.metadata
+        let i = try #require(f.access.firstIndex { $0.account == bob.accountID })
+        f.access[i].mode = .write
+        f.access[i].signature = bobKeys.sign(f.access[i].grantMessage(fileID: f.id))
+        f.lastModifiedBy = bob.accountID
+        refused = try bob.checkFeed([signed(f, by: bobKeys, revision: folder.signed.revision + 1)])
+        #expect(refused.accepted.isEmpty && refused.refused.first?.reason.contains("only the owner") == true)
+        // The owner's own older record (a rollback), and a file of another tree not shared with bob.
+        refused = try bob.checkFeed([signed(notes.signed.metadata, by: aliceKeys, revision: notes.signed.revision - 1)])
+        #expect(refused.refused.first?.reason.contains("rollback") == true)
+        var stranger = notes.signed.metadata
+        stranger.parent = try FileID(random: randomBytes(16))
+        stranger.id = try FileID(random: randomBytes(16))
+        refused = try bob.checkFeed([signed(stranger, by: aliceKeys, revision: next)])
+        #expect(refused.refused.first?.reason == "not shared with this account")
+        // A bad signature, or bob's own file sent as shared, stops the pull.
+        var forged = signed(notes.signed.metadata, by: aliceKeys, revision: next)
+        forged = RemoteFile(
+            signed: SignedMetadata(
+                metadata: forged.signed.metadata, revision: next + 1, signature: forged.signed.signature),
+            version: 99, contentVersion: 0, serverDeleted: false)
+        #expect(throws: VaultError.self) { try bob.checkFeed([forged]) }
+        var own = notes.signed.metadata
+        own.owner = bob.accountID
+        own.lastModifiedBy = bob.accountID
+        #expect(throws: VaultError.self) { try bob.checkFeed([signed(own, by: bobKeys, revision: next)]) }
+        // What the owner signs goes through.
+        let fine = try bob.checkFeed([signed(notes.signed.metadata, by: aliceKeys, revision: next)])
+        #expect(fine.accepted.count == 1 && fine.refused.isEmpty)
+        // Nothing refused reached bob's store.
+        let share = try #require(try bob.incomingShares().first?.id)
+        #expect(coffer(w.bob, ["cat", "--share", "\(share)", "notes.txt"]).out == "plan")
+    }
+
+    /// A write grantee's record in the owner's tree (here crafted with the grantee's real keys,
+    /// as its device would write it) reaches the owner's device, which checks it against the
+    /// grants it holds, and comes back to the grantee through its feed.
+    @Test func aWriteGranteesRecordReachesTheOwnersDevice() async throws {
+        let w = try World(write: true)
+        let bob = try Vault.open(dataDirectory: w.bob)
+        let engine = try SyncEngine.forStore(bob)
+        let records = try await engine.client.updates(since: 0, feedOnly: true).files.map(remote)
+        let folder = try #require(records.first { $0.signed.metadata.type == .folder }).signed.metadata
+        let grant = try #require(folder.grant(to: bob.accountID))
+        let folderKey = try bob.exportedSecret.boxKeys.open(
+            sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: folder.id, owner: folder.owner))
+
+        let id = try FileID(random: randomBytes(16))
+        let key = SymmetricKey.random()
+        let now = UInt64(Date().timeIntervalSince1970 * 1000)
+        let attrs = PosixAttributes(
+            mode: 0o755, uid: 0, gid: 0, mtime: Timespec(seconds: Int64(now / 1000)),
+            stamp: HybridTimestamp(wallMillis: now, counter: 0, device: 7))
+        let made = FileMetadata(
+            id: id, type: .folder, parent: folder.id,
+            name: SealedName(
+                ciphertext: AEAD.seal(Array("from-bob".utf8), key: folderKey, purpose: .name, fileID: id.bytes),
+                mac: NameMAC.mac(name: "from-bob", parentKey: folderKey)),
+            owner: folder.owner, wrappedKey: KeyWrap.wrap(key, with: folderKey, fileID: id.bytes),
+            sealedAttributes: AEAD.seal(attrs.encoded(), key: key, purpose: .attributes, fileID: id.bytes),
+            lastModifiedBy: bob.accountID)
+        let record = signed(made, by: bob.exportedSecret.signingKeys, revision: now).signed
+        _ = try await engine.client.upsert(
+            UpsertRequest(updates: [
+                FileUpdate(record: Data(record.encoded()), expectedParent: nil, expectedNameMAC: nil)
+            ]))
+
+        let synced = coffer(w.alice, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(w.alice, ["ls", "projects"]).out == "from-bob/\nnotes.txt\n")
+        #expect(coffer(w.alice, ["fsck"]).status == 0)
+        // Alice's next change to it is hers again, and bob's device takes both.
+        #expect(coffer(w.alice, ["mv", "projects/from-bob", "projects/by-bob"]).status == 0)
+        let again = coffer(w.alice, ["sync"])
+        #expect(again.status == 0, "\(again.err)")
+        #expect(coffer(w.bob, ["sync"]).status == 0)
+        let share = try #require(try bob.incomingShares().first?.id)
+        #expect(coffer(w.bob, ["ls", "--share", "\(share)"]).out == "by-bob/\nnotes.txt\n")
+        #expect(coffer(w.bob, ["ls", "-l", "--share", "\(share)", "notes.txt"]).out.hasPrefix("-rw-"))
+    }
+}
