@@ -62,9 +62,16 @@ public final class ChangeWatcher: Sendable {
     public func invalidate(_ ids: Set<FileID>) {
         var parents: Set<InodeNumber> = []
         for id in ids {
-            // The folder it is in now: its listing, link count or times changed.
-            if let n = try? fs.vault.node(id), !n.isRoot, let p = fs.inodes.referencedInode(for: n.parent) {
+            // The folder it is in now: its listing, link count or times changed. A shared folder
+            // the mount shows at a link's place is known to the kernel by the link's inode.
+            if let n = try? fs.vault.node(id), !n.isRoot,
+                let p = fs.inodes.referencedInode(for: n.parent)
+                    ?? fs.vault.shownLink(placing: n.parent).flatMap(fs.inodes.referencedInode(for:))
+            {
                 parents.insert(p)
+            }
+            if let link = fs.vault.shownLink(placing: id), let ino = fs.inodes.referencedInode(for: link) {
+                try? session.invalidateInode(ino)
             }
             guard let ino = fs.inodes.referencedInode(for: id) else { continue }
             if let known = fs.inodes.takeKnownName(ino) {

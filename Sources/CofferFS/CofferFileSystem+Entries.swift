@@ -61,6 +61,7 @@ extension CofferFileSystem {
     ) throws -> Attributes {
         try op {
             let (n, unlinked) = try node(inode)
+            if !unlinked, vault.isInShare(n.id) { throw FSError.permissionDenied }
             if let size = changes.size {
                 guard n.type == .document else { throw n.type == .folder ? FSError.isDirectory : FSError.invalid }
                 // truncate(2) to the size the file has still marks mtime and ctime on Linux.
@@ -160,7 +161,7 @@ extension CofferFileSystem {
     ) throws -> Entry {
         try op {
             guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
-            let folder = try folderID(parent)
+            let folder = try writableFolderID(parent)
             let node = try createNode(
                 in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid,
                 gid: groupFor(folder, context))
@@ -170,7 +171,7 @@ extension CofferFileSystem {
 
     public func mkdir(parent: InodeNumber, name: String, mode: UInt32, context: RequestContext) throws -> Entry {
         try op {
-            let folder = try folderID(parent)
+            let folder = try writableFolderID(parent)
             // In a set-group-ID folder a new folder is set-group-ID too, so the rule carries on
             // down the tree (`inode_init_owner`, which a FUSE filesystem must do itself).
             let inherits = setGroupIDFolder(folder) != nil
@@ -195,7 +196,7 @@ extension CofferFileSystem {
 
     public func unlink(parent: InodeNumber, name: String) throws {
         try op {
-            let folder = try folderID(parent)
+            let folder = try writableFolderID(parent)
             guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
             if node.type == .folder { throw FSError.isDirectory }
             keepIfOpen(node, racingOpens: false)
@@ -239,7 +240,7 @@ extension CofferFileSystem {
 
     public func rmdir(parent: InodeNumber, name: String) throws {
         try op {
-            let folder = try folderID(parent)
+            let folder = try writableFolderID(parent)
             guard let node = try vault.lookup(folder, name) else { throw FSError.notFound }
             guard node.type == .folder else { throw FSError.notDirectory }
             try vault.remove(node.id, recursive: false, expectFolder: true)
@@ -249,7 +250,7 @@ extension CofferFileSystem {
 
     public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try op {
-            let folder = try folderID(parent)
+            let folder = try writableFolderID(parent)
             let node = try createNode(
                 in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context),
                 symlinkTarget: target)
@@ -262,8 +263,8 @@ extension CofferFileSystem {
     ) throws {
         try op {
             if newName.utf8.count > FileName.maxBytes { throw FSError.nameTooLong }
-            let from = try folderID(parent)
-            let to = try folderID(newParent)
+            let from = try writableFolderID(parent)
+            let to = try writableFolderID(newParent)
             guard let source = try vault.lookup(from, name) else { throw FSError.notFound }
             let target = try vault.lookup(to, newName)
             if flags.contains(.exchange) {

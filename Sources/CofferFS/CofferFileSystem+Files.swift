@@ -38,6 +38,10 @@ extension CofferFileSystem {
             // O_TRUNC truncates whatever the access mode, as Linux does (the kernel has checked
             // write permission for it). A read-only handle never commits, so it commits here.
             let writable = flags & O_ACCMODE != O_RDONLY
+            if doc.isReadOnly && (writable || flags & O_TRUNC != 0) {
+                try? vault.release(doc)
+                throw FSError.permissionDenied
+            }
             if flags & O_TRUNC != 0 {
                 do {
                     try doc.truncate(to: 0, touchingTimes: true)
@@ -80,6 +84,7 @@ extension CofferFileSystem {
                 let e = try entry(existing, parent: parent)
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
+            if vault.isInShare(folder) { throw FSError.permissionDenied }
             let node = try createNode(
                 in: folder, name: name, type: .document, mode: mode & 0o7777,
                 uid: context.uid, gid: groupFor(folder, context))

@@ -172,6 +172,14 @@ public final class CofferFileSystem: FileSystemOperations {
         }
     }
 
+    /// `folderID` for an operation that changes what is in the folder: EACCES in a share (a
+    /// link, or a shared folder), which this side does not change yet (docs/SHARING.md).
+    func writableFolderID(_ ino: InodeNumber) throws -> FileID {
+        let id = try folderID(ino)
+        if vault.isInShare(id) { throw FSError.permissionDenied }
+        return id
+    }
+
     // MARK: Lifecycle
 
     public func initialize(connection: ConnectionInfo) {

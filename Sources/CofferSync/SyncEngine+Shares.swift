@@ -7,10 +7,12 @@ import Foundation
 /// files shared with this one come from the share feed, read with a cursor of its own, checked
 /// record by record, with their content fetched through each document (`via`).
 extension SyncEngine {
-    func pullFeed(_ report: inout SyncReport) async throws {
+    /// Returns whether a share may have gone away (a file no longer seen, or one deleted), for
+    /// the caller to remove links that place nothing any more.
+    func pullFeed(_ report: inout SyncReport) async throws -> Bool {
         let cursor = vault.feedCursor
         let read = try await updates(since: cursor, feed: true)
-        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return }
+        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return false }
         let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
         report.refusedShared += refused
         // Content before the metadata that names it.
@@ -18,6 +20,7 @@ extension SyncEngine {
         let changed = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
         report.pulled += accepted.count
         report.changed.formUnion(changed)
+        return !read.gone.isEmpty || accepted.contains { $0.signed.metadata.isDeleted || $0.serverDeleted }
     }
 
     /// Gives up this account's grant on the share `id` (reject a pending share, or leave an

@@ -19,6 +19,8 @@ public struct SyncReport: Sendable {
     public var changed: Set<FileID> = []
     /// Records of shared files refused by the sharing rules (the ones held were kept).
     public var refusedShared: [FeedRefusal] = []
+    /// Links removed because the share they placed is gone (revoked, given up or deleted).
+    public var removedLinks = 0
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -85,6 +87,8 @@ public final class SyncEngine: Sendable {
             client.recheckServerID()
             if serverCheckDue() { try await catchUpIfServerBehind(&report) }
             try await pull(&report)
+            // Shares before the push, so links whose share went away are removed with it.
+            if try await pullFeed(&report) { report.removedLinks = try vault.removeBrokenLinks() }
             var attempts = 0
             while true {
                 try await pushContent(&report)
@@ -97,7 +101,6 @@ public final class SyncEngine: Sendable {
                 }
             }
             try await pull(&report)
-            try await pullFeed(&report)
             report.pruned = try vault.pruneSyncedDeletions()
             // Best effort: an account made before key cards signs its keys once; a failure
             // here is tried again by the next engine and never fails a sync.

@@ -161,12 +161,18 @@ public final class OpenDocument: Sendable {
         }
     }
 
+    static let readOnly = VaultError.denied("this shared file cannot be written from this account yet")
     static let lostWrites = VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it")
 
     func poison() { state.withLock { $0.poisoned = true } }
 
-    init(id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?) {
+    /// Another account's document read through a share: every write is refused (EACCES).
+    public let isReadOnly: Bool
+
+    init(id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?, readOnly: Bool = false)
+    {
         self.id = id
+        self.isReadOnly = readOnly
         self.vault = vault
         self.cipher = cipher
         let size = manifest.size
@@ -343,6 +349,7 @@ public final class OpenDocument: Sendable {
 
     /// Writes `bytes` at `offset`, extending the file (a gap reads as zeros).
     public func write(offset: UInt64, bytes: UnsafeRawBufferPointer) throws {
+        if isReadOnly { throw Self.readOnly }
         guard bytes.count > 0 else { return }
         try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
@@ -386,6 +393,7 @@ public final class OpenDocument: Sendable {
     /// nothing, unless `touchingTimes` (open's O_TRUNC, which POSIX says marks mtime and ctime
     /// whatever the size was).
     public func truncate(to newSize: UInt64, touchingTimes: Bool = false) throws {
+        if isReadOnly { throw Self.readOnly }
         try Self.checkSize(newSize, plus: 0)
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }

@@ -16,12 +16,15 @@ extension Vault {
             }) {
                 return doc
             }
-            let (cipher, digest) = try state.withLock { s -> (ContentCipher, [UInt8]?) in
-                guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
+            let own = try state.withLock { s -> (ContentCipher, [UInt8]?)? in
+                guard let m = s.view.tree.file(id) else { return nil }
+                if m.type == .link { return nil }
                 if m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
                 guard m.type == .document else { throw TreeError.notADocument(s.view.path(id)) }
                 return (ContentCipher(fileID: id, key: try s.view.key(id)), m.contentDigest)
             }
+            // Not of this account's tree: a document of a share it reaches, read-only.
+            guard let (cipher, digest) = own else { return try openSharedDocument(linkTarget(of: id) ?? id) }
             let manifest = try loadManifest(digest, cipher: cipher)
             let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
             return openDocuments.withLock { docs in

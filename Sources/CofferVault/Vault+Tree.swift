@@ -37,23 +37,43 @@ extension Vault {
         state.withLock { $0.view.tree.rootID } ?? .none
     }
 
+    /// A file of this account's tree, or of a share it reaches (docs/SHARING.md, "In the
+    /// mount"); a link shows as what it places there.
     public func node(_ id: FileID) throws -> Node {
-        do { return try state.withLock { s in try node(id, &s) } } catch { throw VaultError.wrap(error) }
+        do {
+            let own = try state.withLock { s in s.view.tree.file(id) == nil ? nil : try node(id, &s) }
+            if let own { return own.type == .link ? presented(link: own) : own }
+            if let shared = try sharedLiveNode(id) { return shared }
+            throw TreeError.notFound(id.description)
+        } catch { throw VaultError.wrap(error) }
     }
 
     /// The node if the file is live, nil if it is deleted or unknown, decided under one lock:
     /// a caller that asked `isLive` and then `node` could see a rename remove it in between.
+    /// Files of shares this account reaches count too; a link shows as what it places there.
     public func liveNode(_ id: FileID) throws -> Node? {
         do {
-            return try state.withLock { s in s.view.tree.isLive(id) ? try node(id, &s) : nil }
+            let (own, known) = try state.withLock { s -> (Node?, Bool) in
+                (s.view.tree.isLive(id) ? try node(id, &s) : nil, s.view.tree.file(id) != nil)
+            }
+            if let own { return own.type == .link ? presented(link: own) : own }
+            return known ? nil : try sharedLiveNode(id)
         } catch { throw VaultError.wrap(error) }
     }
 
     /// The type of a live file, nil if it is deleted or unknown: for a caller that only needs
     /// to know a folder is one (every lookup and create checks its parent), without decrypting
-    /// its name and attributes or counting its subfolders as `node` does.
+    /// its name and attributes or counting its subfolders as `node` does. A link has the type
+    /// of what it places (a folder when that is gone); a shared file its own.
     public func liveType(_ id: FileID) -> FileType? {
-        state.withLock { s in s.view.tree.isLive(id) ? s.view.tree.file(id)?.type : nil }
+        let own = state.withLock { s -> (FileType?, Bool) in
+            (s.view.tree.isLive(id) ? s.view.tree.file(id)?.type : nil, s.view.tree.file(id) != nil)
+        }
+        if let type = own.0 {
+            guard type == .link else { return type }
+            return (linkTarget(of: id).flatMap { try? sharedLiveNode($0) })?.type ?? .folder
+        }
+        return own.1 ? nil : (try? sharedLiveNode(id))?.type
     }
 
     /// Whether the file exists and is live (not deleted, no deleted ancestor).
@@ -61,11 +81,28 @@ extension Vault {
         state.withLock { $0.view.tree.isLive(id) }
     }
 
+    /// The live children of a folder, by name; of a link, what is in the share it places; of a
+    /// shared folder, its children. Links among them show as what they place.
     public func children(of id: FileID) throws -> [Node] {
+        let listed: [Node]?
         do {
-            return try state.withLock { s in
-                guard let m = s.view.tree.file(id) else { throw TreeError.notFound(s.view.path(id)) }
-                if m.type == .link { return [] }  // what it places here is read through the share
+            listed = try ownChildren(of: id)
+        } catch { throw VaultError.wrap(error) }
+        guard let listed else {
+            if let target = linkTarget(of: id) {
+                return (try? sharedLiveNode(target)) == nil ? [] : try sharedChildren(of: target)
+            }
+            return try sharedChildren(of: id)
+        }
+        guard listed.contains(where: { $0.type == .link }) else { return listed }
+        return listed.map { $0.type == .link ? presented(link: $0) : $0 }
+    }
+
+    /// The children of a folder of this account's tree; nil for a link or a file it does not hold.
+    private func ownChildren(of id: FileID) throws -> [Node]? {
+        do {
+            return try state.withLock { s -> [Node]? in
+                guard let m = s.view.tree.file(id), m.type != .link else { return nil }
                 guard m.type == .folder else { throw TreeError.notAFolder(s.view.path(id)) }
                 let kids = s.view.tree.liveChildren(of: id)
                 let times = s.pendingFolderTimes
@@ -103,10 +140,19 @@ extension Vault {
     }
 
     /// The live child of `parent` called `name`, found by name MAC without decrypting siblings.
+    /// Through a link, or in a shared folder, the child of the share; a link found shows as what
+    /// it places.
     public func lookup(_ parent: FileID, _ name: String) throws -> Node? {
+        let own: (Node?, inOwnTree: Bool)
         do {
-            return try state.withLock { s in try lookup(parent, name, &s) }
+            own = try state.withLock { s in
+                guard let p = s.view.tree.file(parent), p.type != .link else { return (nil, false) }
+                return (try lookup(parent, name, &s), true)
+            }
         } catch { throw VaultError.wrap(error) }
+        if own.inOwnTree { return own.0.map { $0.type == .link ? presented(link: $0) : $0 } }
+        let folder = linkTarget(of: parent) ?? parent
+        return try sharedChild(of: folder, named: name)
     }
 
     func lookup(_ parent: FileID, _ name: String, _ s: inout VaultState) throws -> Node? {

@@ -39,6 +39,12 @@ public final class Vault: Sendable {
 
     package let state: Mutex<VaultState>
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
+    /// Keys of shared files opened so far (a file keeps its key for life), so the mount does not
+    /// unwrap a share's key chain again for every request.
+    let sharedKeys = Mutex<BoundedCache<FileID, SymmetricKey>>(BoundedCache(capacity: 4096))
+    /// The links shown so far as the shared file each places (`presented(link:)`), by target: a
+    /// change to the shared file is a change to what the mount shows at the link.
+    let shownLinks = Mutex<[FileID: FileID]>([:])
     /// See `coalesceFolderTimes`.
     let coalescing = Atomic<Bool>(false)
     /// Group transactions found lost (their writes gone) by this vault: a batch tool such as

@@ -16,6 +16,8 @@ public enum VaultError: Error, CustomStringConvertible {
     case io(String)
     /// Past `Vault.maxDocumentSize` (EFBIG).
     case tooLarge(String)
+    /// A change this account may not make (EACCES): in a share it cannot write.
+    case denied(String)
 
     public var description: String {
         switch self {
@@ -29,6 +31,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .busy(let w): return w
         case .io(let w): return w
         case .tooLarge(let w): return w
+        case .denied(let w): return w
         }
     }
 
@@ -52,6 +55,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .invalidArgument: return 22
         case .busy: return 16
         case .tooLarge: return 27  // EFBIG
+        case .denied: return 13  // EACCES
         case .noAccount, .accountExists, .corrupt, .io: return 5
         }
     }

@@ -242,6 +242,12 @@ struct Sync: ParsableCommand {
                 "synced: pulled \(report.pulled) records (\(report.fetchedChunks) chunks), pushed "
                     + "\(report.pushedRecords) records (\(report.pushedChunks) chunks)"
             )
+            if report.removedLinks > 0 {
+                print(
+                    "removed \(report.removedLinks) link\(report.removedLinks == 1 ? "" : "s") to shares that are gone")
+            }
+            // The server sent records of shared files that no key holder with access wrote.
+            for r in report.refusedShared { print("refused shared file \(r.id): \(r.reason)") }
             if stats {
                 let t = engine.traffic
                 print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")

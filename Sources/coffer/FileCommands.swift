@@ -13,10 +13,8 @@ struct List: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let (node, shared) = try resolveForReading(vault, path, share: share)
-            let entries =
-                node.type == .folder
-                ? try shared ? vault.sharedChildren(of: node.id) : vault.children(of: node.id) : [node]
+            let node = try resolveForReading(vault, path, share: share)
+            let entries = node.type == .folder ? try vault.children(of: node.id) : [node]
             for e in entries {
                 let suffix =
                     e.type == .folder ? "/" : (e.type == .symlink ? " -> \(e.attributes.symlinkTarget ?? "")" : "")
@@ -99,24 +97,20 @@ struct Cat: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let (node, shared) = try resolveForReading(vault, path, share: share)
+            let node = try resolveForReading(vault, path, share: share)
             guard node.type == .document else {
                 throw node.type == .folder || node.type == .link
                     ? VaultError.tree(.isAFolder(path)) : VaultError.tree(.notADocument(path))
             }
-            if shared {
-                try vault.readShared(node.id) { piece in try writeAllBytes(1, piece) }
-            } else {
-                try vault.readContents(node.id) { piece in try writeAllBytes(1, piece) }
-            }
+            try vault.readContents(node.id) { piece in try writeAllBytes(1, piece) }
         }
     }
 }
 
 /// `path` in this account's tree, through accepted shares' links, or (`share`) inside the share
-/// with that id; `shared` says the node is another account's file.
-func resolveForReading(_ vault: Vault, _ path: String, share: String?) throws -> (node: Node, shared: Bool) {
-    if let share { return (try vault.sharedNode(try parseShareID(share), path: path), true) }
+/// with that id.
+func resolveForReading(_ vault: Vault, _ path: String, share: String?) throws -> Node {
+    if let share { return try vault.sharedNode(try parseShareID(share), path: path) }
     return try vault.resolveAcrossShares(path)
 }
 

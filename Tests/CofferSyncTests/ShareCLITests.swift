@@ -148,4 +148,34 @@ import Testing
             #expect(r.status == 1 && r.err.hasPrefix("coffer: ") && r.err.split(separator: "\n").count == 1, "\(args)")
         }
     }
+
+    /// A link whose share went away (revoked by its owner) is removed by the grantee's next
+    /// sync, on every device of the grantee, never left placing nothing.
+    @Test func aRevokedSharesLinkIsRemoved() async throws {
+        let tmp = TemporaryDirectory("coffer-share-revoked")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let (alice, bob, bob2) = (tmp.sub("alice"), tmp.sub("bob"), tmp.sub("bob2"))
+        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        #expect(coffer(alice, ["mkdir", "projects"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob, ["share", "accept", id, "/"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        let key = coffer(bob, ["account", "export"]).out
+        #expect(coffer(bob2, ["account", "import", "--server", server.url], stdin: Array(key.utf8)).status == 0)
+        #expect(coffer(bob2, ["ls"]).out == "projects/\n")
+
+        #expect(coffer(alice, ["share", "remove", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.out.contains("removed 1 link to shares that are gone"), "\(synced.out) \(synced.err)")
+        #expect(coffer(bob, ["ls"]).out.isEmpty)
+        #expect(coffer(bob, ["share", "list"]).out.isEmpty)
+        #expect(coffer(bob2, ["sync"]).status == 0)
+        #expect(coffer(bob2, ["ls"]).out.isEmpty)
+        #expect(coffer(bob, ["fsck"]).status == 0)
+    }
 }

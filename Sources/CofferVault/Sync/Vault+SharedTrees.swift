@@ -187,11 +187,13 @@ extension Vault {
                 try w.putShared(f.stored)
                 changed.insert(f.signed.metadata.id)
             }
+            for id in changed { try w.logChange(id) }
             for id in gone {
                 var queue = [id]
                 var seen: Set<FileID> = [id]
                 while let next = queue.popLast() {
                     try w.removeShared(next)
+                    try w.logChange(next)
                     changed.insert(next)
                     for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
                         // A folder shared with this account on its own stays: nothing changed there.
@@ -209,12 +211,18 @@ extension Vault {
         return changed
     }
 
-    /// Runs `body` over the mirror seen with this account's granted keys.
+    /// Runs `body` over the mirror seen with this account's granted keys. Keys opened are kept
+    /// for the next call (`sharedKeys`); names and attributes are opened afresh, as another
+    /// process's pull may have changed them.
     func withSharedView<R>(_ body: (inout KeyedTree<MirrorTree>, StoreReader) throws -> R) throws -> R {
         try store.read { r in
-            var view = KeyedTree(tree: MirrorTree(reader: r), cache: KeyCache(capacity: 4096), access: grantKeys)
+            var cache = KeyCache(capacity: 4096)
+            cache.keys = sharedKeys.withLock { $0 }
+            var view = KeyedTree(tree: MirrorTree(reader: r), cache: cache, access: grantKeys)
             let result = try body(&view, r)
             try view.tree.throwIfFailed()
+            let keys = view.cache.keys
+            sharedKeys.withLock { $0 = keys }
             return result
         }
     }
@@ -337,8 +345,9 @@ extension Vault {
 
     private func sharedNode(_ m: FileMetadata, name: String, _ view: inout KeyedTree<MirrorTree>) throws -> Node {
         var a = try view.openAttributes(m)
-        // What this account may not write shows no write bits (docs/SHARING.md).
-        if view.tree.accessMode(of: accountID, on: m.id) != .write { a.mode.value &= ~0o222 }
+        // What this account may not write shows no write bits (docs/SHARING.md); for now that
+        // is every shared file, as changes to shares are not made from this side yet.
+        a.mode.value &= ~0o222
         let subfolders =
             m.type == .folder
             ? view.tree.childIDs(of: m.id).filter {
@@ -348,24 +357,6 @@ extension Vault {
         return Node(id: m.id, type: m.type, parent: m.parent, name: name, attributes: a, subfolders: subfolders)
     }
 
-    /// Streams a shared document's content, chunk by chunk, to `sink`.
-    public func readShared(_ id: FileID, into sink: ([UInt8]) throws -> Void) throws {
-        let (cipher, digest) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?) in
-            guard let m = view.tree.file(id), !m.isDeleted else { throw VaultError.tree(.notFound(id.description)) }
-            guard m.type == .document else { throw VaultError.invalidArgument("\(id) is not a document") }
-            return (ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest)
-        }
-        guard let digest else { return }
-        guard let sealed = try store.read({ try $0.manifest(digest) }) else {
-            throw VaultError.corrupt("the content of shared file \(id) has not been fetched")
-        }
-        for ref in try cipher.openManifest(sealed).chunks {
-            guard let chunk = try store.read({ try $0.chunk(ref.id) }) else {
-                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
-            }
-            try sink(try cipher.openChunk(chunk, ref: ref))
-        }
-    }
 }
 
 /// A tree read one record at a time through `lookup`, for the walks up a file's ancestors that
@@ -439,6 +430,18 @@ extension Vault {
             expectedNameMAC: held.signed.metadata.name.mac, expectedRevision: held.signed.revision)
     }
 
+    /// Removes the links of this account's tree whose share is gone (revoked, given up, or its
+    /// file deleted), as Lockbook's sync does: a link is never left placing nothing. The
+    /// removal is a local change like any other, pushed with the sync. Returns how many went.
+    public func removeBrokenLinks() throws -> Int {
+        var removed = 0
+        for (link, target) in try liveLinks() where try sharedLiveNode(target) == nil {
+            try remove(link)
+            removed += 1
+        }
+        return removed
+    }
+
     /// Drops a share this account gave up from the mirror (what it holds below it too), and
     /// removes this account's link to it, if any.
     public func forgetShare(_ id: FileID) throws {
@@ -460,24 +463,102 @@ extension Vault {
         state.withLock { $0.view.tree.file(id)?.linkTarget }
     }
 
-    /// Resolves `path` from the root as `resolve` does, going on through a link into the share
-    /// it places there; `shared` says the node is another account's file.
-    public func resolveAcrossShares(_ path: String) throws -> (node: Node, shared: Bool) {
-        let parts = Self.components(path)
+    /// Resolves `path` from the root as `resolve` does, going on through links into the shares
+    /// they place (`lookup` follows them).
+    public func resolveAcrossShares(_ path: String) throws -> Node {
         var current = try resolve("/")
         var walked = ""
-        for (i, part) in parts.enumerated() {
-            if current.type == .link, let target = linkTarget(of: current.id) {
-                return (try sharedNode(target, path: parts[i...].joined(separator: "/")), true)
-            }
+        for part in Self.components(path) {
             walked += "/" + part
             guard current.type == .folder else { throw VaultError.tree(.notAFolder(walked)) }
             guard let next = try lookup(current.id, part) else { throw VaultError.tree(.notFound(walked)) }
             current = next
         }
-        if current.type == .link, let target = linkTarget(of: current.id) {
-            return (try sharedNode(target, path: ""), true)
+        return current
+    }
+}
+
+/// The mount's view of shares (docs/SHARING.md, "In the mount"): a link shows as the shared
+/// file it places, and the share's files are reached by id, like the account's own.
+extension Vault {
+    /// A link as the mount and the command line show it: the shared file's type and attributes
+    /// under the link's name and place; an empty read-only folder when the share is gone.
+    func presented(link: Node) -> Node {
+        guard let target = linkTarget(of: link.id), let t = try? sharedLiveNode(target) else { return link }
+        shownLinks.withLock { $0[target] = link.id }
+        return Node(
+            id: link.id, type: t.type, parent: link.parent, name: link.name, attributes: t.attributes,
+            subfolders: t.subfolders)
+    }
+
+    /// A live file of a share this account reaches, nil if the mirror does not hold it, it or a
+    /// folder above it is deleted, or no grant to this account is above it.
+    func sharedLiveNode(_ id: FileID) throws -> Node? {
+        let me = accountID
+        return try withSharedView { view, _ -> Node? in
+            guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else { return nil }
+            let name = m.grant(to: me) != nil ? try shareName(m, &view) : try view.openName(m)
+            return try sharedNode(m, name: name, &view)
         }
-        return (current, false)
+    }
+
+    /// The live child called `name` of a shared folder, found by name MAC.
+    func sharedChild(of folder: FileID, named name: String) throws -> Node? {
+        let me = accountID
+        return try withSharedView { view, _ -> Node? in
+            guard let f = view.tree.file(folder), Self.isReachable(f, by: me, in: view.tree) else {
+                throw VaultError.tree(.notFound(folder.description))
+            }
+            guard f.type == .folder else { throw VaultError.tree(.notAFolder(name)) }
+            let mac = try view.nameMAC(name, in: folder)
+            guard
+                let child = view.tree.childIDs(of: folder, nameMAC: mac).compactMap(view.tree.file).first(where: {
+                    !$0.isDeleted
+                })
+            else { return nil }
+            return try sharedNode(child, name: name, &view)
+        }
+    }
+
+    /// The link shown at the place of the shared file `target`, if the mount has shown one.
+    public func shownLink(placing target: FileID) -> FileID? {
+        shownLinks.withLock { $0[target] }
+    }
+
+    /// Whether `m` is live and under a live grant to `account`: nothing deleted on the way up to
+    /// the nearest such grant.
+    static func isReachable(_ m: FileMetadata, by account: AccountID, in tree: MirrorTree) -> Bool {
+        var cursor = m
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            if cursor.isDeleted { return false }
+            if cursor.grant(to: account) != nil { return true }
+            guard !cursor.isRoot, let parent = tree.file(cursor.parent) else { return false }
+            cursor = parent
+        }
+        return false
+    }
+
+    /// Whether a change at `id` would change a share rather than this account's tree: `id` is a
+    /// link (what is made in it is made in the share) or a shared file.
+    public func isInShare(_ id: FileID) -> Bool {
+        let own = state.withLock { $0.view.tree.file(id)?.type }
+        if let own { return own == .link }
+        return (try? store.read { try $0.sharedFile(id) }) != nil
+    }
+
+    /// A shared document opened for reading (the vault's table of open documents is for this
+    /// account's own, whose writes it commits).
+    func openSharedDocument(_ id: FileID) throws -> OpenDocument {
+        let (cipher, digest) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?) in
+            guard let m = view.tree.file(id), Self.isReachable(m, by: accountID, in: view.tree) else {
+                throw VaultError.tree(.notFound(id.description))
+            }
+            if m.type == .folder { throw VaultError.tree(.isAFolder(id.description)) }
+            guard m.type == .document else { throw VaultError.tree(.notADocument(id.description)) }
+            return (ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest)
+        }
+        return OpenDocument(
+            id: id, vault: self, cipher: cipher, manifest: try loadManifest(digest, cipher: cipher), digest: digest,
+            readOnly: true)
     }
 }

@@ -1,0 +1,83 @@
+import CofferTestSupport
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// An accepted share in a real mount, fed by a real server: read by ordinary tools at the link's
+/// place, kept current as the owner changes it, and never written from this side (EACCES), so
+/// nothing is written locally that the server would refuse.
+@Suite(.serialized) struct SharedMountTests {
+    func text(_ path: String) -> String? { readFile(path).map { String(decoding: $0, as: UTF8.self) } }
+
+    @Test func anAcceptedShareIsAFolderOfTheMount() throws {
+        let tmp = TemporaryDirectory("coffer-share-mount")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let alice = tmp.sub("alice")
+        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(alice, ["mkdir", "-p", "projects/site"]).status == 0)
+        #expect(coffer(alice, ["write", "projects/site/index.html"], stdin: Array("<h1>hi</h1>".utf8)).status == 0)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan\n".utf8)).status == 0)
+        let bob = try MountFixture(
+            "coffer-share-mount-bob", mount: false, initArguments: ["init", "bob", "--server", server.url],
+            mountArguments: ["--sync-interval", "1", "--sync-quiet", "0.3"])
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob.dataDir, ["sync"]).status == 0)
+        let id = coffer(bob.dataDir, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob.dataDir, ["share", "accept", id, "/", "--name", "from-alice"]).status == 0)
+        try bob.mount()
+
+        // Ordinary tools read it at the link's place.
+        let share = bob.path("from-alice")
+        let fm = FileManager.default
+        #expect(try fm.contentsOfDirectory(atPath: bob.path("")).sorted() == ["from-alice"])
+        #expect(try fm.contentsOfDirectory(atPath: share).sorted() == ["notes.txt", "site"])
+        #expect(text(share + "/notes.txt") == "plan\n")
+        #expect(text(share + "/site/index.html") == "<h1>hi</h1>")
+        let found = run("/usr/bin/find", [share, "-type", "f"]).out.split(separator: "\n").map(String.init).sorted()
+        #expect(found == [share + "/notes.txt", share + "/site/index.html"])
+        var st = stat()
+        #expect(stat(share, &st) == 0 && st.st_mode & S_IFMT == S_IFDIR && st.st_mode & 0o222 == 0)
+        #expect(stat(share + "/notes.txt", &st) == 0 && st.st_mode & 0o222 == 0 && st.st_size == 5)
+
+        // Nothing is written into it from this side: EACCES, and nothing changes.
+        func fails(_ result: Int32, _ what: String) {
+            let e = errno
+            #expect(result == -1 && e == EACCES, "\(what): \(result), errno \(e)")
+        }
+        fails(open(share + "/notes.txt", O_WRONLY), "open for writing")
+        fails(open(share + "/notes.txt", O_RDONLY | O_TRUNC), "truncating open")
+        fails(open(share + "/new.txt", O_WRONLY | O_CREAT, 0o644), "create")
+        fails(mkdir(share + "/dir", 0o755), "mkdir")
+        fails(Glibc.rename(share + "/notes.txt", share + "/moved.txt"), "rename inside")
+        fails(unlink(share + "/notes.txt"), "unlink")
+        fails(chmod(share + "/notes.txt", 0o600), "chmod")
+        fails(truncate(share + "/notes.txt", 0), "truncate")
+        fails(symlink("x", share + "/link"), "symlink")
+        #expect(writeFile(bob.path("mine.txt"), "mine") == 0)
+        fails(Glibc.rename(bob.path("mine.txt"), share + "/mine.txt"), "rename into the share")
+        #expect(text(share + "/notes.txt") == "plan\n")
+
+        // The owner's changes appear while mounted.
+        #expect(coffer(alice, ["write", "projects/todo.txt"], stdin: Array("ship it".utf8)).status == 0)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan B\n".utf8)).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(
+            eventually(timeout: 15) {
+                text(share + "/todo.txt") == "ship it" && text(share + "/notes.txt") == "plan B\n"
+            },
+            "bob's mount did not follow; log: \(bob.log)")
+
+        // Renaming the link is bob's own change; removing it leaves the share pending again.
+        #expect(Glibc.rename(share, bob.path("alice-work")) == 0)
+        #expect(text(bob.path("alice-work/todo.txt")) == "ship it")
+        #expect(rmdir(bob.path("alice-work")) == 0)
+        #expect(try fm.contentsOfDirectory(atPath: bob.path("")).sorted() == ["mine.txt"])
+        try bob.unmount()
+        #expect(coffer(bob.dataDir, ["share", "pending"]).out.hasPrefix(id + "\t"))
+        #expect(coffer(bob.dataDir, ["fsck"]).status == 0)
+    }
+}
