@@ -336,6 +336,16 @@ public final class CofferServer: Sendable {
         return AccountResponse(username: a.username, signingKey: a.key, boxKey: a.boxKey, card: a.card)
     }
 
+    /// The account whose signing key is `key` (a share's owner, as a grantee's device sees it):
+    /// its username and key card, which the device checks against the key it asked about.
+    public func lookup(key: Data) throws(ServerError) -> AccountResponse {
+        guard key.count == 32 else { throw .badRequest("an account key has 32 bytes") }
+        guard let a = try guarded({ try metadata.read { try $0.account(key: key) } }) else {
+            throw .notFound("no such account")
+        }
+        return AccountResponse(username: a.username, signingKey: a.key, boxKey: a.boxKey, card: a.card)
+    }
+
     // MARK: - Usage
 
     public func usage(caller: Data) throws(ServerError) -> UsageResponse {

@@ -102,6 +102,14 @@ public enum CofferHTTP {
             return try json(try await offload { () throws(ServerError) in try server.lookup(username: username) })
         }
 
+        router.get("/v1/accounts/key/:key") { _, context -> Response in
+            _ = try context.requireCaller()
+            guard let key = RequestSigning.unhex(context.parameters.get("key") ?? "") else {
+                throw ServerError.badRequest("an account key is 64 hex digits")
+            }
+            return try json(try await offload { () throws(ServerError) in try server.lookup(key: Data(key)) })
+        }
+
         router.post("/v1/accounts/card") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(KeyCardRequest.self, context.body)

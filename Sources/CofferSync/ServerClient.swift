@@ -233,6 +233,11 @@ public struct ServerClient: Sendable {
         return try await json("GET", API.prefix + "/accounts/" + escaped, Optional<Empty>.none)
     }
 
+    /// The account whose signing key is `key`.
+    public func lookup(key: [UInt8]) async throws -> AccountResponse {
+        try await json("GET", API.prefix + "/accounts/key/" + RequestSigning.hex(key), Optional<Empty>.none)
+    }
+
     public func publishCard(_ request: KeyCardRequest) async throws {
         try await send("POST", API.prefix + "/accounts/card", request)
     }

@@ -20,7 +20,22 @@ extension SyncEngine {
         let changed = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
         report.pulled += accepted.count
         report.changed.formUnion(changed)
+        // Best effort: a name to show for owners this device has not pinned.
+        try? await learnOwnerNames(Set(accepted.map(\.signed.metadata.owner)))
         return !read.gone.isEmpty || accepted.contains { $0.signed.metadata.isDeleted || $0.serverDeleted }
+    }
+
+    /// Remembers the name each of `owners` signed into its key card, for display beside its
+    /// fingerprint (`Vault.claimedName`). Never pinned: a server can make an account and sign a
+    /// card with any free name, so only `coffer contacts add` (trust on first use of a name the
+    /// user asked for) or `verify` make a contact. Owners already pinned or named are skipped.
+    func learnOwnerNames(_ owners: Set<AccountID>) async throws {
+        let pinned = Set(try vault.contacts().map(\.signingKey))
+        for owner in owners where !pinned.contains(owner.bytes) && vault.claimedName(of: owner) == nil {
+            let answer = try await client.lookup(key: owner.bytes)
+            guard let card = answer.keyCard, card.isValid, card.signingKey == owner.bytes else { continue }
+            try vault.rememberClaimedName(card.username, of: owner)
+        }
     }
 
     /// Gives up this account's grant on the share `id` (reject a pending share, or leave an

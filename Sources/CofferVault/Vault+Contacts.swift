@@ -98,4 +98,22 @@ extension Vault {
         try store.write { w in try w.removeSetting(key) }
         return true
     }
+
+    // MARK: Names accounts give themselves
+
+    static let claimedNamePrefix = "claimedName."
+
+    /// The name an account signed into its key card, as a server gave it for the account's key:
+    /// shown beside the key's fingerprint for a share's owner this device has not pinned, never
+    /// taken as a contact (docs/SHARING.md, "On the grantee's device").
+    public func claimedName(of account: AccountID) -> String? {
+        (try? store.read { r in try r.setting(Self.claimedNamePrefix + hexString(account.bytes)) })?.flatMap {
+            String(validating: $0, as: UTF8.self)
+        }
+    }
+
+    public func rememberClaimedName(_ name: String, of account: AccountID) throws {
+        guard Username.normalized(name) != nil else { throw VaultError.invalidArgument(Username.rule) }
+        try store.write { w in try w.setSetting(Self.claimedNamePrefix + hexString(account.bytes), Array(name.utf8)) }
+    }
 }

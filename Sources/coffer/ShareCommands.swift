@@ -113,17 +113,20 @@ struct Share: ParsableCommand {
             commandName: "pending",
             abstract: "Shares other accounts made with you that you have not accepted, one per line, ID first.")
         @OptionGroup var store: StoreOptions
-        @Flag(help: "One JSON array of objects (id, owner, ownerKey, name, type, mode, size).") var json = false
+        @Flag(help: "One JSON array of objects (id, owner, ownerKey, ownerPinned, name, type, mode, size).")
+        var json = false
 
         func run() throws {
             try guarded {
                 let vault = try store.openVault()
                 let pending = try vault.incomingShares().filter { $0.link == nil }
                 if json {
+                    let pinned = Set(try vault.contacts().map(\.signingKey))
                     let items = pending.map {
                         PendingJSON(
                             id: $0.id.description, owner: ownerName($0.owner, vault),
-                            ownerKey: KeyFingerprint.normalized(KeyFingerprint.of($0.owner.bytes)), name: $0.name,
+                            ownerKey: KeyFingerprint.normalized(KeyFingerprint.of($0.owner.bytes)),
+                            ownerPinned: pinned.contains($0.owner.bytes), name: $0.name,
                             type: typeName($0.type), mode: $0.mode == .write ? "write" : "read", size: $0.size)
                     }
                     let encoder = JSONEncoder()
@@ -146,6 +149,7 @@ struct Share: ParsableCommand {
         var id: String
         var owner: String
         var ownerKey: String
+        var ownerPinned: Bool
         var name: String?
         var type: String
         var mode: String
@@ -199,10 +203,13 @@ func parseShareID(_ text: String) throws -> FileID {
     return id
 }
 
-/// An account as the user knows it: the pinned contact's name, else its key's fingerprint.
+/// An account as the user knows it: the pinned contact's name; else its key's fingerprint, after
+/// the name the account gives itself if the server told it ("alice? key …": not pinned, so not
+/// vouched for; `coffer contacts add` pins it).
 func ownerName(_ account: AccountID, _ vault: Vault) -> String {
     if let c = (try? vault.contacts())?.first(where: { $0.signingKey == account.bytes }) { return c.username }
-    return "key " + KeyFingerprint.normalized(KeyFingerprint.of(account.bytes))
+    let key = "key " + KeyFingerprint.normalized(KeyFingerprint.of(account.bytes))
+    return vault.claimedName(of: account).map { "\($0)? \(key)" } ?? key
 }
 
 func typeName(_ type: FileType) -> String {

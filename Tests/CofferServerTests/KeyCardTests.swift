@@ -63,5 +63,10 @@ struct KeyCardTests {
         let aliceCard = KeyCard(username: "alice", signing: alice.keys, boxKey: Array(alice.boxKey))
         try server.publishCard(caller: alice.key, KeyCardRequest(card: Data(aliceCard.signature)))
         #expect(try server.lookup(username: "alice").keyCard?.isValid == true)
+        // Found by key too (a share's owner, as its grantee knows it), with the same card.
+        let byKey = try server.lookup(key: bob)
+        #expect(byKey.username == "bob" && byKey.keyCard?.signature == good.signature)
+        expectRefusal(404) { _ = try server.lookup(key: Data(AccountSecret.generate().signingKeys.publicKey.bytes)) }
+        expectRefusal(400) { _ = try server.lookup(key: bob.dropLast()) }
     }
 }

@@ -92,12 +92,17 @@ import Testing
         let aliceKey = KeyFingerprint.normalized(
             KeyFingerprint.of(try Vault.open(dataDirectory: alice).accountID.bytes))
         let pending = coffer(bob, ["share", "pending"])
-        #expect(pending.out == "\(shareID)\tkey \(aliceKey)\tread-only\tfolder\t16\tprojects\n", "\(pending.err)")
+        // Not pinned: the name alice's card claims, marked as such, and her key's fingerprint.
+        #expect(
+            pending.out == "\(shareID)\talice? key \(aliceKey)\tread-only\tfolder\t16\tprojects\n", "\(pending.err)")
+        #expect(coffer(bob, ["contacts"]).out.isEmpty)
         // Pinned, the owner shows by name.
         #expect(coffer(bob, ["contacts", "add", "alice"]).status == 0)
         #expect(coffer(bob, ["share", "pending"]).out.hasPrefix("\(shareID)\talice\tread-only\t"))
         let json = coffer(bob, ["share", "pending", "--json"]).out
-        #expect(json.contains("\"id\":\"\(shareID)\"") && json.contains("\"name\":\"projects\""), "\(json)")
+        #expect(
+            json.contains("\"id\":\"\(shareID)\"") && json.contains("\"name\":\"projects\"")
+                && json.contains("\"ownerPinned\":true"), "\(json)")
         // Read before accepting: listing and content by id, write bits off for read-only.
         #expect(coffer(bob, ["ls", "--share", "\(shareID)"]).out == "notes.txt\nsite/\n")
         #expect(coffer(bob, ["cat", "--share", "\(shareID)", "site/index.html"]).out == "<h1>hi</h1>")
