@@ -314,33 +314,89 @@ extension AccessEntry {
 }
 
 extension Authorization {
-    /// How a device judges a record another account wrote, pulled from a server it does not
-    /// trust with integrity, against `tree`: what it held before with the pulled records staged
-    /// over it. Grants are checked exactly as the server checks them (`checkGrants`: only the
-    /// owner's signature makes or changes one; a grantee only gives its own up). The writer must
-    /// be the owner, or hold write on the file or a folder above it (and above the folder it
-    /// left), by a grant the owner signed, live or since revoked: a device pulling from scratch
-    /// sees a revoked writer's grant only as a tombstone, and the records it wrote while it held
-    /// it are still valid. What this cannot tell apart is a record a revoked writer signed after
-    /// its revocation and a server chose to keep (docs/SHARING.md, "What devices verify").
+    /// How a device judges a pulled record of a tree it does not write alone (its own, where
+    /// grantees write too, or another account's shared with it), against `tree`: what it held
+    /// before with the pulled records staged over it. `old` is the record it held, if any.
+    ///
+    /// - One owner per subtree: a record under a folder of another owner is refused, whoever
+    ///   signed it (a server could otherwise plant files of an account it made up in a share).
+    /// - Grants are judged on their own signatures, whoever carried them (`checkPulledGrants`).
+    /// - A record written by someone other than its owner needs write, by a grant the owner
+    ///   signed, live or since revoked (a device pulling from scratch sees a revoked writer's
+    ///   grant only as a tombstone, and what it wrote while it held it stands): on the file or
+    ///   a folder above for content and attributes; when the device holds the record before,
+    ///   and its name, place, deletion or key wrapping changed, on the folder it left and the
+    ///   one it entered (so a grantee cannot rename, move, delete or re-key the shared folder
+    ///   itself); or it only gives up the writer's own grant.
+    ///
+    /// Without the record before (a device new to the file), a change's kind cannot be told:
+    /// only write at or above the file is asked, and a record carrying the writer's own signed
+    /// tombstone is taken as a give-up (docs/SHARING.md, "What devices verify").
     public static func checkPulled<T: TreeView>(
         _ m: FileMetadata, old: FileMetadata?, in tree: T, verify: Verify
     ) throws(AccessError) {
         let actor = m.lastModifiedBy
         let name = m.id.description
         if let old, old.owner != m.owner { throw .crossOwner("\(name) changes owner") }
-        try checkGrants(m, old: old, actor: actor, verify: verify, name: name)
+        if !m.isRoot, let parent = tree.file(m.parent), parent.owner != m.owner {
+            throw .crossOwner("\(name) would sit in a folder another account owns")
+        }
+        try checkPulledGrants(m, old: old, verify: verify, name: name)
         guard actor != m.owner else { return }
         if m.isRoot { throw .denied("\(name) is another account's root") }
-        if let old {
-            var grantsOnly = old
-            grantsOnly.access = m.access
-            grantsOnly.lastModifiedBy = actor
-            if grantsOnly == m && old.access != m.access { return }  // a grant given up, judged above
+        let denied = AccessError.denied("\(name) was written by an account without write access to it")
+        guard let old else {
+            if tree.heldWrite(by: actor, atOrAbove: m.id) { return }
+            let givesUp = m.access.contains {
+                $0.account == actor && $0.isDeleted && verify(actor, $0.grantMessage(fileID: m.id), $0.signature)
+            }
+            if givesUp { return }
+            throw denied
         }
-        guard tree.heldWrite(by: actor, atOrAbove: m.id),
-            old.map({ $0.parent == m.parent || tree.heldWrite(by: actor, atOrAbove: $0.parent) }) ?? true
-        else { throw .denied("\(name) was written by an account without write access to it") }
+        var grantsOnly = old
+        grantsOnly.access = m.access
+        grantsOnly.lastModifiedBy = actor
+        if grantsOnly == m && old.access != m.access { return }  // a grant given up, judged above
+        let placementChanged =
+            old.parent != m.parent || old.name != m.name || old.isDeleted != m.isDeleted
+            || old.wrappedKey != m.wrappedKey
+        if placementChanged {
+            guard tree.heldWrite(by: actor, atOrAbove: old.parent) else { throw denied }
+            if old.parent != m.parent, !tree.heldWrite(by: actor, atOrAbove: m.parent) { throw denied }
+        }
+        guard tree.heldWrite(by: actor, atOrAbove: m.id) else { throw denied }
+    }
+
+    /// Grants of a pulled record, each judged by its own signature, whoever wrote the record: a
+    /// grant the device held unchanged stands; any other is the owner's, signed by it, or a
+    /// tombstone its grantee signed (giving it up, at the mode and key it had when the device
+    /// knows them). None removed, one per account, none to the owner or on a link.
+    static func checkPulledGrants(
+        _ m: FileMetadata, old: FileMetadata?, verify: Verify, name: String
+    ) throws(AccessError) {
+        var seen: Set<AccountID> = []
+        for e in m.access {
+            guard seen.insert(e.account).inserted else { throw .invalidGrant("\(name) has two grants to one account") }
+        }
+        for e in old?.access ?? [] where !seen.contains(e.account) {
+            throw .invalidGrant("\(name): a grant was removed instead of revoked")
+        }
+        for e in m.access {
+            let previous = old?.access.first { $0.account == e.account }
+            if previous == e { continue }
+            if m.isRoot, e.account == m.owner, e.mode == .owner, e.signature.isEmpty { continue }
+            guard e.account != m.owner, e.mode != .owner, m.type != .link, e.sealedKey.count <= 256,
+                e.signature.count == 64
+            else { throw .invalidGrant("\(name) carries a grant no owner could make") }
+            let message = e.grantMessage(fileID: m.id)
+            if verify(m.owner, message, e.signature) { continue }
+            if e.isDeleted, verify(e.account, message, e.signature),
+                previous.map({ $0.mode == e.mode && $0.sealedKey == e.sealedKey }) ?? true
+            {
+                continue
+            }
+            throw .invalidGrant("\(name) carries a grant its owner did not sign (only the owner shares)")
+        }
     }
 }
 

@@ -150,6 +150,8 @@ extension SyncEngine {
         try await upload(try vault.content(of: resend.map(\.stored)), &report)
         try await upsert(resend, &report)
         try vault.resetCursor()
+        // The share feed's versions are the server's too: read it again from the start.
+        try vault.resetFeedCursor()
         report.resentToServer = resend.count
         vault.recordServerCatchUp(Self.catchUpNotice(resent: resend.count, at: Date()))
         try await pull(&report)

@@ -87,8 +87,11 @@ public final class SyncEngine: Sendable {
             client.recheckServerID()
             if serverCheckDue() { try await catchUpIfServerBehind(&report) }
             try await pull(&report)
-            // Shares before the push, so links whose share went away are removed with it.
-            if try await pullFeed(&report) { report.removedLinks = try vault.removeBrokenLinks() }
+            // Shares before the push, so links whose share went away, or that another device of
+            // the account already made, are removed with it.
+            if try await pullFeed(&report) || vault.hasUnpushedLinks() {
+                report.removedLinks = try vault.removeBrokenLinks()
+            }
             var attempts = 0
             while true {
                 try await pushContent(&report)
@@ -159,7 +162,9 @@ public final class SyncEngine: Sendable {
             }
             // Every record is checked as its page arrives, so nothing unsigned piles up while a
             // server keeps paging (and the catch-up never builds on a record nobody signed).
-            if !feed {
+            if feed {
+                try vault.verifyFeedSignatures(records.map(\.signed))
+            } else {
                 try vault.verifySignatures(records.map(\.signed))
                 try writers.admit(records)
             }

@@ -423,6 +423,7 @@ public final class OpenDocument: Sendable {
     /// and either way mtime and ctime are marked, as ext4's fallocate does. Decided under the
     /// lock, so a write that extends the file meanwhile is never cut back.
     public func allocate(upTo end: UInt64) throws {
+        if isReadOnly { throw Self.readOnly }
         try Self.checkSize(end, plus: 0)
         try state.withLock { s in
             if s.poisoned { throw Self.lostWrites }

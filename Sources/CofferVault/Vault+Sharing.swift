@@ -30,8 +30,10 @@ extension Vault {
             if let i = access.firstIndex(where: { $0.account == grantee }) { access[i] = e } else { access.append(e) }
             // The grantee holds the file's key, not its parent's: the name goes under the former.
             let shareName = try s.view.sealShareName(try s.view.name(id), of: id)
+            let me = accountID
             try batch.update(id, describe: s.view.describe) {
                 $0.access = access
+                $0.lastModifiedBy = me
                 if $0.shareName == nil { $0.shareName = shareName }
             }
             try authorize(id, batch: batch, &s)
@@ -49,7 +51,11 @@ extension Vault {
             var access = m.access
             access[i].isDeleted = true
             access[i].signature = signing.sign(access[i].grantMessage(fileID: id))
-            try batch.update(id, describe: s.view.describe) { $0.access = access }
+            let me = accountID
+            try batch.update(id, describe: s.view.describe) {
+                $0.access = access
+                $0.lastModifiedBy = me
+            }
             try authorize(id, batch: batch, &s)
         }
     }

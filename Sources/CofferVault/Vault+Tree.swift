@@ -71,9 +71,10 @@ extension Vault {
         }
         if let type = own.0 {
             guard type == .link else { return type }
-            return (linkTarget(of: id).flatMap { try? sharedLiveNode($0) })?.type ?? .folder
+            guard let target = linkTarget(of: id) else { return .folder }
+            return (try? sharedLiveType(target)) ?? .folder
         }
-        return own.1 ? nil : (try? sharedLiveNode(id))?.type
+        return own.1 ? nil : (try? sharedLiveType(id)) ?? nil
     }
 
     /// Whether the file exists and is live (not deleted, no deleted ancestor).

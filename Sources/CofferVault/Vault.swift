@@ -462,7 +462,10 @@ public final class Vault: Sendable {
                         // commits: what the caches must forget.
                         var written: [(id: FileID, before: FileMetadata?, after: TreeEntry?)] = []
                         written.reserveCapacity(changed.count)
-                        for m in changed {
+                        for var m in changed {
+                            // A change made here is this account's, whoever wrote the record
+                            // last (a grantee, in a shared folder).
+                            m.lastModifiedBy = accountID
                             // One read gives the record as it was and the server's versions of it.
                             let old = s.view.tree.entry(m.id)
                             let before = old?.metadata

@@ -386,13 +386,11 @@ struct AccessTests {
     }
 
     @Test func theOwnerAndWriteGranteesWrite() throws {
-        let tree = sharedTree()
         try check(by(alice, meta(3, parent: 2, "doc-renamed")))
         try check(by(bob, meta(3, parent: 2, "doc-by-bob")))
         try check(by(bob, meta(8, parent: 4, "new-by-bob")))
         // Moved within the share.
         try check(by(bob, meta(5, parent: 2, "deep")))
-        #expect(tree.file(fid(3)) != nil)
     }
 
     @Test func readersStrangersAndForgedGrantsAreRefused() throws {
@@ -439,5 +437,70 @@ struct AccessTests {
         shared = sharedTree().file(fid(2))!
         shared.access[0] = grant(2, to: bob, .write, deleted: true, by: carol)
         #expect(throws: AccessError.self) { try check(by(carol, shared)) }
+    }
+
+    /// A file of an account the server made up, placed in a shared folder, is refused however it
+    /// is signed (one owner per subtree).
+    @Test func aStrangersFileInAShareIsRefused() throws {
+        let dave = try AccountID(bytes: [UInt8](repeating: 0xD0, count: 32))
+        var planted = meta(8, parent: 2, "planted")
+        planted.owner = dave
+        planted.lastModifiedBy = dave
+        #expect(throws: AccessError.crossOwner("\(fid(8)) would sit in a folder another account owns")) {
+            try check(planted)
+        }
+    }
+
+    /// A write grantee renames, moves, deletes or re-keys the shared folder itself: it holds no
+    /// write on the folder above, which all of these need.
+    @Test func aWriteGranteeCannotPlaceTheSharedFolder() throws {
+        var shared = sharedTree().file(fid(2))!
+        shared.lastModifiedBy = bob
+        var renamed = shared
+        renamed.name = SealedName(ciphertext: [9], mac: [9])
+        var deleted = shared
+        deleted.isDeleted = true
+        var rekeyed = shared
+        rekeyed.wrappedKey = [7, 7, 7]
+        var moved = shared
+        moved.parent = fid(6)
+        for m in [renamed, deleted, rekeyed, moved] {
+            #expect(throws: AccessError.self) { try check(m) }
+        }
+        // Inside it, the same changes are bob's to make.
+        var inner = sharedTree().file(fid(4))!
+        inner.lastModifiedBy = bob
+        inner.name = SealedName(ciphertext: [9], mac: [9])
+        try check(inner)
+    }
+
+    /// A device new to a record (none held before) judges what it can: grants by their own
+    /// signatures whoever carried them, and write at or above the file.
+    @Test func aDeviceNewToARecordJudgesWhatItCan() throws {
+        let tree = sharedTree()
+        func fresh(_ m: FileMetadata) throws(AccessError) {
+            var staged = tree
+            staged.insert(m)
+            try Authorization.checkPulled(m, old: nil, in: staged, verify: fakeVerify)
+        }
+        // Carol's give-up, carried on the shared folder's record she re-signed.
+        var givenUp = tree.file(fid(2))!
+        givenUp.access[1] = grant(2, to: carol, .read, deleted: true, by: carol)
+        givenUp.lastModifiedBy = carol
+        try fresh(givenUp)
+        // Bob's later change of the folder's attributes, carrying alice's grants as they were.
+        var changed = tree.file(fid(2))!
+        changed.sealedAttributes = [1, 2, 3]
+        changed.lastModifiedBy = bob
+        try fresh(changed)
+        // But carol, a reader, writing anything else; or a grant nobody signed.
+        var byCarol = tree.file(fid(3))!
+        byCarol.lastModifiedBy = carol
+        byCarol.contentDigest = [0xEE]
+        #expect(throws: AccessError.self) { try fresh(byCarol) }
+        var forged = tree.file(fid(2))!
+        forged.access.append(grant(2, to: try AccountID(bytes: [UInt8](repeating: 0xD0, count: 32)), .write, by: bob))
+        forged.lastModifiedBy = bob
+        #expect(throws: AccessError.self) { try fresh(forged) }
     }
 }

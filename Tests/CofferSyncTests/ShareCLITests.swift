@@ -152,6 +152,20 @@ import Testing
             let r = coffer(bob, args)
             #expect(r.status == 1 && r.err.hasPrefix("coffer: ") && r.err.split(separator: "\n").count == 1, "\(args)")
         }
+        // A new device of alice takes bob's record too, and alice can share with bob again
+        // (her change to a record bob wrote last is hers).
+        let alice2 = tmp.sub("alice2")
+        let aliceExport = coffer(alice, ["account", "export"]).out
+        let joined = coffer(alice2, ["account", "import", "--server", server.url], stdin: Array(aliceExport.utf8))
+        #expect(joined.status == 0, "\(joined.err)")
+        let bobKey = KeyFingerprint.normalized(KeyFingerprint.of(bobVault.accountID.bytes))
+        #expect(coffer(alice2, ["share", "list"]).out == "/work\tkey \(bobKey)\tread-only\trevoked\n")
+        #expect(coffer(alice, ["share", "add", "work", "bob"]).status == 0)
+        #expect(coffer(alice, ["fsck"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice2, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["share", "pending"]).out.hasPrefix("\(shareID)\talice\t"))
     }
 
     /// A link whose share went away (revoked by its owner) is removed by the grantee's next
@@ -182,5 +196,32 @@ import Testing
         #expect(coffer(bob2, ["sync"]).status == 0)
         #expect(coffer(bob2, ["ls"]).out.isEmpty)
         #expect(coffer(bob, ["fsck"]).status == 0)
+    }
+
+    /// Two devices of one account accept the same share while apart: the server keeps one link
+    /// per share, so the one pushed second is dropped, and both devices go on syncing.
+    @Test func twoDevicesAcceptingOneShareKeepOneLink() async throws {
+        let tmp = TemporaryDirectory("coffer-share-twice")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let (alice, bob, bob2) = (tmp.sub("alice"), tmp.sub("bob"), tmp.sub("bob2"))
+        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        let key = coffer(bob, ["account", "export"]).out
+        #expect(coffer(bob2, ["account", "import", "--server", server.url], stdin: Array(key.utf8)).status == 0)
+        #expect(coffer(alice, ["mkdir", "projects"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob2, ["sync"]).status == 0)
+        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob, ["share", "accept", id, "/", "--name", "one"]).status == 0)
+        #expect(coffer(bob2, ["share", "accept", id, "/", "--name", "two"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        let second = coffer(bob2, ["sync"])
+        #expect(second.status == 0 && second.out.contains("removed 1 link"), "\(second.out) \(second.err)")
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob2, ["ls"]).out == "one/\n")
+        #expect(coffer(bob, ["ls"]).out == "one/\n")
+        #expect(coffer(bob2, ["fsck"]).status == 0)
     }
 }

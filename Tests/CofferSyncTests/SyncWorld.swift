@@ -118,10 +118,10 @@ final class SyncWorld: @unchecked Sendable {
     var devices: [Device] = []
 
     /// A new account with `count` devices, on its own server unless one is given.
-    init(devices count: Int = 2, server shared: ServerProcess? = nil) async throws {
+    init(devices count: Int = 2, server shared: ServerProcess? = nil, username: String? = nil) async throws {
         server = try shared ?? ServerProcess(dataDirectory: tmp.sub("server"))
         let secret = AccountSecret.generate()
-        let username = "user\(UInt32.random(in: 0...UInt32.max))"
+        let username = username ?? "user\(UInt32.random(in: 0...UInt32.max))"
         let first = try Vault.create(dataDirectory: tmp.sub("device0"), username: username, secret: secret)
         try first.setServer(server.url)
         let a = Device(name: "A", vault: first, server: server.url)

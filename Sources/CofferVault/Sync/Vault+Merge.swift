@@ -240,6 +240,15 @@ struct PullMerge {
                 m.sealedAttributes = try view.sealAttributes(ma, of: l.id)
             }
         }
+        // The name for grantees follows the merged name: the remote's with the remote's name,
+        // sealed afresh for any other (a local rename over a share made elsewhere, or the reverse).
+        if m.name == r.name, r.shareName != nil || !m.isShared {
+            m.shareName = r.shareName
+        } else if m.name == l.name, l.shareName != nil {
+            m.shareName = l.shareName
+        } else if m.isShared || l.shareName != nil || r.shareName != nil {
+            m.shareName = try view.sealShareName(try view.openName(m), of: m.id)
+        }
         if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
         return (m, conflict)
     }

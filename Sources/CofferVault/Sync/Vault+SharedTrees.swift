@@ -105,49 +105,65 @@ extension Vault {
     /// refused alone and the one held is kept, so one bad record cannot stop a share from
     /// syncing.
     public func checkFeed(_ files: [RemoteFile]) throws -> (accepted: [RemoteFile], refused: [FeedRefusal]) {
-        for f in files {
-            let m = f.signed.metadata
-            guard m.owner != accountID else {
-                throw VaultError.corrupt(
-                    "the server sent this account's own file \(m.id) as shared by another; nothing was applied")
-            }
-            guard PublicSigningKey.isValid(m.lastModifiedBy.bytes, f.signed.message, f.signed.signature) else {
-                throw VaultError.corrupt(
-                    "the server sent shared file \(m.id) with a bad signature; nothing was applied")
-            }
-        }
+        try verifyFeedSignatures(files.map(\.signed))
         let me = accountID
         return try store.read { r in
             let mirror = MirrorTree(reader: r)
             for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
-            var accepted: [RemoteFile] = []
+            var pending = files.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
             var refused: [FeedRefusal] = []
-            for f in files.sorted(by: { $0.signed.metadata.id < $1.signed.metadata.id }) {
-                let m = f.signed.metadata
-                let held = try r.sharedFile(m.id)
-                var reason: String?
-                if let held, f.signed.revision < held.signed.revision {
-                    reason = "older than the record this device holds (a rollback)"
-                } else if let held, f.signed.revision == held.signed.revision, f.signed != held.signed {
-                    reason = "differs from the record this device holds with the same revision"
-                } else if mirror.accessMode(of: me, on: m.id) == nil {
-                    reason = "not shared with this account"
-                } else {
-                    do {
-                        try Authorization.checkPulled(
-                            m, old: held?.signed.metadata, in: mirror,
-                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
-                    } catch { reason = "\(error)" }
+            // A record is judged with the others of the pull staged around it; one refused takes
+            // back what it staged, which may take away what another leaned on (a forged grant
+            // above it): the others are judged again, until no more are refused.
+            while true {
+                var next: [RemoteFile] = []
+                var refusedNow = false
+                for f in pending {
+                    let m = f.signed.metadata
+                    let held = try r.sharedFile(m.id)
+                    var reason: String?
+                    if let held, f.signed.revision < held.signed.revision {
+                        reason = "older than the record this device holds (a rollback)"
+                    } else if let held, f.signed.revision == held.signed.revision, f.signed != held.signed {
+                        reason = "differs from the record this device holds with the same revision"
+                    } else if mirror.accessMode(of: me, on: m.id) == nil {
+                        reason = "not shared with this account"
+                    } else {
+                        do {
+                            try Authorization.checkPulled(
+                                m, old: held?.signed.metadata, in: mirror,
+                                verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                        } catch { reason = "\(error)" }
+                    }
+                    if let reason {
+                        refused.append(FeedRefusal(id: m.id, reason: reason))
+                        mirror.staged[m.id] = held?.effectiveMetadata
+                        refusedNow = true
+                    } else {
+                        next.append(f)
+                    }
                 }
-                if let reason {
-                    refused.append(FeedRefusal(id: m.id, reason: reason))
-                    mirror.staged[m.id] = held?.effectiveMetadata
-                } else {
-                    accepted.append(f)
-                }
+                pending = next
+                if !refusedNow { break }
             }
             try mirror.throwIfFailed()
-            return (accepted, refused)
+            return (pending, refused)
+        }
+    }
+
+    /// Refuses the whole pull if a record of the feed is this account's own or its signature
+    /// does not verify; cheap enough for every page as it arrives.
+    public func verifyFeedSignatures(_ records: [SignedMetadata]) throws {
+        for s in records {
+            let m = s.metadata
+            guard m.owner != accountID else {
+                throw VaultError.corrupt(
+                    "the server sent this account's own file \(m.id) as shared by another; nothing was applied")
+            }
+            guard PublicSigningKey.isValid(m.lastModifiedBy.bytes, s.message, s.signature) else {
+                throw VaultError.corrupt(
+                    "the server sent shared file \(m.id) with a bad signature; nothing was applied")
+            }
         }
     }
 
@@ -312,7 +328,7 @@ extension Vault {
                 throw VaultError.tree(.notFound("no share with id \(share)"))
             }
             var current = root
-            var name = try shareName(root, &view)
+            var name = (try? shareName(root, &view)) ?? root.id.description
             var walked = name
             for part in Self.components(path) {
                 walked += "/" + part
@@ -433,25 +449,64 @@ extension Vault {
     /// Removes the links of this account's tree whose share is gone (revoked, given up, or its
     /// file deleted), as Lockbook's sync does: a link is never left placing nothing. The
     /// removal is a local change like any other, pushed with the sync. Returns how many went.
+    ///
+    /// Also removes a link this device made but has not pushed when another link to the same
+    /// share already stands (two devices of the account accepted it while apart): the server
+    /// keeps one live link per share per account, and would refuse the push for ever.
     public func removeBrokenLinks() throws -> Int {
         var removed = 0
-        for (link, target) in try liveLinks() where try sharedLiveNode(target) == nil {
-            try remove(link)
-            removed += 1
+        var byTarget: [FileID: [FileID]] = [:]
+        for (link, target) in try liveLinks() {
+            // A share that cannot be read now is not gone: only one known to be is.
+            let type: FileType?
+            do { type = try sharedLiveType(target) } catch { continue }
+            if type == nil {
+                try remove(link)
+                removed += 1
+            } else {
+                byTarget[target, default: []].append(link)
+            }
+        }
+        for links in byTarget.values where links.count > 1 {
+            let synced = try store.read { r in try links.filter { try r.file($0, .base) != nil } }
+            let keep = synced.min() ?? links.min()
+            for link in links where link != keep && !synced.contains(link) {
+                try remove(link)
+                removed += 1
+            }
         }
         return removed
+    }
+
+    /// Whether this device holds a link it has not pushed yet (one `removeBrokenLinks` may have
+    /// to drop). Reads the local changes only.
+    public func hasUnpushedLinks() throws -> Bool {
+        var found = false
+        try store.readOne { r in
+            try r.visitFiles(.local) { f in
+                found = f.signed.metadata.type == .link && !f.signed.metadata.isDeleted
+                return !found
+            }
+        }
+        return found
     }
 
     /// Drops a share this account gave up from the mirror (what it holds below it too), and
     /// removes this account's link to it, if any.
     public func forgetShare(_ id: FileID) throws {
         if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
+        let me = accountID
         try store.write { w in
             var queue = [id]
             var seen: Set<FileID> = [id]
             while let next = queue.popLast() {
                 try w.removeShared(next)
-                for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted { queue.append(c) }
+                try w.logChange(next)
+                for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
+                    // A folder inside shared with this account on its own stays.
+                    if try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil { continue }
+                    queue.append(c)
+                }
             }
         }
     }
@@ -497,8 +552,23 @@ extension Vault {
         let me = accountID
         return try withSharedView { view, _ -> Node? in
             guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else { return nil }
-            let name = m.grant(to: me) != nil ? try shareName(m, &view) : try view.openName(m)
+            // A share root whose name does not open (made before shared names, or damaged) is
+            // still shown, by id (at a link's place, under the link's name).
+            let name =
+                m.grant(to: me) != nil ? (try? shareName(m, &view)) ?? m.id.description : try view.openName(m)
             return try sharedNode(m, name: name, &view)
+        }
+    }
+
+    /// The type of a live file of a share this account reaches (nil if none): what a lookup's
+    /// check of its folder needs, without opening names and attributes or counting subfolders.
+    func sharedLiveType(_ id: FileID) throws -> FileType? {
+        let me = accountID
+        return try store.read { r -> FileType? in
+            let tree = MirrorTree(reader: r)
+            guard let m = tree.file(id), Self.isReachable(m, by: me, in: tree) else { return nil }
+            try tree.throwIfFailed()
+            return m.type
         }
     }
 

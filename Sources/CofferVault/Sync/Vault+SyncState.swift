@@ -83,6 +83,11 @@ extension Vault {
         try store.write { w in try w.setSetting("cursor", Self.bytes(0)) }
     }
 
+    /// `resetCursor` for the share feed (`feedCursor`).
+    public func resetFeedCursor() throws {
+        try store.write { w in try w.setSetting("feedCursor", Self.bytes(0)) }
+    }
+
     /// The last time a sync found the server behind this device (restored from a backup, or lost
     /// its last writes) and what it did, for `coffer status`; nil if that never happened.
     public var serverCatchUpNotice: String? {

@@ -1,0 +1,200 @@
+import CofferCrypto
+import CofferModel
+import CofferSync
+import CofferTestSupport
+import CofferVault
+import Foundation
+import Testing
+
+/// Randomized trials of sharing between devices: three accounts with two devices each, on one
+/// real server, create, write, rename, move and delete in their own trees, share folders with
+/// each other (read or write), change modes and revoke, and accept, reject and drop shares, in a
+/// seeded random order. After each round every device syncs until quiet, and then:
+/// - each account's two devices hold the same tree, shares seen through links included;
+/// - each device's pending and accepted shares are exactly the folders other accounts share
+///   with its account (a live grant, not inside another share to it), and each shows exactly
+///   what its owner's device holds there (names, types, contents);
+/// - no link places a share that is gone; every fsck is clean; the server's audit is clean.
+/// COFFER_TRIALS sets the number of seeds, COFFER_TRIAL_SEED runs one.
+@Suite(.serialized) struct SharingDeviceTrials {
+    final class Account {
+        let name: String
+        let devices: [Device]
+        init(name: String, devices: [Device]) {
+            self.name = name
+            self.devices = devices
+        }
+        var id: AccountID { devices[0].vault.accountID }
+    }
+
+    static let names = ["a", "b", "c.txt", "d.txt"]
+
+    /// Path → "type content" of the live files below `id`, through `children` (a folder of the
+    /// account's own tree, a link, or a shared folder); links found are not followed.
+    func view(_ d: Device, _ id: FileID) throws -> [String: String] {
+        var out: [String: String] = [:]
+        func walk(_ id: FileID, _ path: String) throws {
+            for c in try d.vault.children(of: id) {
+                let p = path + "/" + c.name
+                if d.vault.linkTarget(of: c.id) != nil {
+                    out[p] = "link"
+                    continue
+                }
+                switch c.type {
+                case .folder:
+                    out[p] = "folder"
+                    try walk(c.id, p)
+                case .document: out[p] = "document \(blake2b(try d.vault.readAll(c.id)).prefix(6))"
+                default: out[p] = "\(c.type)"
+                }
+            }
+        }
+        try walk(id, "")
+        return out
+    }
+
+    /// The live folders of the device's own tree (not through links), root excluded.
+    func ownFolders(_ d: Device) throws -> [FileID] {
+        var out: [FileID] = []
+        func walk(_ id: FileID) throws {
+            for c in try d.vault.children(of: id) where c.type == .folder && d.vault.linkTarget(of: c.id) == nil {
+                out.append(c.id)
+                try walk(c.id)
+            }
+        }
+        try walk(d.vault.rootID)
+        return out
+    }
+
+    func randomStep(_ accounts: [Account], _ rng: inout SplitMix) async -> Bool {
+        let account = rng.pick(accounts)
+        let d = rng.pick(account.devices)
+        let folders = (try? ownFolders(d)) ?? []
+        let here = rng.int(3) == 0 || folders.isEmpty ? d.vault.rootID : rng.pick(folders)
+        let name = rng.pick(Self.names)
+        do {
+            switch rng.int(9) {
+            case 0:
+                try d.vault.create(in: here, name: name, type: .folder, mode: 0o755)
+            case 1, 2:
+                let node =
+                    try d.vault.lookup(here, name)
+                    ?? d.vault.create(in: here, name: name, type: .document, mode: 0o644)
+                guard node.type == .document else { return false }
+                try d.vault.writeAll(node.id, Array("\(d.name) \(rng.next())".utf8))
+            case 3:
+                guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return false }
+                try d.vault.rename(f, to: here, name: rng.pick(Self.names), mode: .noReplace)
+            case 4:
+                guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return false }
+                try d.vault.remove(f, recursive: true)
+            case 5, 6:  // share a folder with another account, change its mode, or revoke
+                guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return false }
+                let other = rng.pick(accounts.filter { $0 !== account })
+                let grant = try d.vault.grants(reaching: f).first { $0.file == f && $0.grant.account == other.id }
+                if let g = grant?.grant, !g.isDeleted, rng.int(2) == 0 {
+                    try d.vault.unshare(f, from: other.id, name: other.name)
+                } else {
+                    let contact = try await d.engine.contact(other.name).contact
+                    try d.vault.share(f, with: contact, mode: rng.int(2) == 0 ? .read : .write)
+                }
+            case 7:  // accept a pending share into the root, or drop an accepted one's link
+                let shares = try d.vault.incomingShares()
+                guard let s = shares.isEmpty ? nil : rng.pick(shares) else { return false }
+                if let link = s.link {
+                    try d.vault.remove(link, recursive: true)
+                } else {
+                    try d.vault.acceptShare(s.id, in: d.vault.rootID, name: "s-\(s.id.description.prefix(8))")
+                }
+            default:  // give a share up
+                let shares = try d.vault.incomingShares()
+                guard let s = shares.isEmpty ? nil : rng.pick(shares) else { return false }
+                try await d.engine.rejectShare(s.id)
+            }
+            return true
+        } catch {
+            return false
+        }
+    }
+
+    func check(_ accounts: [Account], seed: UInt64, round: Int) async throws {
+        for _ in 0..<3 { for a in accounts { for d in a.devices { try await d.sync() } } }
+        let context = "seed \(seed) round \(round)"
+        for a in accounts {
+            let first = try view(a.devices[0], a.devices[0].vault.rootID)
+            for d in a.devices {
+                #expect(try view(d, d.vault.rootID) == first, "\(context): \(a.name)'s devices differ")
+                let report = try d.vault.check()
+                #expect(report.isClean, "\(context): \(a.name).\(d.name): \(report.problems)")
+                #expect(d.pending == 0, "\(context): \(a.name).\(d.name) has pending changes")
+            }
+            // What is shared with `a` directly, as the owners' devices hold it.
+            var expected: [FileID: (owner: Account, mode: AccessMode)] = [:]
+            for owner in accounts where owner !== a {
+                let od = owner.devices[0]
+                for (file, grants) in try od.vault.sharedFiles() {
+                    guard let g = grants.first(where: { $0.account == a.id && !$0.isDeleted }) else { continue }
+                    let above = try od.vault.grants(reaching: file).filter { $0.file != file }
+                    if above.contains(where: { $0.grant.account == a.id && !$0.grant.isDeleted }) { continue }
+                    expected[file] = (owner, g.mode)
+                }
+            }
+            for d in a.devices {
+                let shares = try d.vault.incomingShares()
+                #expect(
+                    Set(shares.map(\.id)) == Set(expected.keys),
+                    "\(context): \(a.name).\(d.name)'s shares differ from the owners'")
+                for s in shares {
+                    guard let e = expected[s.id] else { continue }
+                    #expect(s.owner == e.owner.id)
+                    let owners = try view(e.owner.devices[0], s.id)
+                    #expect(
+                        try view(d, s.id) == owners, "\(context): \(a.name).\(d.name) sees share \(s.id) differently")
+                }
+                for (link, target) in try liveLinks(d) {
+                    #expect(
+                        expected[target] != nil,
+                        "\(context): \(a.name).\(d.name)'s link \(link) places a share that is gone")
+                }
+            }
+        }
+    }
+
+    func liveLinks(_ d: Device) throws -> [(FileID, FileID)] {
+        try d.vault.children(of: d.vault.rootID).compactMap { c in d.vault.linkTarget(of: c.id).map { (c.id, $0) } }
+    }
+
+    @Test func accountsShareAcceptEditAndRevokeAtRandom() async throws {
+        let env = ProcessInfo.processInfo.environment
+        let seeds: [UInt64] =
+            env["COFFER_TRIAL_SEED"].flatMap(UInt64.init).map { [$0] }
+            ?? (0..<UInt64(env["COFFER_TRIALS"].flatMap(Int.init) ?? 2)).map { 0x5AFE + $0 }
+        for seed in seeds {
+            let tmp = TemporaryDirectory("coffer-share-trial")
+            let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+            // The worlds own their devices' folders: they live as long as the trial.
+            var worlds: [SyncWorld] = []
+            var accounts: [Account] = []
+            for name in ["ann", "ben", "cat"] {
+                let world = try await SyncWorld(devices: 2, server: server, username: name)
+                worlds.append(world)
+                accounts.append(Account(name: name, devices: world.devices))
+            }
+            var rng = SplitMix(seed: seed)
+            var done = 0
+            for round in 0..<6 {
+                for _ in 0..<12 {
+                    if await randomStep(accounts, &rng) { done += 1 }
+                    // Devices sync at random between steps too, so changes cross mid-flight.
+                    if rng.int(3) == 0 {
+                        let a = rng.pick(accounts)
+                        try await rng.pick(a.devices).sync()
+                    }
+                }
+                try await check(accounts, seed: seed, round: round)
+            }
+            withExtendedLifetime((worlds, tmp)) {}
+            print("sharing trial seed \(seed): \(done) of 72 steps acted")
+        }
+    }
+}
