@@ -44,6 +44,12 @@ public struct BoundedCache<Key: Hashable, Value> {
 
     @inlinable public var count: Int { young.count + old.count }
 
+    /// Every entry, in no order, without counting as a use.
+    @inlinable public func visitEntries(_ body: (Key, Value) throws -> Void) rethrows {
+        for (k, v) in old where young[k] == nil { try body(k, v) }
+        for (k, v) in young { try body(k, v) }
+    }
+
     @inlinable public mutating func removeAll() {
         young = [:]
         old = [:]

@@ -233,13 +233,14 @@ public final class Store: Sendable {
                     CREATE TABLE shared_files (
                         id BLOB PRIMARY KEY NOT NULL,
                         parent BLOB NOT NULL,
+                        name_mac BLOB NOT NULL,
                         record BLOB NOT NULL,
                         content_digest BLOB,
                         version INTEGER NOT NULL,
                         content_version INTEGER NOT NULL,
                         server_deleted INTEGER NOT NULL
                     ) WITHOUT ROWID;
-                    CREATE INDEX shared_files_parent ON shared_files(parent);
+                    CREATE INDEX shared_files_parent ON shared_files(parent, name_mac);
                     CREATE INDEX shared_files_digest ON shared_files(content_digest);
                     """)
         }

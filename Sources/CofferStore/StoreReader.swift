@@ -171,6 +171,17 @@ public struct StoreReader {
         }
     }
 
+    /// The ids of the mirror's files under `parent` whose name has this MAC (a lookup by name).
+    public func sharedChildIDs(of parent: FileID, nameMAC: [UInt8]) throws -> [FileID] {
+        try with { db in
+            try Data.fetchAll(
+                db.cachedStatement(
+                    sql: "SELECT id FROM shared_files WHERE parent = ? AND name_mac = ? AND id != parent"),
+                arguments: [Data(parent.bytes), Data(nameMAC)]
+            ).map { try FileID(bytes: [UInt8]($0)) }
+        }
+    }
+
     /// Visits every record of the mirror; `body` returns false to stop.
     public func visitSharedFiles(_ body: (StoredFile) throws -> Bool) throws {
         try with { db in

@@ -257,15 +257,15 @@ public struct StoreWriter {
     public func putShared(_ f: StoredFile) throws {
         let m = f.signed.metadata
         let args: StatementArguments = [
-            Data(m.id.bytes), Data(m.parent.bytes), Data(f.signed.encoded()), m.contentDigest.map { Data($0) },
-            f.version, f.contentVersion, f.serverDeleted,
+            Data(m.id.bytes), Data(m.parent.bytes), Data(m.name.mac), Data(f.signed.encoded()),
+            m.contentDigest.map { Data($0) }, f.version, f.contentVersion, f.serverDeleted,
         ]
         try session.run { db in
             try db.cachedStatement(
                 sql: """
                     INSERT OR REPLACE INTO shared_files
-                        (id, parent, record, content_digest, version, content_version, server_deleted)
-                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                        (id, parent, name_mac, record, content_digest, version, content_version, server_deleted)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                     """
             ).execute(arguments: args)
         }

@@ -41,7 +41,10 @@ public final class Vault: Sendable {
     let openDocuments = Mutex<[FileID: OpenDocument]>([:])
     /// Keys of shared files opened so far (a file keeps its key for life), so the mount does not
     /// unwrap a share's key chain again for every request.
-    let sharedKeys = Mutex<BoundedCache<FileID, SymmetricKey>>(BoundedCache(capacity: 4096))
+    let sharedKeys = SharedKeyCache()
+    /// Records of shared files read so far, dropped when a pull (here or in another process,
+    /// through the change log) changes them.
+    let sharedRecords = SharedRecordCache()
     /// The links shown so far as the shared file each places (`presented(link:)`), by target: a
     /// change to the shared file is a change to what the mount shows at the link.
     let shownLinks = Mutex<[FileID: FileID]>([:])
@@ -390,6 +393,7 @@ public final class Vault: Sendable {
     func catchUp(_ s: inout VaultState) throws -> Set<FileID> {
         let (ids, last) = try store.read { r in try r.changes(after: s.lastSeq) }
         s.view.invalidate(ids)
+        if !ids.isEmpty { sharedRecords.records.withLock { c in for id in ids { c[id] = nil } } }
         s.lastSeq = last
         return ids
     }

@@ -18,4 +18,18 @@ import Testing
         cache.removeAll()
         #expect(cache.count == 0)
     }
+
+    /// Every entry is visited once, from both generations, and visiting uses nothing.
+    @Test func visitingSeesEachEntryOnce() {
+        var cache = BoundedCache<Int, Int>(capacity: 8)
+        for i in 0..<6 { cache[i] = i * 10 }  // four moved to the old generation, two young
+        _ = cache[1]  // old → young
+        var seen: [Int: Int] = [:]
+        cache.visitEntries { k, v in
+            #expect(seen[k] == nil)
+            seen[k] = v
+        }
+        #expect(seen == Dictionary(uniqueKeysWithValues: (0..<6).map { ($0, $0 * 10) }))
+    }
 }
+

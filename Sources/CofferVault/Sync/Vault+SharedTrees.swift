@@ -3,6 +3,7 @@ import CofferCrypto
 import CofferModel
 import CofferStore
 import Foundation
+import Synchronization
 
 /// The grantee's side of sharing (docs/SHARING.md, "On the grantee's device"): other accounts'
 /// files shared with this one, pulled from the share feed, verified, and kept in the store's
@@ -16,18 +17,25 @@ final class MirrorTree: TreeView {
     /// Pulled records being judged, over what the store holds.
     var staged: [FileID: FileMetadata] = [:]
     private var read: [FileID: FileMetadata?] = [:]
+    /// Records read by earlier views (`Vault.sharedRecords`), for views that judge nothing.
+    private let shared: SharedRecordCache?
     private(set) var failure: (any Error)?
 
-    init(reader: StoreReader) { self.reader = reader }
+    init(reader: StoreReader, cache: SharedRecordCache? = nil) {
+        self.reader = reader
+        self.shared = cache
+    }
 
     func throwIfFailed() throws { if let failure { throw VaultError.io("\(failure)") } }
 
     func file(_ id: FileID) -> FileMetadata? {
         if let m = staged[id] { return m }
         if let hit = read[id] { return hit }
+        if let hit = shared?.records.withLock({ $0[id] }) { return hit }
         do {
             let m = try reader.sharedFile(id)?.effectiveMetadata
             read[id] = m
+            if let m { shared?.records.withLock { $0[id] = m } }
             return m
         } catch {
             if failure == nil { failure = error }
@@ -48,10 +56,30 @@ final class MirrorTree: TreeView {
     }
 
     func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
-        childIDs(of: id).filter { file($0)?.name.mac == nameMAC }
+        var ids: [FileID]
+        do { ids = try reader.sharedChildIDs(of: id, nameMAC: nameMAC) } catch {
+            if failure == nil { failure = error }
+            ids = []
+        }
+        // Staged records decide where they are and what they are called.
+        ids = ids.filter { staged[$0].map { $0.parent == id && $0.name.mac == nameMAC } ?? true }
+        for (sid, m) in staged where m.parent == id && m.name.mac == nameMAC && sid != id && !ids.contains(sid) {
+            ids.append(sid)
+        }
+        return ids
     }
 
     var rootID: FileID? { nil }
+}
+
+/// Records of shared files read so far, shared by a vault's views (`Vault.sharedRecords`).
+final class SharedRecordCache: Sendable {
+    let records = Mutex<BoundedCache<FileID, FileMetadata>>(BoundedCache(capacity: 16_384))
+}
+
+/// Keys of shared files opened so far (`Vault.sharedKeys`; a file keeps its key for life).
+final class SharedKeyCache: Sendable {
+    let keys = Mutex<BoundedCache<FileID, SymmetricKey>>(BoundedCache(capacity: 16_384))
 }
 
 /// Keys granted to this account: a live grant on the file, sealed to the account's box key
@@ -60,8 +88,11 @@ final class MirrorTree: TreeView {
 struct GrantKeyAccess: KeyAccess {
     let account: AccountID
     let box: BoxKeyPair
+    /// Keys opened by earlier views, taken as known.
+    var known: SharedKeyCache?
 
     func directKey(of file: FileMetadata) throws -> SymmetricKey? {
+        if let k = known?.keys.withLock({ $0[file.id] }) { return k }
         guard file.owner != account, let e = file.grant(to: account) else { return nil }
         return try box.open(sealedKey: e.sealedKey, binding: e.keyBinding(fileID: file.id, owner: file.owner))
     }
@@ -89,7 +120,7 @@ public struct FeedRefusal: Sendable, Equatable {
 }
 
 extension Vault {
-    var grantKeys: GrantKeyAccess { GrantKeyAccess(account: accountID, box: box) }
+    var grantKeys: GrantKeyAccess { GrantKeyAccess(account: accountID, box: box, known: nil) }
 
     /// How far this device has read its share feed (a cursor of its own: the feed can be read
     /// from the start without reading the account's own tree again).
@@ -224,21 +255,27 @@ extension Vault {
             }
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
+        sharedRecords.records.withLock { $0.removeAll() }
         return changed
     }
 
     /// Runs `body` over the mirror seen with this account's granted keys. Keys opened are kept
-    /// for the next call (`sharedKeys`); names and attributes are opened afresh, as another
-    /// process's pull may have changed them.
+    /// for the next call (`sharedKeys`), and records read until a pull changes them
+    /// (`sharedRecords`). Each record is read by a statement of its own, outside a transaction,
+    /// as the account's own tree is (GRDB's read transaction was half of the mount's CPU
+    /// reading a share): a read racing a pull may see records on both sides of it, which a
+    /// view that only reads tolerates.
     func withSharedView<R>(_ body: (inout KeyedTree<MirrorTree>, StoreReader) throws -> R) throws -> R {
-        try store.read { r in
-            var cache = KeyCache(capacity: 4096)
-            cache.keys = sharedKeys.withLock { $0 }
-            var view = KeyedTree(tree: MirrorTree(reader: r), cache: cache, access: grantKeys)
+        try store.readOne { r in
+            var access = grantKeys
+            access.known = sharedKeys
+            var view = KeyedTree(
+                tree: MirrorTree(reader: r, cache: sharedRecords), cache: KeyCache(capacity: 4096), access: access)
             let result = try body(&view, r)
             try view.tree.throwIfFailed()
-            let keys = view.cache.keys
-            sharedKeys.withLock { $0 = keys }
+            // What this view unwrapped joins the keys known (a few per call).
+            let learned = view.cache.keys
+            sharedKeys.keys.withLock { known in learned.visitEntries { known[$0] = $1 } }
             return result
         }
     }
@@ -509,6 +546,7 @@ extension Vault {
                 }
             }
         }
+        sharedRecords.records.withLock { $0.removeAll() }
     }
 }
 
@@ -564,8 +602,8 @@ extension Vault {
     /// check of its folder needs, without opening names and attributes or counting subfolders.
     func sharedLiveType(_ id: FileID) throws -> FileType? {
         let me = accountID
-        return try store.read { r -> FileType? in
-            let tree = MirrorTree(reader: r)
+        return try store.readOne { r -> FileType? in
+            let tree = MirrorTree(reader: r, cache: sharedRecords)
             guard let m = tree.file(id), Self.isReachable(m, by: me, in: tree) else { return nil }
             try tree.throwIfFailed()
             return m.type
