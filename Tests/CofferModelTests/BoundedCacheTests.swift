@@ -32,4 +32,3 @@ import Testing
         #expect(seen == Dictionary(uniqueKeysWithValues: (0..<6).map { ($0, $0 * 10) }))
     }
 }
-
