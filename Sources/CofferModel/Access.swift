@@ -207,11 +207,9 @@ public enum Authorization {
         throw .denied("\(name) is in no folder the writer can reach")
     }
 
-    /// Grants change only by the owner, one per account, never removed, always signed; the
-    /// one exception is a grantee giving up its own grant (a tombstone it signs).
-    static func checkGrants(
-        _ m: FileMetadata, old: FileMetadata?, actor: AccountID, verify: Verify, name: String
-    ) throws(AccessError) {
+    /// At most one grant per account, and none removed (a removal would be an unsigned change
+    /// made by dropping bytes): revoked grants stay as tombstones.
+    static func checkGrantList(_ m: FileMetadata, old: FileMetadata?, name: String) throws(AccessError) {
         var seen: Set<AccountID> = []
         for e in m.access {
             guard seen.insert(e.account).inserted else { throw .invalidGrant("\(name) has two grants to one account") }
@@ -219,6 +217,14 @@ public enum Authorization {
         for e in old?.access ?? [] where !seen.contains(e.account) {
             throw .invalidGrant("\(name): a grant was removed instead of revoked")
         }
+    }
+
+    /// Grants change only by the owner, one per account, never removed, always signed; the
+    /// one exception is a grantee giving up its own grant (a tombstone it signs).
+    static func checkGrants(
+        _ m: FileMetadata, old: FileMetadata?, actor: AccountID, verify: Verify, name: String
+    ) throws(AccessError) {
+        try checkGrantList(m, old: old, name: name)
         for e in m.access {
             let previous = old?.access.first { $0.account == e.account }
             if previous == e { continue }  // unchanged, checked when it was written
@@ -374,13 +380,7 @@ extension Authorization {
     static func checkPulledGrants(
         _ m: FileMetadata, old: FileMetadata?, verify: Verify, name: String
     ) throws(AccessError) {
-        var seen: Set<AccountID> = []
-        for e in m.access {
-            guard seen.insert(e.account).inserted else { throw .invalidGrant("\(name) has two grants to one account") }
-        }
-        for e in old?.access ?? [] where !seen.contains(e.account) {
-            throw .invalidGrant("\(name): a grant was removed instead of revoked")
-        }
+        try checkGrantList(m, old: old, name: name)
         for e in m.access {
             let previous = old?.access.first { $0.account == e.account }
             if previous == e { continue }

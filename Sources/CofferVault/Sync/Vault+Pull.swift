@@ -28,6 +28,12 @@ public struct ContentNeed: Sendable {
     public let fileID: FileID
     public let digest: [UInt8]
     let cipher: ContentCipher
+
+    init(fileID: FileID, digest: [UInt8], key: SymmetricKey) {
+        self.fileID = fileID
+        self.digest = digest
+        self.cipher = ContentCipher(fileID: fileID, key: key)
+    }
 }
 
 extension Vault {
@@ -252,10 +258,7 @@ extension Vault {
                 if try store.read({ try $0.manifest(digest) }) != nil { continue }
                 // An orphan: dropped at apply.
                 guard let k = try? view.key(f.signed.metadata.id) else { continue }
-                out.append(
-                    ContentNeed(
-                        fileID: f.signed.metadata.id, digest: digest,
-                        cipher: ContentCipher(fileID: f.signed.metadata.id, key: k)))
+                out.append(ContentNeed(fileID: f.signed.metadata.id, digest: digest, key: k))
             }
             return out
         }

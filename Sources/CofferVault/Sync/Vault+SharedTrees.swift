@@ -208,10 +208,7 @@ extension Vault {
             for f in files where f.signed.metadata.type == .document && !f.stored.effectiveMetadata.isDeleted {
                 guard let digest = f.signed.metadata.contentDigest, try r.manifest(digest) == nil else { continue }
                 guard let k = try? view.key(f.signed.metadata.id) else { continue }
-                out.append(
-                    ContentNeed(
-                        fileID: f.signed.metadata.id, digest: digest,
-                        cipher: ContentCipher(fileID: f.signed.metadata.id, key: k)))
+                out.append(ContentNeed(fileID: f.signed.metadata.id, digest: digest, key: k))
             }
             return out
         }
