@@ -336,11 +336,13 @@ extension Authorization {
     ///   itself); or it only gives up the writer's own grant.
     ///
     /// Without the record before (a device new to the file), a change's kind cannot be told:
-    /// only write at or above the file is asked, and a record carrying the writer's own signed
-    /// tombstone is taken as a give-up (docs/SHARING.md, "What devices verify").
+    /// only write at or above the file is asked, and a grant given up cannot be told from a
+    /// grant never held, so such a record is refused (the owner's devices re-sign what grantees
+    /// write as they pull it, which closes that window; docs/SHARING.md, "What devices verify").
     public static func checkPulled<T: TreeView>(
         _ m: FileMetadata, old: FileMetadata?, in tree: T, verify: Verify
     ) throws(AccessError) {
+        if let old, old == m { return }  // what the device holds already
         let actor = m.lastModifiedBy
         let name = m.id.description
         if let old, old.owner != m.owner { throw .crossOwner("\(name) changes owner") }
@@ -352,31 +354,35 @@ extension Authorization {
         if m.isRoot { throw .denied("\(name) is another account's root") }
         let denied = AccessError.denied("\(name) was written by an account without write access to it")
         guard let old else {
-            if tree.heldWrite(by: actor, atOrAbove: m.id) { return }
-            let givesUp = m.access.contains {
-                $0.account == actor && $0.isDeleted && verify(actor, $0.grantMessage(fileID: m.id), $0.signature)
-            }
-            if givesUp { return }
+            if tree.heldWrite(by: actor, atOrAbove: m.id, verify: verify) { return }
             throw denied
         }
         var grantsOnly = old
         grantsOnly.access = m.access
         grantsOnly.lastModifiedBy = actor
-        if grantsOnly == m && old.access != m.access { return }  // a grant given up, judged above
+        // A grant given up (judged above), by a writer that held it live.
+        if grantsOnly == m && old.access != m.access
+            && old.access.contains(where: { $0.account == actor && !$0.isDeleted })
+        {
+            return
+        }
         let placementChanged =
             old.parent != m.parent || old.name != m.name || old.isDeleted != m.isDeleted
             || old.wrappedKey != m.wrappedKey
         if placementChanged {
-            guard tree.heldWrite(by: actor, atOrAbove: old.parent) else { throw denied }
-            if old.parent != m.parent, !tree.heldWrite(by: actor, atOrAbove: m.parent) { throw denied }
+            guard tree.heldWrite(by: actor, atOrAbove: old.parent, verify: verify) else { throw denied }
+            if old.parent != m.parent, !tree.heldWrite(by: actor, atOrAbove: m.parent, verify: verify) {
+                throw denied
+            }
         }
-        guard tree.heldWrite(by: actor, atOrAbove: m.id) else { throw denied }
+        guard tree.heldWrite(by: actor, atOrAbove: m.id, verify: verify) else { throw denied }
     }
 
     /// Grants of a pulled record, each judged by its own signature, whoever wrote the record: a
     /// grant the device held unchanged stands; any other is the owner's, signed by it, or a
     /// tombstone its grantee signed (giving it up, at the mode and key it had when the device
-    /// knows them). None removed, one per account, none to the owner or on a link.
+    /// knows them; one it cannot compare grants nothing, as `heldWrite` counts only what the
+    /// owner signed). None removed, one per account, none to the owner or on a link.
     static func checkPulledGrants(
         _ m: FileMetadata, old: FileMetadata?, verify: Verify, name: String
     ) throws(AccessError) {
@@ -390,8 +396,10 @@ extension Authorization {
             else { throw .invalidGrant("\(name) carries a grant no owner could make") }
             let message = e.grantMessage(fileID: m.id)
             if verify(m.owner, message, e.signature) { continue }
+            // A grantee gives up only a grant it held: when the device knows the record before,
+            // the grant must be in it, at the same mode and key.
             if e.isDeleted, verify(e.account, message, e.signature),
-                previous.map({ $0.mode == e.mode && $0.sealedKey == e.sealedKey }) ?? true
+                old == nil || previous.map({ $0.mode == e.mode && $0.sealedKey == e.sealedKey }) == true
             {
                 continue
             }
@@ -402,14 +410,18 @@ extension Authorization {
 
 extension TreeView {
     /// Whether `account` holds, or held, write on `id` or a folder above it: a grant of write
-    /// mode, live or revoked, on the way up (grants in a device's tree were verified as they
-    /// arrived).
-    func heldWrite(by account: AccountID, atOrAbove id: FileID) -> Bool {
+    /// mode, live or revoked, signed by the owner, on the way up. A tombstone the grantee signed
+    /// itself proves nothing of the grant it replaced (anyone can sign one for itself).
+    func heldWrite(by account: AccountID, atOrAbove id: FileID, verify: Authorization.Verify) -> Bool {
         var cursor = id
         for _ in 0...TreeLimits.maxDepth + 1 {
             guard let m = file(cursor) else { return false }
             if m.owner == account { return true }
-            if m.access.contains(where: { $0.account == account && $0.mode >= .write }) { return true }
+            let written = m.access.contains {
+                $0.account == account && $0.mode >= .write
+                    && verify(m.owner, $0.grantMessage(fileID: m.id), $0.signature)
+            }
+            if written { return true }
             if m.isRoot { return false }
             cursor = m.parent
         }

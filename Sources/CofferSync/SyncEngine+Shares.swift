@@ -7,12 +7,13 @@ import Foundation
 /// files shared with this one come from the share feed, read with a cursor of its own, checked
 /// record by record, with their content fetched through each document (`via`).
 extension SyncEngine {
-    /// Returns whether a share may have gone away (a file no longer seen, or one deleted), for
-    /// the caller to remove links that place nothing any more.
-    func pullFeed(_ report: inout SyncReport) async throws -> Bool {
+    /// Returns, when a share may have gone away (a file no longer seen, or one deleted), the ids
+    /// the server said are gone, for the caller to remove links that place nothing any more;
+    /// nil when nothing went.
+    func pullFeed(_ report: inout SyncReport) async throws -> Set<FileID>? {
         let cursor = vault.feedCursor
         let read = try await updates(since: cursor, feed: true)
-        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return false }
+        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return nil }
         let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
         report.refusedShared += refused
         // Content before the metadata that names it.
@@ -22,7 +23,8 @@ extension SyncEngine {
         report.changed.formUnion(changed)
         // Best effort: a name to show for owners this device has not pinned.
         try? await learnOwnerNames(Set(accepted.map(\.signed.metadata.owner)))
-        return !read.gone.isEmpty || accepted.contains { $0.signed.metadata.isDeleted || $0.serverDeleted }
+        let shrank = !read.gone.isEmpty || accepted.contains { $0.signed.metadata.isDeleted || $0.serverDeleted }
+        return shrank ? read.gone : nil
     }
 
     /// Remembers the name each of `owners` signed into its key card, for display beside its

@@ -89,8 +89,9 @@ public final class SyncEngine: Sendable {
             try await pull(&report)
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
-            if try await pullFeed(&report) || vault.hasUnpushedLinks() {
-                report.removedLinks = try vault.removeBrokenLinks()
+            let gone = try await pullFeed(&report)
+            if try gone != nil || vault.hasUnpushedLinks() {
+                report.removedLinks = try vault.removeBrokenLinks(gone: gone ?? [])
             }
             var attempts = 0
             while true {

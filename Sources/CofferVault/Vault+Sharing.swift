@@ -60,6 +60,34 @@ extension Vault {
         }
     }
 
+    /// `m`, written by a grantee, as this account takes it over: written by this account, and
+    /// each grant its grantee gave up revoked under the owner's signature instead. The owner's
+    /// devices adopt what grantees write as they pull it (checked against the grants they hold),
+    /// so the server soon holds every record of the tree signed by its owner: a device new to
+    /// the tree, or one judging an old record against grants that changed since (a grantee
+    /// lowered to read, a folder moved out of a share), then has nothing it cannot check
+    /// (docs/SHARING.md, "What devices verify").
+    ///
+    /// A tombstone its grantee signed becomes the owner's only over a live grant `base` (what
+    /// this device held) shows the owner signed at the same mode and key: the owner never
+    /// vouches for a grant it did not make.
+    func adopted(_ m: FileMetadata, base: FileMetadata?) -> FileMetadata {
+        guard m.owner == accountID else { return m }
+        var out = m
+        out.lastModifiedBy = accountID
+        for i in out.access.indices where out.access[i].account != accountID && out.access[i].isDeleted {
+            let e = out.access[i]
+            let message = e.grantMessage(fileID: m.id)
+            guard !PublicSigningKey.isValid(accountID.bytes, message, e.signature),
+                let held = base?.access.first(where: { $0.account == e.account }), !held.isDeleted,
+                held.mode == e.mode, held.sealedKey == e.sealedKey,
+                PublicSigningKey.isValid(accountID.bytes, held.grantMessage(fileID: m.id), held.signature)
+            else { continue }
+            out.access[i].signature = signing.sign(message)
+        }
+        return out
+    }
+
     /// The access rules over one changed record, as the server runs them.
     private func authorize(_ id: FileID, batch: Batch<StoreTree>, _ s: inout VaultState) throws {
         do {

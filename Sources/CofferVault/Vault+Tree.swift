@@ -502,6 +502,8 @@ extension Vault {
                 return (removed, try w.reader.lastChange(), w.groupGeneration)
             }
             for (f, before) in removed { s.view.wrote(f, before: before, after: nil, generation: group) }
+            // Commits of others before this one are not read here: what was kept of shares goes.
+            sharedRecords.forgetAll()
             s.lastSeq = lastSeq
         }
     }

@@ -380,6 +380,7 @@ public final class Vault: Sendable {
         }
         s.view.tree.reset(pending: lost)
         s.view.cache = KeyCache(capacity: cacheEntries)
+        sharedRecords.forgetAll()
         s.pendingFolderTimes = lost ? [:] : s.pendingFolderTimes
         s.lastSeq = last
         s.clockLease = UInt64(clamping: max(lease, 0))
@@ -393,7 +394,7 @@ public final class Vault: Sendable {
     func catchUp(_ s: inout VaultState) throws -> Set<FileID> {
         let (ids, last) = try store.read { r in try r.changes(after: s.lastSeq) }
         s.view.invalidate(ids)
-        if !ids.isEmpty { sharedRecords.records.withLock { c in for id in ids { c[id] = nil } } }
+        if !ids.isEmpty { sharedRecords.forgetAll() }
         s.lastSeq = last
         return ids
     }
@@ -453,6 +454,7 @@ public final class Vault: Sendable {
                         if !ids.isEmpty {
                             s.view.invalidate(ids)
                             s.externalChanges.formUnion(ids)
+                            sharedRecords.forgetAll()
                         }
                         s.lastSeq = last
                         var batch = Batch(base: s.view.tree)

@@ -141,6 +141,16 @@ import Testing
         #expect(synced.status == 0, "\(synced.err)")
         #expect(coffer(w.alice, ["ls", "projects"]).out == "from-bob/\nnotes.txt\n")
         #expect(coffer(w.alice, ["fsck"]).status == 0)
+        // Alice's device took it over: the server now holds it signed by alice, so a new device
+        // of hers has nothing it must take on bob's word.
+        let after = try await engine.client.updates(since: 0, feedOnly: true).files.map(remote)
+        let adopted = try #require(after.first { $0.signed.metadata.id == id })
+        #expect(adopted.signed.metadata.lastModifiedBy == folder.owner)
+        let alice2 = w.tmp.sub("alice2")
+        let exported = coffer(w.alice, ["account", "export"]).out
+        let joined = coffer(alice2, ["account", "import", "--server", w.server.url], stdin: Array(exported.utf8))
+        #expect(joined.status == 0, "\(joined.err)")
+        #expect(coffer(alice2, ["ls", "projects"]).out == "from-bob/\nnotes.txt\n")
         // Alice's next change to it is hers again, and bob's device takes both.
         #expect(coffer(w.alice, ["mv", "projects/from-bob", "projects/by-bob"]).status == 0)
         let again = coffer(w.alice, ["sync"])

@@ -115,9 +115,16 @@ struct PullMerge {
             if let l = try w.reader.file(id, .local)?.metadata {
                 let b = oldBase?.effectiveMetadata ?? rEff
                 let (m, conflict) = try mergeRecord(base: b, local: l, remote: rEff, &s)
+                let merged = vault.adopted(m, base: oldBase?.metadata)
+                local[id] = merged
+                view.put(merged)
+                if conflict { conflicts[id] = (b, l, rEff) }
+            } else if rEff.lastModifiedBy != vault.accountID, !r.serverDeleted {
+                // A grantee wrote it (checked against the sharing rules on the way in): this
+                // device signs it again as the owner's (`Vault.adopted`).
+                let m = vault.adopted(rEff, base: oldBase?.metadata)
                 local[id] = m
                 view.put(m)
-                if conflict { conflicts[id] = (b, l, rEff) }
             } else {
                 view.put(rEff)
             }
@@ -151,9 +158,14 @@ struct PullMerge {
         for id in ids {
             guard let entry = local[id] else { continue }
             let stored = try newBase[id] ?? w.reader.file(id, .base)
-            if let m = entry, let base = stored, Self.sameContent(m, base.effectiveMetadata) {
+            // Equal to the base but for the writer: nothing to push, unless the base is another
+            // account's record this device adopts.
+            if let m = entry, let base = stored, Self.sameContent(m, base.effectiveMetadata),
+                base.metadata.lastModifiedBy == vault.accountID
+            {
                 try w.remove(id, .local)
-            } else if let m = entry {
+            } else if var m = entry {
+                m.lastModifiedBy = vault.accountID
                 let base = stored
                 try w.put(
                     StoredFile(

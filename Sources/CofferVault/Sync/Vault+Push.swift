@@ -117,7 +117,11 @@ extension Vault {
                     let contentVersion = digestChanged ? version : (base?.contentVersion ?? version)
                     try w.put(
                         StoredFile(signed: p.stored.signed, version: version, contentVersion: contentVersion), .base)
-                    if let current = try w.reader.file(id, .local), current.metadata == p.stored.metadata {
+                    // The same record but for its writer (a row written before local changes named
+                    // this account) is pushed too.
+                    if let current = try w.reader.file(id, .local),
+                        PullMerge.sameContent(current.metadata, p.stored.metadata)
+                    {
                         try w.remove(id, .local)
                     } else if var current = try w.reader.file(id, .local) {
                         current.version = version

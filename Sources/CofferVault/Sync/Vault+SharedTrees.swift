@@ -31,11 +31,12 @@ final class MirrorTree: TreeView {
     func file(_ id: FileID) -> FileMetadata? {
         if let m = staged[id] { return m }
         if let hit = read[id] { return hit }
-        if let hit = shared?.records.withLock({ $0[id] }) { return hit }
+        if let hit = shared?.record(id) { return hit }
         do {
+            let generation = shared?.generation ?? 0
             let m = try reader.sharedFile(id)?.effectiveMetadata
             read[id] = m
-            if let m { shared?.records.withLock { $0[id] = m } }
+            if let m { shared?.keep(m, readIn: generation) }
             return m
         } catch {
             if failure == nil { failure = error }
@@ -72,9 +73,27 @@ final class MirrorTree: TreeView {
     var rootID: FileID? { nil }
 }
 
-/// Records of shared files read so far, shared by a vault's views (`Vault.sharedRecords`).
+/// Records of shared files read so far, shared by a vault's views (`Vault.sharedRecords`),
+/// forgotten whenever the store changed behind the vault. A record read while that happens is
+/// not kept: each forgetting moves the generation, and a read keeps its record only if the
+/// generation it started in is still the current one.
 final class SharedRecordCache: Sendable {
-    let records = Mutex<BoundedCache<FileID, FileMetadata>>(BoundedCache(capacity: 16_384))
+    private let state = Mutex<(records: BoundedCache<FileID, FileMetadata>, generation: UInt64)>(
+        (BoundedCache(capacity: 16_384), 0))
+
+    func record(_ id: FileID) -> FileMetadata? { state.withLock { $0.records[id] } }
+    var generation: UInt64 { state.withLock { $0.generation } }
+
+    func keep(_ m: FileMetadata, readIn generation: UInt64) {
+        state.withLock { s in if s.generation == generation { s.records[m.id] = m } }
+    }
+
+    func forgetAll() {
+        state.withLock { s in
+            s.records.removeAll()
+            s.generation &+= 1
+        }
+    }
 }
 
 /// Keys of shared files opened so far (`Vault.sharedKeys`; a file keeps its key for life).
@@ -252,7 +271,7 @@ extension Vault {
             }
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
-        sharedRecords.records.withLock { $0.removeAll() }
+        sharedRecords.forgetAll()
         return changed
     }
 
@@ -487,14 +506,21 @@ extension Vault {
     /// Also removes a link this device made but has not pushed when another link to the same
     /// share already stands (two devices of the account accepted it while apart): the server
     /// keeps one live link per share per account, and would refuse the push for ever.
-    public func removeBrokenLinks() throws -> Int {
+    ///
+    /// A share is gone when the server said so (`gone`, this pull) or when the device holds it
+    /// deleted or out of reach; one it never held (refused by the rules, or not sent yet), or
+    /// cannot read now, is not.
+    public func removeBrokenLinks(gone: Set<FileID> = []) throws -> Int {
         var removed = 0
         var byTarget: [FileID: [FileID]] = [:]
         for (link, target) in try liveLinks() {
-            // A share that cannot be read now is not gone: only one known to be is.
             let type: FileType?
-            do { type = try sharedLiveType(target) } catch { continue }
-            if type == nil {
+            let held: Bool
+            do {
+                held = try store.readOne { try $0.sharedFile(target) } != nil
+                type = try sharedLiveType(target)
+            } catch { continue }
+            if type == nil && (held || gone.contains(target)) {
                 try remove(link)
                 removed += 1
             } else {
@@ -543,7 +569,7 @@ extension Vault {
                 }
             }
         }
-        sharedRecords.records.withLock { $0.removeAll() }
+        sharedRecords.forgetAll()
     }
 }
 
@@ -601,9 +627,9 @@ extension Vault {
         let me = accountID
         return try store.readOne { r -> FileType? in
             let tree = MirrorTree(reader: r, cache: sharedRecords)
-            guard let m = tree.file(id), Self.isReachable(m, by: me, in: tree) else { return nil }
+            let reachable = tree.file(id).flatMap { Self.isReachable($0, by: me, in: tree) ? $0 : nil }
             try tree.throwIfFailed()
-            return m.type
+            return reachable?.type
         }
     }
 
