@@ -86,11 +86,13 @@ public final class SyncEngine: Sendable {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
             client.recheckServerID()
             if serverCheckDue() { try await catchUpIfServerBehind(&report) }
+            // Read before the pull: a share accepted while this sync runs keeps its own note.
+            let linkNote = try vault.linkAcceptedNote()
             try await pull(&report)
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
             let gone = try await pullFeed(&report)
-            if try gone != nil || vault.hasUnpushedLinks() {
+            if gone != nil || linkNote != nil {
                 report.removedLinks = try vault.removeBrokenLinks(gone: gone ?? [])
             }
             var attempts = 0
@@ -105,6 +107,8 @@ public final class SyncEngine: Sendable {
                 }
             }
             try await pull(&report)
+            // Everything is pushed: a link accepted before this sync began is on the server now.
+            try vault.clearLinkAcceptedNote(linkNote)
             report.pruned = try vault.pruneSyncedDeletions()
             // Best effort: an account made before key cards signs its keys once; a failure
             // here is tried again by the next engine and never fails a sync.

@@ -119,23 +119,28 @@ extension Vault {
     /// grants. Streams the store's records once (local over base), holding only those found.
     public func sharedFiles() throws -> [(file: FileID, grants: [AccessEntry])] {
         var found: [FileID: [AccessEntry]] = [:]
+        try visitCurrentRecords { m in
+            let grants = m.access.filter { $0.account != m.owner }
+            if !grants.isEmpty, !m.isDeleted { found[m.id] = grants }
+        }
+        return found.map { ($0.key, $0.value) }.filter { isLive($0.0) }
+    }
+
+    /// Every record of this account's tree as it stands (the local one where there is one, else
+    /// the base), read once, a row at a time: for questions no index answers (which files carry
+    /// grants, which are links).
+    func visitCurrentRecords(_ body: (FileMetadata) throws -> Void) throws {
         var local: Set<FileID> = []
         try store.readOne { r in
             try r.visitFiles(.local) { f in
-                let m = f.signed.metadata
-                local.insert(m.id)
-                let grants = m.access.filter { $0.account != m.owner }
-                if !grants.isEmpty, !m.isDeleted { found[m.id] = grants }
+                local.insert(f.signed.metadata.id)
+                try body(f.signed.metadata)
                 return true
             }
             try r.visitFiles(.base) { f in
-                let m = f.signed.metadata
-                guard !local.contains(m.id), !m.isDeleted else { return true }
-                let grants = m.access.filter { $0.account != m.owner }
-                if !grants.isEmpty { found[m.id] = grants }
+                if !local.contains(f.signed.metadata.id) { try body(f.signed.metadata) }
                 return true
             }
         }
-        return found.map { ($0.key, $0.value) }.filter { isLive($0.0) }
     }
 }

@@ -91,7 +91,7 @@ extension Vault {
         } catch { throw VaultError.wrap(error) }
         guard let listed else {
             if let target = linkTarget(of: id) {
-                return (try? sharedLiveNode(target)) == nil ? [] : try sharedChildren(of: target)
+                return (try? sharedLiveType(target)) == nil ? [] : try sharedChildren(of: target)
             }
             return try sharedChildren(of: id)
         }
@@ -144,16 +144,23 @@ extension Vault {
     /// Through a link, or in a shared folder, the child of the share; a link found shows as what
     /// it places.
     public func lookup(_ parent: FileID, _ name: String) throws -> Node? {
-        let own: (Node?, inOwnTree: Bool)
+        // The own tree's answer; else the shared folder to look in (a link's target, or `parent`).
+        enum Answer {
+            case own(Node?)
+            case shared(FileID)
+        }
+        let answer: Answer
         do {
-            own = try state.withLock { s in
-                guard let p = s.view.tree.file(parent), p.type != .link else { return (nil, false) }
-                return (try lookup(parent, name, &s), true)
+            answer = try state.withLock { s in
+                guard let p = s.view.tree.file(parent) else { return .shared(parent) }
+                if p.type == .link { return .shared(p.linkTarget ?? parent) }
+                return .own(try lookup(parent, name, &s))
             }
         } catch { throw VaultError.wrap(error) }
-        if own.inOwnTree { return own.0.map { $0.type == .link ? presented(link: $0) : $0 } }
-        let folder = linkTarget(of: parent) ?? parent
-        return try sharedChild(of: folder, named: name)
+        switch answer {
+        case .own(let node): return node.map { $0.type == .link ? presented(link: $0) : $0 }
+        case .shared(let folder): return try sharedChild(of: folder, named: name)
+        }
     }
 
     func lookup(_ parent: FileID, _ name: String, _ s: inout VaultState) throws -> Node? {

@@ -239,7 +239,6 @@ extension Vault {
     /// ids whose view changed.
     @discardableResult
     public func applyFeed(_ files: [RemoteFile], gone: [FileID], cursor: Int64) throws -> Set<FileID> {
-        let me = accountID
         var changed: Set<FileID> = []
         try store.write { w in
             for f in files {
@@ -251,24 +250,8 @@ extension Vault {
                 changed.insert(f.signed.metadata.id)
             }
             for id in changed { try w.logChange(id) }
-            for id in gone {
-                var queue = [id]
-                var seen: Set<FileID> = [id]
-                while let next = queue.popLast() {
-                    try w.removeShared(next)
-                    try w.logChange(next)
-                    changed.insert(next)
-                    for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
-                        // A folder shared with this account on its own stays: nothing changed there.
-                        if let m = try w.reader.sharedFile(c)?.signed.metadata, m.grant(to: me) != nil,
-                            !gone.contains(c)
-                        {
-                            continue
-                        }
-                        queue.append(c)
-                    }
-                }
-            }
+            let goneSet = Set(gone)
+            for id in gone { changed.formUnion(try dropFromMirror(id, keepingSharesExcept: goneSet, w)) }
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
         sharedRecords.forgetAll()
@@ -355,20 +338,8 @@ extension Vault {
     /// are not indexed yet; docs/SHARING.md).
     func liveLinks() throws -> [(link: FileID, target: FileID)] {
         var found: [FileID: FileID] = [:]
-        var local: Set<FileID> = []
-        try store.readOne { r in
-            try r.visitFiles(.local) { f in
-                local.insert(f.signed.metadata.id)
-                if f.signed.metadata.type == .link, let t = f.signed.metadata.linkTarget {
-                    found[f.signed.metadata.id] = t
-                }
-                return true
-            }
-            try r.visitFiles(.base) { f in
-                let m = f.signed.metadata
-                if !local.contains(m.id), m.type == .link, let t = m.linkTarget { found[m.id] = t }
-                return true
-            }
+        try visitCurrentRecords { m in
+            if m.type == .link, let t = m.linkTarget { found[m.id] = t }
         }
         return found.filter { isLive($0.key) }.map { ($0.key, $0.value) }
     }
@@ -474,9 +445,11 @@ extension Vault {
             throw VaultError.invalidArgument("share \(id) carries no readable name; give one with --name")
         }
         let facts = LinkTargetFacts(owner: share.owner, isLive: true, mode: share.mode, liveLinks: [])
-        return try createWithInode(
+        let link = try createWithInode(
             in: parent, name: name, type: .link, mode: 0o755, linkTarget: id, linkFacts: facts
         ).node
+        try store.write { w in try w.setSetting(Self.linkAcceptedSetting, randomBytes(8)) }
+        return link
     }
 
     /// The record that gives up this account's grant on the share `id` (reject, or leave): the
@@ -538,38 +511,56 @@ extension Vault {
         return removed
     }
 
-    /// Whether this device holds a link it has not pushed yet (one `removeBrokenLinks` may have
-    /// to drop). Reads the local changes only.
-    public func hasUnpushedLinks() throws -> Bool {
-        var found = false
-        try store.readOne { r in
-            try r.visitFiles(.local) { f in
-                found = f.signed.metadata.type == .link && !f.signed.metadata.isDeleted
-                return !found
-            }
-        }
-        return found
+    /// The note `acceptShare` leaves (a random value per acceptance), nil when no share was
+    /// accepted since the last complete sync: while it stands, this device may hold a link
+    /// another device of the account also made (one `removeBrokenLinks` drops). A note in the
+    /// store, not a read of the local changes: a sync asks it every time, and a first push of a
+    /// large import holds a great many local records.
+    public func linkAcceptedNote() throws -> [UInt8]? {
+        try store.readOne { try $0.setting(Self.linkAcceptedSetting) }
     }
+
+    /// Forgets the note once a sync that began with it (`note`, read before its pull) has pushed
+    /// everything; a share accepted during that sync left another note, which stays.
+    public func clearLinkAcceptedNote(_ note: [UInt8]?) throws {
+        guard let note else { return }
+        try store.write { w in
+            if try w.reader.setting(Self.linkAcceptedSetting) == note { try w.removeSetting(Self.linkAcceptedSetting) }
+        }
+    }
+
+    static let linkAcceptedSetting = "linkAccepted"
 
     /// Drops a share this account gave up from the mirror (what it holds below it too), and
     /// removes this account's link to it, if any.
     public func forgetShare(_ id: FileID) throws {
         if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
+        try store.write { w in _ = try dropFromMirror(id, keepingSharesExcept: [], w) }
+        sharedRecords.forgetAll()
+    }
+
+    /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A
+    /// folder inside shared with this account on its own stays (nothing changed in what it may
+    /// see there), unless it is in `exceptions` (gone itself).
+    private func dropFromMirror(
+        _ id: FileID, keepingSharesExcept exceptions: Set<FileID>, _ w: StoreWriter
+    ) throws -> Set<FileID> {
         let me = accountID
-        try store.write { w in
-            var queue = [id]
-            var seen: Set<FileID> = [id]
-            while let next = queue.popLast() {
-                try w.removeShared(next)
-                try w.logChange(next)
-                for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
-                    // A folder inside shared with this account on its own stays.
-                    if try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil { continue }
-                    queue.append(c)
+        var dropped: Set<FileID> = []
+        var queue = [id]
+        var seen: Set<FileID> = [id]
+        while let next = queue.popLast() {
+            try w.removeShared(next)
+            try w.logChange(next)
+            dropped.insert(next)
+            for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
+                if !exceptions.contains(c), try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil {
+                    continue
                 }
+                queue.append(c)
             }
         }
-        sharedRecords.forgetAll()
+        return dropped
     }
 }
 
