@@ -7,15 +7,30 @@ import CofferVault
 import Foundation
 import Testing
 
+/// A server and two fresh accounts on it, alice and bob, each a store of its own.
+struct AliceAndBob {
+    let tmp: TemporaryDirectory
+    let server: ServerProcess
+    let alice: String
+    let bob: String
+
+    init(_ label: String) throws {
+        tmp = TemporaryDirectory(label)
+        server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
+        for (dir, name) in [(alice, "alice"), (bob, "bob")] {
+            let r = coffer(dir, ["init", name, "--server", server.url])
+            guard r.status == 0 else { throw TestFailure("coffer init \(name): \(r.err)") }
+        }
+    }
+}
+
 @Suite(.serialized) struct ShareCLITests {
     /// Alice shares a folder from the command line; what reaches the server is what bob's keys
     /// open, and a removal reaches bob as the folder gone.
     @Test func anOwnerSharesAndUnsharesFromTheCommandLine() async throws {
-        let tmp = TemporaryDirectory("coffer-share-cli")
-        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-        let (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
-        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
-        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        let world = try AliceAndBob("coffer-share-cli")
+        let (alice, bob) = (world.alice, world.bob)
         #expect(coffer(alice, ["mkdir", "-p", "projects/site"]).status == 0)
         #expect(coffer(alice, ["write", "projects/site/index.html"], stdin: Array("<h1>hi</h1>".utf8)).status == 0)
         #expect(coffer(alice, ["mkdir", "private"]).status == 0)
@@ -74,11 +89,8 @@ import Testing
     /// accepting, is placed in bob's tree under a name of his own, follows the owner's changes,
     /// and is given up with `reject`, which the owner sees.
     @Test func aGranteeSeesAcceptsReadsAndRejectsAShare() async throws {
-        let tmp = TemporaryDirectory("coffer-share-grantee")
-        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-        let (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
-        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
-        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        let world = try AliceAndBob("coffer-share-grantee")
+        let (tmp, server, alice, bob) = (world.tmp, world.server, world.alice, world.bob)
         #expect(coffer(alice, ["mkdir", "-p", "projects/site"]).status == 0)
         #expect(coffer(alice, ["write", "projects/site/index.html"], stdin: Array("<h1>hi</h1>".utf8)).status == 0)
         #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan\n".utf8)).status == 0)
@@ -171,11 +183,9 @@ import Testing
     /// A link whose share went away (revoked by its owner) is removed by the grantee's next
     /// sync, on every device of the grantee, never left placing nothing.
     @Test func aRevokedSharesLinkIsRemoved() async throws {
-        let tmp = TemporaryDirectory("coffer-share-revoked")
-        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-        let (alice, bob, bob2) = (tmp.sub("alice"), tmp.sub("bob"), tmp.sub("bob2"))
-        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
-        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        let world = try AliceAndBob("coffer-share-revoked")
+        let (tmp, server, alice, bob) = (world.tmp, world.server, world.alice, world.bob)
+        let bob2 = tmp.sub("bob2")
         #expect(coffer(alice, ["mkdir", "projects"]).status == 0)
         #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)
@@ -201,11 +211,9 @@ import Testing
     /// Two devices of one account accept the same share while apart: the server keeps one link
     /// per share, so the one pushed second is dropped, and both devices go on syncing.
     @Test func twoDevicesAcceptingOneShareKeepOneLink() async throws {
-        let tmp = TemporaryDirectory("coffer-share-twice")
-        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-        let (alice, bob, bob2) = (tmp.sub("alice"), tmp.sub("bob"), tmp.sub("bob2"))
-        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
-        #expect(coffer(bob, ["init", "bob", "--server", server.url]).status == 0)
+        let world = try AliceAndBob("coffer-share-twice")
+        let (tmp, server, alice, bob) = (world.tmp, world.server, world.alice, world.bob)
+        let bob2 = tmp.sub("bob2")
         let key = coffer(bob, ["account", "export"]).out
         #expect(coffer(bob2, ["account", "import", "--server", server.url], stdin: Array(key.utf8)).status == 0)
         #expect(coffer(alice, ["mkdir", "projects"]).status == 0)

@@ -12,22 +12,19 @@ import Testing
 /// devices verify"). The records are crafted and correctly signed; the server is real.
 @Suite(.serialized) struct SharedPullTests {
     struct World {
-        let tmp = TemporaryDirectory("coffer-shared-pull")
-        let server: ServerProcess
-        let alice: String
-        let bob: String
+        let base: AliceAndBob
+        var tmp: TemporaryDirectory { base.tmp }
+        var server: ServerProcess { base.server }
+        var alice: String { base.alice }
+        var bob: String { base.bob }
 
         /// Alice shares `projects` (a folder holding `notes.txt`) with bob; both synced.
         init(write: Bool) throws {
-            server = try ServerProcess(dataDirectory: tmp.sub("server"))
-            (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
-            for (dir, name) in [(alice, "alice"), (bob, "bob")] {
-                guard coffer(dir, ["init", name, "--server", server.url]).status == 0 else { throw TestFailure("init") }
-            }
-            _ = coffer(alice, ["mkdir", "projects"])
-            _ = coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
-            _ = coffer(alice, ["share", "add", "projects", "bob"] + (write ? ["--write"] : []))
-            for dir in [alice, bob] {
+            base = try AliceAndBob("coffer-shared-pull")
+            _ = coffer(base.alice, ["mkdir", "projects"])
+            _ = coffer(base.alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
+            _ = coffer(base.alice, ["share", "add", "projects", "bob"] + (write ? ["--write"] : []))
+            for dir in [base.alice, base.bob] {
                 let r = coffer(dir, ["sync"])
                 guard r.status == 0 else { throw TestFailure("sync: \(r.err)") }
             }
