@@ -116,6 +116,11 @@ public struct FileMetadata: Hashable, Sendable {
     /// so this is how a pending share shows its name. Set by the owner when sharing, kept
     /// current when the file is renamed; nil on files never shared.
     public var shareName: [UInt8]?
+    /// How many times the file's key was replaced (0: the key it was made with). The owner's
+    /// device gives a shared folder and everything below it new keys when it revokes a grant
+    /// (docs/SHARING.md, "Revocation"); the count tells a merge which side's key, and the
+    /// names, attributes and content sealed under it, is the newer, without opening anything.
+    public var keyGeneration: UInt32 = 0
 
     public init(
         id: FileID, type: FileType, parent: FileID, name: SealedName, owner: AccountID,
@@ -147,7 +152,9 @@ public struct FileMetadata: Hashable, Sendable {
     /// written as version 1, byte for byte as before, so stored signatures stay valid and the
     /// same value always has one encoding; a version 2 record that could have been version 1 is
     /// refused as not canonical. Version 3 adds the share name, and is written only with one.
+    /// Version 4 adds the key generation, and is written only when it is not 0.
     var formatVersion: UInt8 {
+        if keyGeneration != 0 { return 4 }
         if shareName != nil { return 3 }
         return linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
     }
@@ -179,6 +186,7 @@ public struct FileMetadata: Hashable, Sendable {
         w.raw(lastModifiedBy.bytes)
         if version >= 2 { w.optionalData(linkTarget?.bytes) }
         if version >= 3 { w.optionalData(shareName) }
+        if version >= 4 { w.u32(keyGeneration) }
         return w.bytes
     }
 
@@ -191,7 +199,7 @@ public struct FileMetadata: Hashable, Sendable {
     init(reading r: inout ByteReader) throws {
         guard try r.raw(4) == Self.tag else { throw DecodingError("not a metadata record") }
         let v = try r.u8()
-        guard (1...3).contains(v) else { throw DecodingError("unsupported metadata version \(v)") }
+        guard (1...4).contains(v) else { throw DecodingError("unsupported metadata version \(v)") }
         id = try FileID(bytes: r.raw(16))
         guard let t = FileType(rawValue: try r.u8()) else { throw DecodingError("unknown file type") }
         type = t
@@ -218,6 +226,7 @@ public struct FileMetadata: Hashable, Sendable {
         lastModifiedBy = try AccountID(bytes: r.raw(32))
         linkTarget = v >= 2 ? try r.optionalData(max: 16).map { try FileID(bytes: $0) } : nil
         shareName = v >= 3 ? try r.optionalData(max: 4096) : nil
+        keyGeneration = v >= 4 ? try r.u32() : 0
         guard formatVersion == v else {
             throw DecodingError("metadata version \(v) is not this record's canonical form")
         }

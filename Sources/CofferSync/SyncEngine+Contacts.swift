@@ -69,3 +69,39 @@ extension SyncEngine {
         return (contact, true)
     }
 }
+
+extension SyncEngine {
+    /// The box keys of `accounts`, for sealing new keys to grantees that keep access when a
+    /// grant is revoked (`Vault.unshare`): the pinned contact's where there is one, else the one
+    /// in the account's key card, fetched by its signing key and taken only under its own
+    /// signature (a server cannot slip in a box key of its own). Not pinned: a card found by
+    /// key names nobody the user asked for.
+    public func boxKeys(for accounts: Set<AccountID>) async throws -> [AccountID: PublicBoxKey] {
+        var pinned: [[UInt8]: [UInt8]] = [:]
+        for c in try vault.contacts() { pinned[c.signingKey] = c.boxKey }
+        var out: [AccountID: PublicBoxKey] = [:]
+        for account in accounts {
+            if let box = pinned[account.bytes] {
+                out[account] = try PublicBoxKey(bytes: box)
+                continue
+            }
+            let answer = try await client.lookup(key: account.bytes)
+            guard let card = answer.keyCard, card.isValid, card.signingKey == account.bytes else {
+                throw ContactError.unsigned("the account with key \(KeyFingerprint.of(account.bytes))")
+            }
+            out[account] = try PublicBoxKey(bytes: card.boxKey)
+        }
+        return out
+    }
+}
+
+extension SyncEngine {
+    /// Seals again the grants a merge left under a replaced key (`Vault.staleGrantees`), with
+    /// the grantees' box keys (`boxKeys(for:)`), so that no grant pushed holds a key a rotation
+    /// replaced.
+    func resealStaleGrants() async throws {
+        let grantees = try vault.staleGrantees()
+        guard !grantees.isEmpty else { return }
+        try vault.resealStaleGrants(boxKeys: try await boxKeys(for: grantees))
+    }
+}

@@ -97,6 +97,7 @@ public final class SyncEngine: Sendable {
             }
             var attempts = 0
             while true {
+                try await resealStaleGrants()
                 try await pushContent(&report)
                 do {
                     try await pushMetadata(&report)

@@ -55,15 +55,17 @@ struct KeyCache: Sendable {
         attributes = BoundedCache(capacity: capacity)
     }
 
-    /// Forgets what `old` sealed that `new` seals differently. Keys stay: a file keeps its key
-    /// for life (a move wraps the same key under the new parent's), and a merged tree may hold a
-    /// cycle until the merge undoes it, where no key could be derived again (the merge's view
-    /// has an unbounded cache for that reason). A record wrapping some other key gains nothing:
-    /// whatever it seals fails to open under the file's key. That holds because only this
-    /// account's devices sign records; a key granted directly (`KeyAccess`) is another matter,
-    /// so a changed access list drops every cached key.
+    /// Forgets what `old` sealed that `new` seals differently. Keys stay while a file keeps its
+    /// key (a move wraps the same key under the new parent's), as a merged tree may hold a cycle
+    /// until the merge undoes it, where no key could be derived again (the merge's view has an
+    /// unbounded cache for that reason). A record wrapping some other key at the same
+    /// generation gains nothing: whatever it seals fails to open under the file's key. A new
+    /// key generation drops the file's key (a rotation gives every file below a new
+    /// generation too, so each drops its own); a changed access list (a key granted directly,
+    /// `KeyAccess`) drops every cached key.
     mutating func forget(from old: FileMetadata, to new: FileMetadata) {
         if old.access != new.access { keys.removeAll() }
+        if old.keyGeneration != new.keyGeneration { keys[new.id] = nil }
         if old.name != new.name || old.parent != new.parent { names[new.id] = nil }
         if old.sealedAttributes != new.sealedAttributes { attributes[new.id] = nil }
     }
@@ -308,10 +310,14 @@ extension KeyedTree where Tree == StoreTree {
         tree.wrote(id, before: before, after: after, generation: generation)
     }
 
-    /// Forgets what is cached of files other writers changed.
+    /// Forgets what is cached of files other writers changed, their keys too (another process
+    /// may have rotated them: docs/SHARING.md, "Revocation").
     mutating func invalidate(_ ids: some Collection<FileID>) {
         tree.invalidate(ids)
-        for id in ids { cache.forget(id) }
+        for id in ids {
+            cache.forget(id)
+            cache.keys[id] = nil
+        }
     }
 }
 

@@ -41,9 +41,13 @@ extension Vault {
     }
 
     /// Revokes `account`'s grant on `id`: the grant stays as a signed tombstone (grants are never
-    /// removed). Keys are not rotated yet (docs/SHARING.md, "Revocation").
-    public func unshare(_ id: FileID, from account: AccountID, name: String) throws {
-        try commit { batch, s, _ in
+    /// removed), and `id` and everything below it get new keys in the same commit, sealed for
+    /// every grantee that keeps access (`granteesKeeping`), whose box keys `boxKeys` must hold
+    /// (docs/SHARING.md, "Revocation").
+    public func unshare(
+        _ id: FileID, from account: AccountID, name: String, boxKeys: [AccountID: PublicBoxKey]
+    ) throws {
+        try commit { batch, s, w in
             guard let m = batch.file(id) else { throw VaultError.tree(.notFound(s.view.describe(id))) }
             guard let i = m.access.firstIndex(where: { $0.account == account && !$0.isDeleted }) else {
                 throw VaultError.invalidArgument("\(s.view.describe(id)) is not shared with \(name)")
@@ -56,6 +60,10 @@ extension Vault {
                 $0.access = access
                 $0.lastModifiedBy = me
             }
+            var stale: Set<FileID> = []
+            _ = try rotateKeys(
+                from: id, key: s.view.key(id), parentKey: s.view.key(m.parent), in: &batch, boxKeys: boxKeys,
+                staleGrants: &stale, w)
             try authorize(id, batch: batch, &s)
         }
     }

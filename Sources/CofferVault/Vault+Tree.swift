@@ -510,7 +510,7 @@ extension Vault {
             }
             for (f, before) in removed { s.view.wrote(f, before: before, after: nil, generation: group) }
             // Commits of others before this one are not read here: what was kept of shares goes.
-            sharedRecords.forgetAll()
+            forgetSharedReads()
             s.lastSeq = lastSeq
         }
     }

@@ -380,7 +380,7 @@ public final class Vault: Sendable {
         }
         s.view.tree.reset(pending: lost)
         s.view.cache = KeyCache(capacity: cacheEntries)
-        sharedRecords.forgetAll()
+        forgetSharedReads()
         s.pendingFolderTimes = lost ? [:] : s.pendingFolderTimes
         s.lastSeq = last
         s.clockLease = UInt64(clamping: max(lease, 0))
@@ -394,7 +394,7 @@ public final class Vault: Sendable {
     func catchUp(_ s: inout VaultState) throws -> Set<FileID> {
         let (ids, last) = try store.read { r in try r.changes(after: s.lastSeq) }
         s.view.invalidate(ids)
-        if !ids.isEmpty { sharedRecords.forgetAll() }
+        if !ids.isEmpty { forgetSharedReads() }
         s.lastSeq = last
         return ids
     }
@@ -454,7 +454,7 @@ public final class Vault: Sendable {
                         if !ids.isEmpty {
                             s.view.invalidate(ids)
                             s.externalChanges.formUnion(ids)
-                            sharedRecords.forgetAll()
+                            forgetSharedReads()
                         }
                         s.lastSeq = last
                         var batch = Batch(base: s.view.tree)

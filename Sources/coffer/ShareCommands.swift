@@ -67,8 +67,14 @@ struct Share: ParsableCommand {
                     throw CLIError("\(vault.path(of: node.id)) is not shared with \(account) (see `coffer share list`)")
                 }
                 let name = pinned?.username ?? account
-                try vault.unshare(node.id, from: grantee, name: name)
-                print("\(vault.path(of: node.id)) is no longer shared with \(name)")
+                // Everyone who keeps access gets the new keys (docs/SHARING.md, "Revocation").
+                let keeping = try vault.granteesKeeping(node.id, without: grantee)
+                let boxKeys = try runBlocking { () async throws -> [AccountID: PublicBoxKey] in
+                    if keeping.isEmpty { return [:] }
+                    return try await SyncEngine.forStore(vault).boxKeys(for: keeping)
+                }
+                try vault.unshare(node.id, from: grantee, name: name, boxKeys: boxKeys)
+                print("\(vault.path(of: node.id)) is no longer shared with \(name); its keys were replaced")
             }
         }
     }

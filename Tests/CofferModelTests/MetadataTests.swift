@@ -115,6 +115,32 @@ struct MetadataTests {
         #expect(throws: DecodingError.self) { try FileMetadata(decoding: Array(unhex(v3).dropLast())) }
     }
 
+    /// Version 4 is version 3 with the key generation (u32) at the end; written only when it is
+    /// not 0, so every record whose key was never replaced keeps its encoding and signature.
+    @Test func versionFourCarriesTheKeyGeneration() throws {
+        var m = try Self.fixedRecord()
+        m.type = .link
+        m.contentDigest = nil
+        m.access[0].signature = [UInt8](repeating: 0x5A, count: 64)
+        m.linkTarget = try FileID(bytes: Array(0x20...0x2F))
+        m.shareName = [0x51, 0x52, 0x53]
+        m.keyGeneration = 0x0102_0304
+        let v4 = "43464d4404" + String(Self.fixedHexV2.dropFirst(10)) + "01" + "00000003" + "515253" + "01020304"
+        #expect(hex(m.encoded()) == v4)
+        #expect(try FileMetadata(decoding: unhex(v4)) == m)
+        // A generation alone makes a version 4 record (no share name: the optional is absent).
+        m.shareName = nil
+        #expect(m.encoded()[4] == 4)
+        #expect(try FileMetadata(decoding: m.encoded()) == m)
+        // Generation 0 in a version 4 record is not canonical; a record cut short is refused.
+        m.keyGeneration = 0
+        let zero = Array(unhex("43464d4404" + hex(Array(m.encoded().dropFirst(5))) + "00" + "00000000"))
+        #expect(throws: DecodingError("metadata version 4 is not this record's canonical form")) {
+            try FileMetadata(decoding: zero)
+        }
+        #expect(throws: DecodingError.self) { try FileMetadata(decoding: Array(unhex(v4).dropLast())) }
+    }
+
     @Test func roundTripVariants() throws {
         var records = sampleTree().files.values.map { $0 }
         var m = try Self.fixedRecord()
@@ -205,8 +231,8 @@ struct MetadataTests {
         b[0] = 0x58
         #expect(throws: DecodingError("not a metadata record")) { try FileMetadata(decoding: b) }
         b = good
-        b[4] = 4
-        #expect(throws: DecodingError("unsupported metadata version 4")) { try FileMetadata(decoding: b) }
+        b[4] = 5
+        #expect(throws: DecodingError("unsupported metadata version 5")) { try FileMetadata(decoding: b) }
         b = good
         b[21] = 9  // type byte
         #expect(throws: DecodingError("unknown file type")) { try FileMetadata(decoding: b) }

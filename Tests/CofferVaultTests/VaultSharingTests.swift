@@ -56,12 +56,12 @@ struct VaultSharingTests {
         try f.vault.share(folder.id, with: bob, mode: .write)
         var grants = try f.vault.grants(reaching: folder.id).map(\.grant)
         #expect(grants.count == 1 && grants[0].mode == .write)
-        try f.vault.unshare(folder.id, from: bobID, name: "bob")
+        try f.vault.unshare(folder.id, from: bobID, name: "bob", boxKeys: [:])
         grants = try f.vault.grants(reaching: folder.id).map(\.grant)
         #expect(grants.count == 1 && grants[0].isDeleted)
         let owner = try PublicSigningKey(bytes: f.vault.accountID.bytes)
         #expect(owner.verify(signature: grants[0].signature, message: grants[0].grantMessage(fileID: folder.id)))
-        #expect(throws: VaultError.self) { try f.vault.unshare(folder.id, from: bobID, name: "bob") }
+        #expect(throws: VaultError.self) { try f.vault.unshare(folder.id, from: bobID, name: "bob", boxKeys: [:]) }
         #expect(try f.vault.sharedFiles().first?.grants.allSatisfy(\.isDeleted) == true)
         // The root, oneself, and a removed file cannot be shared.
         #expect(throws: VaultError.self) { try f.vault.share(f.root, with: bob, mode: .read) }

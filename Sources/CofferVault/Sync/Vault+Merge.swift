@@ -46,6 +46,17 @@ struct PullMerge {
     var touched: Set<FileID> = []
     /// Files this merge made (copies of conflicting or orphaned edits).
     var created: Set<FileID> = []
+    /// Files whose key one side replaced (a rotation, docs/SHARING.md "Revocation"), with the
+    /// other side's record and whether this device's key won: the other side's attributes are
+    /// merged in once keys are settled (`settleKeys`).
+    var rekeyed: [FileID: (loser: FileMetadata, localWon: Bool)] = [:]
+    /// `knownKeys`, memoised.
+    var knownKeyMemo: [FileID: [SymmetricKey]] = [:]
+    /// Files with a live grant sealed under a key this merge replaced (`Vault.noteStaleGrants`).
+    var staleGrants: Set<FileID> = []
+    /// Whether a record of this pull, or an unpushed one, has a new key generation: only then
+    /// does anything sealed need sealing again (`settleKeys`).
+    var keysChanged = false
 
     init(vault: Vault, writer: StoreWriter, view: KeyedTree<Batch<StoreTree>>) {
         self.vault = vault
@@ -105,9 +116,17 @@ struct PullMerge {
                 editedLocally.append((l.metadata, oldBase?.metadata.contentDigest))
             }
         }
+        for l in localRecords where !keysChanged {
+            if let base = try w.reader.file(l.metadata.id, .base),
+                base.metadata.keyGeneration != l.metadata.keyGeneration
+            {
+                keysChanged = true
+            }
+        }
         for r in applicable {
             let id = r.signed.metadata.id
             let oldBase = try w.reader.file(id, .base)
+            if let oldBase, oldBase.metadata.keyGeneration != r.signed.metadata.keyGeneration { keysChanged = true }
             let stored = r.stored
             newBase[id] = stored  // written at the end: the old base content is still needed for merges
             touched.insert(id)
@@ -130,6 +149,8 @@ struct PullMerge {
             }
         }
 
+        // What one side sealed under keys the other side's rotation replaced, sealed again.
+        try settleKeys()
         // 1. Content conflicts (they can create files, so they come before path conflicts).
         for (id, c) in conflicts.sorted(by: { $0.key < $1.key }) {
             try resolveContentConflict(id, c.base, c.local, c.remote, &s)
@@ -147,7 +168,10 @@ struct PullMerge {
         try settleImplicitDeletions()
         // 3. Path conflicts: the locally changed file is renamed name-1.ext, name-2.ext, …
         try resolvePathConflicts()
+        // Undone moves and deletions put back base placements, sealed under the base's keys.
+        try settleKeys()
 
+        try vault.noteStaleGrants(staleGrants, w)
         // Check, then write: base first (the pulled records), then the local side.
         for stored in newBase.values {
             try w.put(stored, .base)
@@ -237,7 +261,9 @@ struct PullMerge {
         if remoteContent && !localContent { m.contentDigest = r.contentDigest }
         let conflict =
             l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
-        if l.sealedAttributes != r.sealedAttributes {
+        if l.keyGeneration != b.keyGeneration || r.keyGeneration != b.keyGeneration {
+            takeKey(&m, base: b, local: l, remote: r)
+        } else if l.sealedAttributes != r.sealedAttributes {
             let la = try view.openAttributes(l)
             let ra = try view.openAttributes(r)
             var ma = PosixAttributes.merge(la, ra)
@@ -254,12 +280,15 @@ struct PullMerge {
         }
         // The name for grantees follows the merged name: the remote's with the remote's name,
         // sealed afresh for any other (a local rename over a share made elsewhere, or the reverse).
-        if m.name == r.name, r.shareName != nil || !m.isShared {
-            m.shareName = r.shareName
-        } else if m.name == l.name, l.shareName != nil {
-            m.shareName = l.shareName
-        } else if m.isShared || l.shareName != nil || r.shareName != nil {
-            m.shareName = try view.sealShareName(try view.openName(m), of: m.id)
+        // With a new key it is sealed again once keys are settled (`settleKeys`).
+        if rekeyed[l.id] == nil {
+            if m.name == r.name, r.shareName != nil || !m.isShared {
+                m.shareName = r.shareName
+            } else if m.name == l.name, l.shareName != nil {
+                m.shareName = l.shareName
+            } else if m.isShared || l.shareName != nil || r.shareName != nil {
+                m.shareName = try view.sealShareName(try view.openName(m), of: m.id)
+            }
         }
         if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
         return (m, conflict)
@@ -272,11 +301,7 @@ struct PullMerge {
     }
 
     func manifest(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> Manifest {
-        guard let digest else { return Manifest() }
-        guard let sealed = try w.reader.manifest(digest) else {
-            throw VaultError.corrupt("manifest missing for \(cipher.fileID)")
-        }
-        return try cipher.openManifest(sealed)
+        try w.manifest(digest, cipher)
     }
 
     func plaintext(_ digest: [UInt8]?, _ cipher: ContentCipher) throws -> [UInt8] {
@@ -309,25 +334,6 @@ struct PullMerge {
         return (digest, m.size)
     }
 
-    /// Re-seals one version's content under another file's key, chunk by chunk.
-    func copyContent(_ digest: [UInt8]?, from: ContentCipher, to: ContentCipher) throws -> ([UInt8], UInt64) {
-        var refs: [ChunkRef] = []
-        for ref in try manifest(digest, from).chunks {
-            guard let sealed = try w.reader.chunk(ref.id) else {
-                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
-            }
-            let plain = try from.openChunk(sealed, ref: ref)
-            let (newRef, newSealed) = to.sealChunk(plain)
-            try w.putChunk(id: newRef.id, sealed: newSealed)
-            refs.append(newRef)
-        }
-        let m = Manifest(chunks: refs)
-        let sealed = to.sealManifest(m)
-        let d = ContentCipher.digest(ofSealedManifest: sealed)
-        try w.putManifest(digest: d, sealed: sealed, chunkIDs: refs.map(\.id))
-        return (d, m.size)
-    }
-
     /// Text: merged line by line, overlaps between markers. Anything else: remote content under
     /// the name, local content in a new file next to it.
     mutating func resolveContentConflict(
@@ -335,15 +341,35 @@ struct PullMerge {
     ) throws {
         guard var m = local[id] ?? nil else { return }
         let c = try cipher(id)
+        // Each version under the key it was sealed with: a rotation on either side replaced it.
+        let cb = try cipher(id, opening: b.contentDigest)
+        let cl = try cipher(id, opening: l.contentDigest)
+        let cr = try cipher(id, opening: r.contentDigest)
+        if keysChanged {
+            // A side that only sealed the same bytes again under a new key changed nothing:
+            // the other side's content stands, under the merged key.
+            let kept: ([UInt8]?, ContentCipher)? =
+                try samePlaintext(b.contentDigest, cb, r.contentDigest, cr)
+                ? (l.contentDigest, cl)
+                : try samePlaintext(b.contentDigest, cb, l.contentDigest, cl) ? (r.contentDigest, cr) : nil
+            if let (digest, from) = kept {
+                let (d, size) = try underCurrentKey(digest, from: from)
+                m.contentDigest = d
+                try view.changeAttributes(&m) { a in a.size = size }
+                local[id] = m
+                view.put(m)
+                return
+            }
+        }
         let sizes = (
-            try manifest(b.contentDigest, c).size, try manifest(l.contentDigest, c).size,
-            try manifest(r.contentDigest, c).size
+            try manifest(b.contentDigest, cb).size, try manifest(l.contentDigest, cl).size,
+            try manifest(r.contentDigest, cr).size
         )
         let limit = UInt64(TextMerge.maxBytes)
         if sizes.0 <= limit && sizes.1 <= limit && sizes.2 <= limit {
-            let bt = try plaintext(b.contentDigest, c)
-            let lt = try plaintext(l.contentDigest, c)
-            let rt = try plaintext(r.contentDigest, c)
+            let bt = try plaintext(b.contentDigest, cb)
+            let lt = try plaintext(l.contentDigest, cl)
+            let rt = try plaintext(r.contentDigest, cr)
             if TextMerge.isText(bt) && TextMerge.isText(lt) && TextMerge.isText(rt) {
                 let result = TextMerge.merge(base: bt, local: lt, remote: rt)
                 let (digest, size) = try storeContent(result.merged, c)
@@ -361,7 +387,7 @@ struct PullMerge {
             }
         }
         // Binary: the name keeps the remote bytes; the local bytes move to a copy.
-        m.contentDigest = r.contentDigest
+        m.contentDigest = try underCurrentKey(r.contentDigest, from: cr).0
         try view.changeAttributes(&m) { a in a.size = sizes.2 }
         local[id] = m
         view.put(m)
@@ -373,8 +399,8 @@ struct PullMerge {
     mutating func recreate(from l: FileMetadata, name: String, in parent: FileID, _ s: inout VaultState) throws {
         let id = try FileID(random: randomBytes(16))
         let key = SymmetricKey.random()
-        let (digest, _) = try copyContent(
-            l.contentDigest, from: try cipher(l.id), to: ContentCipher(fileID: id, key: key))
+        let (digest, _) = try w.resealContent(
+            l.contentDigest, from: try cipher(l.id, opening: l.contentDigest), to: ContentCipher(fileID: id, key: key))
         var attrs = try view.openAttributes(l)
         let stamp = vault.nextStamp(&s)
         attrs.mode.stamp = stamp

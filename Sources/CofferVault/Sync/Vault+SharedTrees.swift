@@ -96,9 +96,19 @@ final class SharedRecordCache: Sendable {
     }
 }
 
-/// Keys of shared files opened so far (`Vault.sharedKeys`; a file keeps its key for life).
+/// Keys of shared files opened so far (`Vault.sharedKeys`), forgotten with the records
+/// (`Vault.forgetSharedReads`): an owner's revocation gives the files new keys.
 final class SharedKeyCache: Sendable {
     let keys = Mutex<BoundedCache<FileID, SymmetricKey>>(BoundedCache(capacity: 16_384))
+}
+
+extension Vault {
+    /// Forgets the shared records and keys read so far: the mirror changed (a pull of the feed,
+    /// or another process's), and a record may carry a new key (docs/SHARING.md, "Revocation").
+    func forgetSharedReads() {
+        sharedRecords.forgetAll()
+        sharedKeys.keys.withLock { $0.removeAll() }
+    }
 }
 
 /// Keys granted to this account: a live grant on the file, sealed to the account's box key
@@ -254,7 +264,7 @@ extension Vault {
             for id in gone { changed.formUnion(try dropFromMirror(id, keepingSharesExcept: goneSet, w)) }
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
-        sharedRecords.forgetAll()
+        forgetSharedReads()
         return changed
     }
 
@@ -293,8 +303,13 @@ extension Vault {
             }
             var out: [IncomingShare] = []
             for m in roots {
-                // Nested in another share to this account: reached through that one.
-                if view.tree.file(m.parent).map({ view.tree.accessMode(of: me, on: $0.id) != nil }) == true { continue }
+                // Nested in another share to this account: reached through that one, unless it
+                // was accepted before the share above it came (its link stays, and is listed).
+                if links[m.id] == nil,
+                    view.tree.file(m.parent).map({ view.tree.accessMode(of: me, on: $0.id) != nil }) == true
+                {
+                    continue
+                }
                 guard let grant = m.grant(to: me) else { continue }
                 out.append(
                     IncomingShare(
@@ -536,7 +551,7 @@ extension Vault {
     public func forgetShare(_ id: FileID) throws {
         if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
         try store.write { w in _ = try dropFromMirror(id, keepingSharesExcept: [], w) }
-        sharedRecords.forgetAll()
+        forgetSharedReads()
     }
 
     /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A

@@ -1,0 +1,210 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+
+/// Merging across a key rotation (docs/SHARING.md, "Revocation"). A rotation gives a shared
+/// file and every live file below it new keys: names sealed again under their parents' new
+/// keys, attributes, share names and content under the files' own. Another of the owner's
+/// devices may meanwhile have written below with the old keys, or rotated too. Records carry
+/// their `keyGeneration`, so the merge knows which side replaced a key without opening
+/// anything: a side that replaced it wins it (this device's if both did, as the other side's
+/// new key went to grantees this device may have revoked), then everything sealed under a key
+/// that lost is opened with it and sealed again under the one that won.
+extension PullMerge {
+    /// Takes the key of the side that replaced it (this device's if both did), with everything
+    /// sealed under it; the other side's attributes are merged in by `settleKeys`.
+    mutating func takeKey(_ m: inout FileMetadata, base b: FileMetadata, local l: FileMetadata, remote r: FileMetadata)
+    {
+        let localRekeyed = l.keyGeneration != b.keyGeneration
+        let winner = localRekeyed ? l : r
+        m.wrappedKey = winner.wrappedKey
+        m.sealedAttributes = winner.sealedAttributes
+        m.shareName = winner.shareName
+        m.keyGeneration = winner.keyGeneration
+        if localRekeyed && r.keyGeneration != b.keyGeneration {
+            // Past both, so the devices that took the remote's key see it change again.
+            let (next, overflow) = max(l.keyGeneration, r.keyGeneration).addingReportingOverflow(1)
+            m.keyGeneration = overflow ? .max : next
+        }
+        // Grants the winner holds are sealed under its key; one the other side made meanwhile
+        // holds the replaced key, and is sealed again before the next push (`staleGrants`).
+        for i in m.access.indices where !m.access[i].isDeleted {
+            if let e = winner.access.first(where: { $0.account == m.access[i].account && !$0.isDeleted }) {
+                m.access[i] = e
+            } else {
+                staleGrants.insert(m.id)
+            }
+        }
+        rekeyed[m.id] = (localRekeyed ? r : l, localRekeyed)
+    }
+
+    /// Every key `id` had in a tree this merge sees (the old base, this device's unpushed
+    /// records, the pulled ones, the merge's), each unwrapped under every such key of its
+    /// parent. What was sealed under a key that lost a rotation opens with one of these.
+    mutating func knownKeys(_ id: FileID, depth: Int = 0) throws -> [SymmetricKey] {
+        if let k = knownKeyMemo[id] { return k }
+        knownKeyMemo[id] = []  // a cycle finds nothing more
+        var out: [SymmetricKey] = []
+        for v in try versions(id) {
+            if let k = try? view.access.directKey(of: v) {
+                if !out.contains(k) { out.append(k) }
+                continue
+            }
+            guard !v.isRoot, depth <= TreeLimits.maxDepth else { continue }
+            for parentKey in try knownKeys(v.parent, depth: depth + 1) {
+                if let k = try? KeyWrap.unwrap(v.wrappedKey, with: parentKey, fileID: id.bytes), !out.contains(k) {
+                    out.append(k)
+                }
+            }
+        }
+        knownKeyMemo[id] = out
+        return out
+    }
+
+    /// The records of `id` this merge sees: old base, unpushed local, pulled, merged.
+    func versions(_ id: FileID) throws -> [FileMetadata] {
+        var out: [FileMetadata] = []
+        let base: FileMetadata? = try w.reader.file(id, .base)?.metadata
+        let local: FileMetadata? = try w.reader.file(id, .local)?.metadata
+        let candidates: [FileMetadata?] = [base, local, newBase[id]?.metadata, view.tree.file(id)]
+        for m in candidates {
+            if let m, !out.contains(m) { out.append(m) }
+        }
+        return out
+    }
+
+    /// Seals again, under its parent's key in the merged tree, every name and wrapped key that
+    /// one side sealed under a key the other side's rotation replaced; then merges the attributes
+    /// of files whose key one side replaced, and seals their names for grantees again. Parents
+    /// first, so each parent's key is final when its children are sealed under it. Runs only
+    /// when some key changed (`keysChanged`).
+    mutating func settleKeys() throws {
+        guard keysChanged else { return }
+        var ids = touched
+        for l in try w.reader.files(.local) { ids.insert(l.metadata.id) }
+        for (id, entry) in local where entry != nil { ids.insert(id) }
+        let byDepth: [(Int, FileID)] = ids.map { (depth($0), $0) }
+        let ordered = byDepth.sorted { $0.0 < $1.0 || ($0.0 == $1.0 && $0.1 < $1.1) }
+        for (_, id) in ordered {
+            guard var m = view.tree.file(id), !m.isRoot, let parentKey = try? view.key(m.parent) else { continue }
+            var others: [SymmetricKey] = []
+            for v in try versions(id) {
+                for k in try knownKeys(v.parent) where k != parentKey && !others.contains(k) { others.append(k) }
+            }
+            var changed = false
+            if (try? AEAD.open(m.name.ciphertext, key: parentKey, purpose: .name, fileID: id.bytes, what: "")) == nil {
+                for k in others {
+                    guard
+                        let raw = try? AEAD.open(m.name.ciphertext, key: k, purpose: .name, fileID: id.bytes, what: "")
+                    else { continue }
+                    m.name = SealedName(sealing: String(decoding: raw, as: UTF8.self), parentKey: parentKey, of: id)
+                    changed = true
+                    break
+                }
+            }
+            var exposedKey: SymmetricKey?
+            if (try? KeyWrap.unwrap(m.wrappedKey, with: parentKey, fileID: id.bytes)) == nil {
+                for k in others {
+                    guard let key = try? KeyWrap.unwrap(m.wrappedKey, with: k, fileID: id.bytes) else { continue }
+                    m.wrappedKey = KeyWrap.wrap(key, with: parentKey, fileID: id.bytes)
+                    exposedKey = key
+                    changed = true
+                    break
+                }
+            }
+            if changed {
+                local[id] = m
+                view.put(m)
+                touched.insert(id)
+            }
+            // Its key was wrapped under a key a rotation replaced, so whoever the rotation
+            // removed may hold it: it gets a new one too, and so does everything below it.
+            if let exposedKey, !m.isDeleted {
+                for r in try vault.rotateKeys(
+                    from: id, key: exposedKey, parentKey: parentKey, in: &view.tree, boxKeys: nil,
+                    staleGrants: &staleGrants, w)
+                {
+                    guard let rotated = view.tree.file(r) else { continue }
+                    local[r] = rotated
+                    view.cache.keys[r] = nil  // the tree took the new record behind the cache's back
+                    view.cache.forget(r)
+                    touched.insert(r)
+                }
+            }
+        }
+        for (id, (loser, localWon)) in rekeyed.sorted(by: { $0.key < $1.key }) {
+            guard var m = local[id] ?? nil else { continue }
+            let won = try view.openAttributes(m)
+            var lost: PosixAttributes?
+            for k in try knownKeys(id) {
+                if let raw = try? AEAD.open(
+                    loser.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "")
+                {
+                    lost = try? PosixAttributes(decoding: raw)
+                    break
+                }
+            }
+            if let lost {
+                var merged = localWon ? PosixAttributes.merge(won, lost) : PosixAttributes.merge(lost, won)
+                merged.size = won.size
+                if merged != won { m.sealedAttributes = try view.sealAttributes(merged, of: id) }
+            }
+            if m.shareName != nil || loser.shareName != nil {
+                m.shareName = try view.sealShareName(try view.openName(m), of: id)
+            }
+            local[id] = m
+            view.put(m)
+        }
+        rekeyed = [:]
+    }
+
+    /// How far `id` is below the root in the merged tree (bounded: it may still hold a cycle).
+    func depth(_ id: FileID) -> Int {
+        var d = 0
+        var cursor = id
+        while let m = view.tree.file(cursor), !m.isRoot, d <= TreeLimits.maxDepth + 1 {
+            d += 1
+            cursor = m.parent
+        }
+        return d
+    }
+
+    /// The cipher a version of `id`'s content (`digest`) is sealed under: the file's key in the
+    /// merged tree, or, when a rotation replaced it, whichever earlier key opens its manifest.
+    mutating func cipher(_ id: FileID, opening digest: [UInt8]?) throws -> ContentCipher {
+        let current = try cipher(id)
+        guard keysChanged, let digest, let sealed = try w.reader.manifest(digest),
+            (try? current.openManifest(sealed)) == nil
+        else { return current }
+        for k in try knownKeys(id) where k != current.key {
+            let c = ContentCipher(fileID: id, key: k)
+            if (try? c.openManifest(sealed)) != nil { return c }
+        }
+        return current
+    }
+
+    /// Whether two versions hold the same bytes, chunk by chunk (a rotation seals a document's
+    /// chunks again as they were, so they line up).
+    func samePlaintext(_ a: [UInt8]?, _ ca: ContentCipher, _ b: [UInt8]?, _ cb: ContentCipher) throws -> Bool {
+        let ma = try manifest(a, ca)
+        let mb = try manifest(b, cb)
+        guard ma.size == mb.size, ma.chunkSize == mb.chunkSize, ma.chunks.count == mb.chunks.count else { return false }
+        for (x, y) in zip(ma.chunks, mb.chunks) {
+            guard x.length == y.length else { return false }
+            if x.id == y.id && ca.key == cb.key { continue }
+            guard let sx = try w.reader.chunk(x.id), let sy = try w.reader.chunk(y.id) else { return false }
+            guard try ca.openChunk(sx, ref: x) == cb.openChunk(sy, ref: y) else { return false }
+        }
+        return true
+    }
+
+    /// `digest`'s content under the merged key of its file: as it is if `from` is that key,
+    /// else sealed again. Returns the digest and the size.
+    mutating func underCurrentKey(_ digest: [UInt8]?, from: ContentCipher) throws -> ([UInt8]?, UInt64) {
+        let current = try cipher(from.fileID)
+        if current.key == from.key || digest == nil { return (digest, try manifest(digest, from).size) }
+        let (d, size) = try w.resealContent(digest, from: from, to: current)
+        return (d, size)
+    }
+}
