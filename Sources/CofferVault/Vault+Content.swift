@@ -85,15 +85,24 @@ extension Vault {
     ) throws -> [UInt8]? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
-        let digest = ContentCipher.digest(ofSealedManifest: sealed)
+        var digest = ContentCipher.digest(ofSealedManifest: sealed)
         do {
             try commit { batch, s, w in
                 guard s.view.tree.isLive(id) else { return }
-                try w.putChunks(chunks.map { ($0.key, $0.value) })
-                for (chunkID, plain) in unsealed {
-                    try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
+                let current = try s.view.key(id)
+                if current == cipher.key {
+                    try w.putChunks(chunks.map { ($0.key, $0.value) })
+                    for (chunkID, plain) in unsealed {
+                        try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
+                    }
+                    try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
+                } else {
+                    // Another process rotated the file's key while it was open here (a revocation:
+                    // docs/SHARING.md, "Revocation"): what was written goes under the new key.
+                    digest = try resealWrites(
+                        manifest, chunks: chunks, unsealed: unsealed, from: cipher,
+                        to: ContentCipher(fileID: id, key: current), w)
                 }
-                try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 var a = try attributes(id, &s)
                 a.size = manifest.size
                 let stamp = nextStamp(&s)
@@ -117,6 +126,33 @@ extension Vault {
             if case .tree(.deleted) = e { return nil }
             throw e
         }
+        return digest
+    }
+
+    /// An open document's writes (`manifest`, its new chunks sealed or still plain, the rest
+    /// stored) sealed under `to` instead of `from`, stored; returns the new manifest's digest.
+    private func resealWrites(
+        _ manifest: Manifest, chunks: [[UInt8]: [UInt8]], unsealed: [[UInt8]: [UInt8]], from: ContentCipher,
+        to: ContentCipher, _ w: StoreWriter
+    ) throws -> [UInt8] {
+        var refs: [ChunkRef] = []
+        for ref in manifest.chunks {
+            let plain: [UInt8]
+            if let p = unsealed[ref.id] {
+                plain = p
+            } else if let sealed = try chunks[ref.id] ?? w.reader.chunk(ref.id) {
+                plain = try from.openChunk(sealed, ref: ref)
+            } else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
+            let (newRef, sealed) = to.sealChunk(plain)
+            try w.putChunk(id: newRef.id, sealed: sealed)
+            refs.append(newRef)
+        }
+        let resealed = Manifest(chunkSize: manifest.chunkSize, chunks: refs)
+        let sealed = to.sealManifest(resealed)
+        let digest = ContentCipher.digest(ofSealedManifest: sealed)
+        try w.putManifest(digest: digest, sealed: sealed, chunkIDs: refs.map(\.id))
         return digest
     }
 

@@ -13,12 +13,15 @@ struct AliceAndBob {
     let server: ServerProcess
     let alice: String
     let bob: String
+    /// The data folders of the `others` asked for, by name.
+    var others: [String: String] = [:]
 
-    init(_ label: String) throws {
+    init(_ label: String, others names: [String] = []) throws {
         tmp = TemporaryDirectory(label)
         server = try ServerProcess(dataDirectory: tmp.sub("server"))
         (alice, bob) = (tmp.sub("alice"), tmp.sub("bob"))
-        for (dir, name) in [(alice, "alice"), (bob, "bob")] {
+        for name in names { others[name] = tmp.sub(name) }
+        for (dir, name) in [(alice, "alice"), (bob, "bob")] + names.map({ (tmp.sub($0), $0) }) {
             let r = coffer(dir, ["init", name, "--server", server.url])
             guard r.status == 0 else { throw TestFailure("coffer init \(name): \(r.err)") }
         }
@@ -234,5 +237,33 @@ struct AliceAndBob {
         #expect(coffer(bob2, ["ls"]).out == "one/\n")
         #expect(coffer(bob, ["ls"]).out == "one/\n")
         #expect(coffer(bob2, ["fsck"]).status == 0)
+    }
+
+    /// `share remove` replaces the folder's keys: bob, who stays, reads what alice writes
+    /// afterwards; carol, removed, sees the share gone. Alice's device no longer has bob pinned,
+    /// so his box key comes from his key card, fetched by his signing key.
+    @Test func removingAMemberReplacesKeysAndTheOthersStillRead() async throws {
+        let world = try AliceAndBob("coffer-share-rotate", others: ["carol"])
+        let (alice, bob) = (world.alice, world.bob)
+        let carol = try #require(world.others["carol"])
+        #expect(coffer(alice, ["mkdir", "projects"]).status == 0)
+        #expect(coffer(alice, ["write", "projects/plan.txt"], stdin: Array("plan".utf8)).status == 0)
+        for name in ["bob", "carol"] { #expect(coffer(alice, ["share", "add", "projects", name]).status == 0) }
+        #expect(coffer(alice, ["sync"]).status == 0)
+        for dir in [bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
+        let shareID = try #require(try Vault.open(dataDirectory: carol).incomingShares().first?.id)
+        #expect(coffer(carol, ["cat", "--share", "\(shareID)", "plan.txt"]).out == "plan")
+
+        #expect(coffer(alice, ["contacts", "forget", "bob"]).status == 0)
+        let removed = coffer(alice, ["share", "remove", "projects", "carol"])
+        #expect(removed.out == "/projects is no longer shared with carol; its keys were replaced\n", "\(removed.err)")
+        #expect(coffer(alice, ["write", "projects/after.txt"], stdin: Array("secret".utf8)).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["fsck"]).status == 0)
+        for dir in [bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
+        #expect(coffer(bob, ["ls", "--share", "\(shareID)"]).out == "after.txt\nplan.txt\n")
+        #expect(coffer(bob, ["cat", "--share", "\(shareID)", "after.txt"]).out == "secret")
+        #expect(coffer(carol, ["share", "pending"]).out.isEmpty)
+        #expect(coffer(carol, ["ls", "--share", "\(shareID)"]).status == 1)
     }
 }

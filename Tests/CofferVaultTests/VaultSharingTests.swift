@@ -1,3 +1,4 @@
+import CofferContent
 import CofferCrypto
 import CofferModel
 import Foundation
@@ -95,5 +96,119 @@ struct VaultSharingTests {
         var other = e(1, .write)
         other.sealedKey = [9]
         #expect(AccessEntry.merged(base: base, local: [e(1, .write)], remote: [other]) == [other])
+    }
+
+    /// The record of `id` as the store holds it now.
+    func record(_ f: VaultFixture, _ id: FileID) throws -> FileMetadata {
+        try #require(try f.vault.store.readOne { try $0.current(id) }).signed.metadata
+    }
+
+    /// Revoking carol gives the shared folder and everything below it new keys: what carol held
+    /// opens no name, key or content written since, bob (who stays) opens all of it with the
+    /// grant sealed again for him, and the owner reads everything as before.
+    @Test func revokingRotatesTheKeysOfTheWholeSubtree() throws {
+        let f = try VaultFixture()
+        let folder = try f.folder("shared")
+        let sub = try f.folder("sub", in: folder.id)
+        let a = try f.document("a.txt", in: folder.id, contents: Array("alpha".utf8))
+        let b = try f.document("b.bin", in: sub.id, contents: (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        let (bob, bobSecret) = contact("bob")
+        let (carol, carolSecret) = contact("carol")
+        try f.vault.share(folder.id, with: bob, mode: .read)
+        try f.vault.share(folder.id, with: carol, mode: .write)
+        let carolID = try AccountID(bytes: carol.signingKey)
+        let bobID = try AccountID(bytes: bob.signingKey)
+
+        // What carol holds before: the folder's key, and through it every key below.
+        func grantKey(_ secret: AccountSecret, _ account: AccountID) throws -> SymmetricKey {
+            let m = try record(f, folder.id)
+            let g = try #require(m.grant(to: account))
+            return try secret.boxKeys.open(
+                sealedKey: g.sealedKey, binding: g.keyBinding(fileID: folder.id, owner: m.owner))
+        }
+        let carolFolderKey = try grantKey(carolSecret, carolID)
+        let carolSubKey = try KeyWrap.unwrap(record(f, sub.id).wrappedKey, with: carolFolderKey, fileID: sub.id.bytes)
+        let carolAKey = try KeyWrap.unwrap(record(f, a.id).wrappedKey, with: carolFolderKey, fileID: a.id.bytes)
+
+        // Refused, nothing changed, without the key of a grantee who stays.
+        #expect(throws: VaultError.self) { try f.vault.unshare(folder.id, from: carolID, name: "carol", boxKeys: [:]) }
+        #expect(try record(f, folder.id).grant(to: carolID)?.isDeleted == false)
+        #expect(try f.vault.granteesKeeping(folder.id, without: carolID) == [bobID])
+
+        try f.vault.unshare(
+            folder.id, from: carolID, name: "carol", boxKeys: [bobID: PublicBoxKey(bytes: bob.boxKey)])
+
+        // Every live file below has a new key generation.
+        for id in [folder.id, sub.id, a.id, b.id] { #expect(try record(f, id).keyGeneration == 1) }
+        // Carol's keys open nothing of it now.
+        let folderNow = try record(f, folder.id)
+        #expect(folderNow.access.first { $0.account == carolID }?.isDeleted == true)
+        #expect(throws: (any Error).self) {
+            try KeyWrap.unwrap(record(f, sub.id).wrappedKey, with: carolFolderKey, fileID: sub.id.bytes)
+        }
+        #expect(throws: (any Error).self) {
+            try AEAD.open(
+                record(f, a.id).name.ciphertext, key: carolFolderKey, purpose: .name, fileID: a.id.bytes, what: "")
+        }
+        #expect(throws: (any Error).self) {
+            try AEAD.open(
+                record(f, b.id).name.ciphertext, key: carolSubKey, purpose: .name, fileID: b.id.bytes, what: "")
+        }
+        let aNow = try record(f, a.id)
+        let digest = try #require(aNow.contentDigest)
+        let sealedManifest = try #require(try f.vault.store.manifest(digest))
+        #expect(throws: (any Error).self) {
+            try ContentCipher(fileID: a.id, key: carolAKey).openManifest(sealedManifest)
+        }
+        // Bob's grant was sealed again: his key opens the new names and content.
+        let bobKey = try grantKey(bobSecret, bobID)
+        #expect(bobKey != carolFolderKey)
+        let bobAKey = try KeyWrap.unwrap(aNow.wrappedKey, with: bobKey, fileID: a.id.bytes)
+        let name = try AEAD.open(aNow.name.ciphertext, key: bobKey, purpose: .name, fileID: a.id.bytes, what: "")
+        #expect(String(decoding: name, as: UTF8.self) == "a.txt")
+        let cipher = ContentCipher(fileID: a.id, key: bobAKey)
+        let manifest = try cipher.openManifest(sealedManifest)
+        let first = try #require(manifest.chunks.first)
+        let chunk = try #require(try f.vault.store.chunk(first.id))
+        #expect(try cipher.openChunk(chunk, ref: manifest.chunks[0]) == Array("alpha".utf8))
+        let shareName = try #require(folderNow.shareName)
+        #expect(
+            try AEAD.open(shareName, key: bobKey, purpose: .shareName, fileID: folder.id.bytes, what: "")
+                == Array("shared".utf8))
+        // The owner reads everything as before, and the store checks clean.
+        #expect(try f.vault.readAll(a.id) == Array("alpha".utf8))
+        #expect(try f.vault.readAll(b.id) == (0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        #expect(try f.names(folder.id) == ["a.txt", "sub"])
+        #expect(try f.vault.check().isClean)
+    }
+
+    /// A document open in one process (the mount) while another (`coffer share remove`) rotates
+    /// its key: what the open document writes afterwards is sealed under the new key, not lost
+    /// under the old one. Before, the commit sealed the manifest with the key the document was
+    /// opened with, and the file no longer opened.
+    @Test func writesOfADocumentOpenDuringARotationLandUnderTheNewKey() throws {
+        let f = try VaultFixture()
+        let folder = try f.folder("shared")
+        let doc = try f.document("a.txt", in: folder.id, contents: Array(repeating: 0x61, count: 300_000))
+        let (bob, _) = contact("bob")
+        let (carol, _) = contact("carol")
+        try f.vault.share(folder.id, with: bob, mode: .read)
+        try f.vault.share(folder.id, with: carol, mode: .read)
+        let bobID = try AccountID(bytes: bob.signingKey)
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        let open = try mount.openDocument(doc.id)
+        try open.write(offset: 299_990, bytes: Array("written".utf8))
+        try f.vault.unshare(
+            folder.id, from: try AccountID(bytes: carol.signingKey), name: "carol",
+            boxKeys: [bobID: PublicBoxKey(bytes: bob.boxKey)])
+        try open.write(offset: 0, bytes: Array("start".utf8))
+        try mount.release(open)
+        var expected = Array(repeating: UInt8(0x61), count: 300_000)
+        expected.replaceSubrange(0..<5, with: Array("start".utf8))
+        expected.replaceSubrange(299_990..<299_997, with: Array("written".utf8))
+        let fresh = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try fresh.readAll(doc.id) == expected)
+        #expect(try record(f, doc.id).keyGeneration == 1)
+        #expect(try fresh.check().isClean)
     }
 }
