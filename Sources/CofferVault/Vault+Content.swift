@@ -90,15 +90,18 @@ extension Vault {
             try commit { batch, s, w in
                 guard s.view.tree.isLive(id) else { return }
                 let current = try s.view.key(id)
+                // The chunks as the document sealed them: it reads them back by these ids.
+                try w.putChunks(chunks.map { ($0.key, $0.value) })
+                for (chunkID, plain) in unsealed {
+                    try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
+                }
                 if current == cipher.key {
-                    try w.putChunks(chunks.map { ($0.key, $0.value) })
-                    for (chunkID, plain) in unsealed {
-                        try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
-                    }
                     try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
                 } else {
                     // Another process rotated the file's key while it was open here (a revocation:
-                    // docs/SHARING.md, "Revocation"): what was written goes under the new key.
+                    // docs/SHARING.md, "Revocation"): what was written goes under the new key too,
+                    // again at each commit while this document stays open with the old one. The
+                    // chunks under the old key stay local (no manifest names them; GC takes them).
                     digest = try resealWrites(
                         manifest, chunks: chunks, unsealed: unsealed, from: cipher,
                         to: ContentCipher(fileID: id, key: current), w)

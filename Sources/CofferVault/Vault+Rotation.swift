@@ -55,7 +55,8 @@ extension Vault {
     /// (its name too), and nothing below it changes.
     func rotateKeys<T: StagingTree>(
         from root: FileID, key rootKey: SymmetricKey, parentKey: SymmetricKey, in tree: inout T,
-        boxKeys: [AccountID: PublicBoxKey]?, staleGrants: inout Set<FileID>, _ w: StoreWriter
+        boxKeys: [AccountID: PublicBoxKey]?, staleGrants: inout Set<FileID>,
+        opener: RotationOpener = RotationOpener(), _ w: StoreWriter
     ) throws -> [FileID] {
         guard let first = tree.file(root) else { throw VaultError.tree(.notFound(root.description)) }
         // (record, its old key, the old and new keys of its parent if the parent's changed)
@@ -67,8 +68,7 @@ extension Vault {
             next += 1
             var newKey = oldKey
             if let parentKeys {
-                let name = try AEAD.open(
-                    m.name.ciphertext, key: parentKeys.old, purpose: .name, fileID: m.id.bytes, what: "file name")
+                let name = try opener.name(m, parentKeys.old)
                 m.name = SealedName(sealing: String(decoding: name, as: UTF8.self), parentKey: parentKeys.new, of: m.id)
             }
             if !m.isDeleted {
@@ -76,8 +76,7 @@ extension Vault {
                 if try !reseal(&m, from: oldKey, to: newKey, boxKeys: boxKeys, w) { staleGrants.insert(m.id) }
                 if m.type == .folder {
                     for c in tree.childIDs(of: m.id).sorted().compactMap({ tree.file($0) }) {
-                        let childKey = try KeyWrap.unwrap(c.wrappedKey, with: oldKey, fileID: c.id.bytes)
-                        queue.append((c, childKey, (oldKey, newKey)))
+                        queue.append((c, try opener.key(c, oldKey), (oldKey, newKey)))
                     }
                 }
             }
@@ -125,6 +124,18 @@ extension Vault {
             ).digest
         }
         return sealedAll
+    }
+}
+
+/// How a rotation opens what a file below the rotated one carries under its parent's old key:
+/// its key and its name. Within one commit both are simply under it; a merge that rotates a file
+/// another device wrote below finds some under keys of either side (`PullMerge.settleKeys`).
+struct RotationOpener {
+    var key: (FileMetadata, SymmetricKey) throws -> SymmetricKey = { c, parentKey in
+        try KeyWrap.unwrap(c.wrappedKey, with: parentKey, fileID: c.id.bytes)
+    }
+    var name: (FileMetadata, SymmetricKey) throws -> [UInt8] = { c, parentKey in
+        try AEAD.open(c.name.ciphertext, key: parentKey, purpose: .name, fileID: c.id.bytes, what: "file name")
     }
 }
 

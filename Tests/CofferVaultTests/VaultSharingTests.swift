@@ -202,9 +202,14 @@ struct VaultSharingTests {
             folder.id, from: try AccountID(bytes: carol.signingKey), name: "carol",
             boxKeys: [bobID: PublicBoxKey(bytes: bob.boxKey)])
         try open.write(offset: 0, bytes: Array("start".utf8))
+        // Committed while still open, then read back and written again through the same handle.
+        try open.flush()
+        #expect(try open.read(offset: 299_990, count: 7) == Array("written".utf8))
+        try open.write(offset: 100, bytes: Array("more".utf8))
         try mount.release(open)
         var expected = Array(repeating: UInt8(0x61), count: 300_000)
         expected.replaceSubrange(0..<5, with: Array("start".utf8))
+        expected.replaceSubrange(100..<104, with: Array("more".utf8))
         expected.replaceSubrange(299_990..<299_997, with: Array("written".utf8))
         let fresh = try Vault.open(dataDirectory: f.dataDir)
         #expect(try fresh.readAll(doc.id) == expected)

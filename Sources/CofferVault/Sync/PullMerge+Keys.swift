@@ -29,8 +29,11 @@ extension PullMerge {
         }
         // Grants the winner holds are sealed under its key; one the other side made meanwhile
         // holds the replaced key, and is sealed again before the next push (`staleGrants`).
+        // A mode the other side changed meanwhile stays the merge's, and is sealed again too.
         for i in m.access.indices where !m.access[i].isDeleted {
-            if let e = winner.access.first(where: { $0.account == m.access[i].account && !$0.isDeleted }) {
+            if let e = winner.access.first(where: { $0.account == m.access[i].account && !$0.isDeleted }),
+                e.mode == m.access[i].mode
+            {
                 m.access[i] = e
             } else {
                 staleGrants.insert(m.id)
@@ -81,6 +84,7 @@ extension PullMerge {
     /// when some key changed (`keysChanged`).
     mutating func settleKeys() throws {
         guard keysChanged else { return }
+        knownKeyMemo = [:]  // records changed since the last pass
         var ids = touched
         for l in try w.reader.files(.local) { ids.insert(l.metadata.id) }
         for (id, entry) in local where entry != nil { ids.insert(id) }
@@ -120,10 +124,34 @@ extension PullMerge {
             }
             // Its key was wrapped under a key a rotation replaced, so whoever the rotation
             // removed may hold it: it gets a new one too, and so does everything below it.
+            // What lies below may come from either side, so each file's key and name are found
+            // first among every key the merge knows (`anyKey`, `anyName`).
             if let exposedKey, !m.isDeleted {
+                var keys: [FileID: SymmetricKey] = [id: exposedKey]
+                var names: [FileID: [UInt8]] = [:]
+                var queue = [id]
+                while let next = queue.popLast(), keys.count + names.count < 4_000_000 {
+                    for c in view.tree.childIDs(of: next) {
+                        guard let cm = view.tree.file(c) else { continue }
+                        keys[c] = try anyKey(cm)
+                        names[c] = Array(try anyName(cm).utf8)
+                        if cm.type == .folder && !cm.isDeleted { queue.append(c) }
+                    }
+                }
+                let opener = RotationOpener(
+                    key: { c, parentKey in
+                        try (try? KeyWrap.unwrap(c.wrappedKey, with: parentKey, fileID: c.id.bytes)) ?? keys[c.id]
+                            ?? KeyWrap.unwrap(c.wrappedKey, with: parentKey, fileID: c.id.bytes)
+                    },
+                    name: { c, parentKey in
+                        try names[c.id]
+                            ?? AEAD.open(
+                                c.name.ciphertext, key: parentKey, purpose: .name, fileID: c.id.bytes, what: "file name"
+                            )
+                    })
                 for r in try vault.rotateKeys(
                     from: id, key: exposedKey, parentKey: parentKey, in: &view.tree, boxKeys: nil,
-                    staleGrants: &staleGrants, w)
+                    staleGrants: &staleGrants, opener: opener, w)
                 {
                     guard let rotated = view.tree.file(r) else { continue }
                     local[r] = rotated
@@ -147,16 +175,70 @@ extension PullMerge {
             }
             if let lost {
                 var merged = localWon ? PosixAttributes.merge(won, lost) : PosixAttributes.merge(lost, won)
-                merged.size = won.size
+                // The size goes with the content, which may be the other side's.
+                merged.size = m.contentDigest == loser.contentDigest ? lost.size : won.size
                 if merged != won { m.sealedAttributes = try view.sealAttributes(merged, of: id) }
             }
             if m.shareName != nil || loser.shareName != nil {
                 m.shareName = try view.sealShareName(try view.openName(m), of: id)
             }
+            // Content one side wrote under the key the other replaced (the other side changed
+            // none, so no conflict resolves it) is sealed again under the winning key.
+            if m.type == .document, let digest = m.contentDigest {
+                m.contentDigest = try underCurrentKey(digest, from: try cipher(id, opening: digest)).0
+            }
             local[id] = m
             view.put(m)
         }
         rekeyed = [:]
+    }
+
+    /// A record's name, opened with its parent's key in the merged tree or, when a rotation
+    /// replaced that, with any key the parent had.
+    mutating func anyName(_ m: FileMetadata) throws -> String {
+        if let n = try? view.openName(m) { return n }
+        for k in keysChanged ? try knownKeys(m.parent) : [] {
+            if let raw = try? AEAD.open(m.name.ciphertext, key: k, purpose: .name, fileID: m.id.bytes, what: "") {
+                return String(decoding: raw, as: UTF8.self)
+            }
+        }
+        return try view.openName(m)
+    }
+
+    /// The key a record's attributes are sealed under: the file's in the merged tree, or any key
+    /// it had (a record from the side whose key lost).
+    mutating func anyKey(_ m: FileMetadata) throws -> SymmetricKey {
+        func opens(_ k: SymmetricKey) -> Bool {
+            (try? AEAD.open(m.sealedAttributes, key: k, purpose: .attributes, fileID: m.id.bytes, what: "")) != nil
+        }
+        if let k = try? view.key(m.id), opens(k) { return k }
+        for k in keysChanged ? try knownKeys(m.id) : [] where opens(k) { return k }
+        return try view.key(m.id)
+    }
+
+    /// A record's attributes, opened as `anyKey` finds.
+    mutating func anyAttributes(_ m: FileMetadata) throws -> PosixAttributes {
+        try PosixAttributes(
+            decoding: AEAD.open(
+                m.sealedAttributes, key: try anyKey(m), purpose: .attributes, fileID: m.id.bytes,
+                what: "file attributes"))
+    }
+
+    /// The wrapped key `m` needs placed back under `parent` (an undone move or a deletion put at
+    /// its base place): `base`'s own when the file kept that key, else its current key wrapped
+    /// under the parent's (a rotation gave it a new one since).
+    mutating func wrappedKey(of m: FileMetadata, under parent: FileID, base: FileMetadata) throws -> [UInt8] {
+        guard m.keyGeneration != base.keyGeneration else { return base.wrappedKey }
+        return try view.wrap(try anyKey(m), of: m.id, in: parent)
+    }
+
+    /// Whether two records of one file have the same parent and name; a rotation of the parent
+    /// changes the name's MAC, not the name.
+    mutating func samePlace(_ a: FileMetadata, _ b: FileMetadata) -> Bool {
+        guard a.parent == b.parent else { return false }
+        if a.name.mac == b.name.mac { return true }
+        guard keysChanged, let x = try? anyName(a), let y = try? anyName(b) else { return false }
+        return x == y
     }
 
     /// How far `id` is below the root in the merged tree (bounded: it may still hold a cycle).

@@ -123,6 +123,9 @@ struct PullMerge {
                 keysChanged = true
             }
         }
+        // Every pulled record is known as the new base from the start: the keys a rotation
+        // replaced are found through any of them (`knownKeys`).
+        for r in applicable { newBase[r.signed.metadata.id] = r.stored }
         for r in applicable {
             let id = r.signed.metadata.id
             let oldBase = try w.reader.file(id, .base)
@@ -158,7 +161,7 @@ struct PullMerge {
         // Edits to documents deleted elsewhere survive as new files at their old path.
         for (l, _) in editedLocally where !view.tree.isLive(l.id) {
             let parent = view.tree.isLive(l.parent) ? l.parent : (view.tree.rootID ?? l.parent)
-            try recreate(from: l, name: try view.openName(l), in: parent, &s)
+            try recreate(from: l, name: try anyName(l), in: parent, &s)
         }
         // 2. Cycles: local moves that close a loop with pulled moves are undone.
         try resolveCycles()
@@ -224,7 +227,7 @@ struct PullMerge {
                 deleted.isDeleted = true
                 deleted.parent = base.metadata.parent
                 deleted.name = base.metadata.name
-                deleted.wrappedKey = base.metadata.wrappedKey
+                deleted.wrappedKey = try wrappedKey(of: m, under: base.metadata.parent, base: base.metadata)
                 local[id] = deleted
                 view.put(deleted)
             }
@@ -247,7 +250,7 @@ struct PullMerge {
         base b: FileMetadata, local l: FileMetadata, remote r: FileMetadata, _ s: inout VaultState
     ) throws -> (FileMetadata, Bool) {
         var m = l
-        let remoteMoved = r.parent != b.parent || r.name.mac != b.name.mac
+        let remoteMoved = !samePlace(r, b)
         if remoteMoved {
             m.parent = r.parent
             m.name = r.name
@@ -401,7 +404,7 @@ struct PullMerge {
         let key = SymmetricKey.random()
         let (digest, _) = try w.resealContent(
             l.contentDigest, from: try cipher(l.id, opening: l.contentDigest), to: ContentCipher(fileID: id, key: key))
-        var attrs = try view.openAttributes(l)
+        var attrs = try anyAttributes(l)
         let stamp = vault.nextStamp(&s)
         attrs.mode.stamp = stamp
         attrs.uid.stamp = stamp
@@ -434,7 +437,7 @@ struct PullMerge {
                 var undone = m
                 undone.parent = base.parent
                 undone.name = base.name
-                undone.wrappedKey = base.wrappedKey
+                undone.wrappedKey = try wrappedKey(of: m, under: base.parent, base: base)
                 local[id] = undone
                 view.put(undone)
                 touched.insert(id)
@@ -455,12 +458,12 @@ struct PullMerge {
     }
 
     /// Files whose name or place comes from this device (created here, or renamed/moved here).
-    func isLocallyPlaced(_ id: FileID) throws -> Bool {
+    mutating func isLocallyPlaced(_ id: FileID) throws -> Bool {
         let entry: FileMetadata?? = try local[id] ?? w.reader.file(id, .local).map { Optional($0.metadata) }
         guard let found = entry, let m = found else { return false }
         if created.contains(id) { return true }
         guard let base = try newBase[id] ?? w.reader.file(id, .base) else { return true }
-        return base.metadata.parent != m.parent || base.metadata.name.mac != m.name.mac
+        return !samePlace(base.metadata, m)
     }
 
     mutating func resolvePathConflicts() throws {
