@@ -176,4 +176,30 @@ import Testing
         #expect(try await w.bobReads() == ["n/c.txt": "c\n"])
         withExtendedLifetime(w) {}
     }
+
+    /// Carol gives the share up herself: the owner's device that adopts her give-up rotates the
+    /// keys as a revocation would, seals bob's grant again, and the other device takes that
+    /// without rotating a second time.
+    @Test func aGiveUpIsFollowedByARotation() async throws {
+        let w = try await World(files: ["c.txt": "c\n"])
+        let carol = w.others[1].a
+        try await carol.sync()
+        let folder = try #require(try w.a.vault.store.readOne { try $0.current(w.shared) }).signed.metadata
+        let grant = try #require(folder.grant(to: carol.vault.accountID))
+        let carolKey = try carol.vault.exportedSecret.boxKeys.open(
+            sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: w.shared, owner: folder.owner))
+        try await carol.engine.rejectShare(w.shared)
+        try await w.alice.sync(w.a, w.b)
+        try await w.alice.expectConverged()
+        let generation = { (d: Device, id: FileID) throws -> UInt32 in
+            try #require(try d.vault.store.readOne { try $0.current(id) }).signed.metadata.keyGeneration
+        }
+        let c = try w.a.vault.resolve("/shared/c.txt").id
+        #expect(try generation(w.a, w.shared) == 1 && generation(w.a, c) == 1)
+        #expect(try generation(w.b, w.shared) == 1)
+        let record = try #require(try w.a.vault.store.readOne { try $0.current(c) }).signed.metadata
+        #expect(throws: (any Error).self) { try KeyWrap.unwrap(record.wrappedKey, with: carolKey, fileID: c.bytes) }
+        #expect(try await w.bobReads() == ["c.txt": "c\n"])
+        withExtendedLifetime(w) {}
+    }
 }

@@ -39,7 +39,7 @@ extension PullMerge {
                 staleGrants.insert(m.id)
             }
         }
-        rekeyed[m.id] = (localRekeyed ? r : l, localRekeyed)
+        deferred[m.id] = (l, r)
     }
 
     /// Every key `id` had in a tree this merge sees (the old base, this device's unpushed
@@ -161,25 +161,20 @@ extension PullMerge {
                 }
             }
         }
-        for (id, (loser, localWon)) in rekeyed.sorted(by: { $0.key < $1.key }) {
+        for (id, (l, r)) in deferred.sorted(by: { $0.key < $1.key }) {
             guard var m = local[id] ?? nil else { continue }
-            let won = try view.openAttributes(m)
-            var lost: PosixAttributes?
-            for k in try knownKeys(id) {
-                if let raw = try? AEAD.open(
-                    loser.sealedAttributes, key: k, purpose: .attributes, fileID: id.bytes, what: "")
-                {
-                    lost = try? PosixAttributes(decoding: raw)
-                    break
-                }
+            // Each side's attributes opened with the key they were sealed under, merged as for
+            // any record (the size goes with the content, which may be either side's).
+            let la = try? anyAttributes(l)
+            let ra = try? anyAttributes(r)
+            if let la, let ra {
+                var merged = PosixAttributes.merge(la, ra)
+                merged.size = m.contentDigest == r.contentDigest ? ra.size : la.size
+                m.sealedAttributes = try view.sealAttributes(merged, of: id)
+            } else if let one = la ?? ra {
+                m.sealedAttributes = try view.sealAttributes(one, of: id)
             }
-            if let lost {
-                var merged = localWon ? PosixAttributes.merge(won, lost) : PosixAttributes.merge(lost, won)
-                // The size goes with the content, which may be the other side's.
-                merged.size = m.contentDigest == loser.contentDigest ? lost.size : won.size
-                if merged != won { m.sealedAttributes = try view.sealAttributes(merged, of: id) }
-            }
-            if m.shareName != nil || loser.shareName != nil {
+            if m.shareName != nil || l.shareName != nil || r.shareName != nil || m.isShared {
                 m.shareName = try view.sealShareName(try view.openName(m), of: id)
             }
             // Content one side wrote under the key the other replaced (the other side changed
@@ -190,7 +185,7 @@ extension PullMerge {
             local[id] = m
             view.put(m)
         }
-        rekeyed = [:]
+        deferred = [:]
     }
 
     /// A record's name, opened with its parent's key in the merged tree or, when a rotation
@@ -216,12 +211,15 @@ extension PullMerge {
         return try view.key(m.id)
     }
 
-    /// A record's attributes, opened as `anyKey` finds.
+    /// A record's attributes, opened as `anyKey` finds (a stamp seen counts for the clock).
     mutating func anyAttributes(_ m: FileMetadata) throws -> PosixAttributes {
-        try PosixAttributes(
+        let a = try PosixAttributes(
             decoding: AEAD.open(
                 m.sealedAttributes, key: try anyKey(m), purpose: .attributes, fileID: m.id.bytes,
                 what: "file attributes"))
+        view.cache.latestStamp = max(
+            view.cache.latestStamp, a.mtime.stamp, a.atime.stamp, a.mode.stamp, a.uid.stamp, a.gid.stamp)
+        return a
     }
 
     /// The wrapped key `m` needs placed back under `parent` (an undone move or a deletion put at
@@ -288,5 +286,33 @@ extension PullMerge {
         if current.key == from.key || digest == nil { return (digest, try manifest(digest, from).size) }
         let (d, size) = try w.resealContent(digest, from: from, to: current)
         return (d, size)
+    }
+
+    /// Whether adopting `m` turned a grantee's give-up in `original` into an owner's revocation.
+    static func adoptsGiveUp(_ m: FileMetadata, from original: FileMetadata) -> Bool {
+        zip(m.access, original.access).contains { $0.isDeleted && $0.signature != $1.signature }
+    }
+
+    /// A grantee that gave a share up (`share reject`) held its keys as a removed member does, so
+    /// the owner's device that adopts the give-up rotates them as a revocation would: the file
+    /// and everything below it get new keys, and the remaining grants are sealed again before
+    /// the next push (`staleGrants`). The other devices of the owner take the adopted record,
+    /// signed by the owner, and do not rotate again.
+    mutating func rotateGivenUp() throws {
+        for id in gaveUp.sorted() where view.tree.isLive(id) {
+            guard let m = view.tree.file(id), !m.isRoot else { continue }
+            let rotated = try vault.rotateKeys(
+                from: id, key: anyKey(m), parentKey: view.key(m.parent), in: &view.tree, boxKeys: nil,
+                staleGrants: &staleGrants, w)
+            for r in rotated {
+                guard let record = view.tree.file(r) else { continue }
+                local[r] = record
+                view.cache.keys[r] = nil  // the tree took the new record behind the cache's back
+                view.cache.forget(r)
+                touched.insert(r)
+            }
+            keysChanged = true
+        }
+        gaveUp = []
     }
 }

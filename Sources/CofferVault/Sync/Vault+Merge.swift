@@ -46,14 +46,17 @@ struct PullMerge {
     var touched: Set<FileID> = []
     /// Files this merge made (copies of conflicting or orphaned edits).
     var created: Set<FileID> = []
-    /// Files whose key one side replaced (a rotation, docs/SHARING.md "Revocation"), with the
-    /// other side's record and whether this device's key won: the other side's attributes are
-    /// merged in once keys are settled (`settleKeys`).
-    var rekeyed: [FileID: (loser: FileMetadata, localWon: Bool)] = [:]
+    /// Files whose attributes (and name for grantees) are merged once keys are settled
+    /// (`settleKeys`), with the local and remote records: one side replaced the file's key (a
+    /// rotation, docs/SHARING.md "Revocation"), or some key changed in this pull.
+    var deferred: [FileID: (local: FileMetadata, remote: FileMetadata)] = [:]
     /// `knownKeys`, memoised.
     var knownKeyMemo: [FileID: [SymmetricKey]] = [:]
     /// Files with a live grant sealed under a key this merge replaced (`Vault.noteStaleGrants`).
     var staleGrants: Set<FileID> = []
+    /// Files a grantee gave its grant up on, which this device adopts: their keys are rotated
+    /// as for a revocation (`rotateGivenUp`).
+    var gaveUp: Set<FileID> = []
     /// Whether a record of this pull, or an unpushed one, has a new key generation: only then
     /// does anything sealed need sealing again (`settleKeys`).
     var keysChanged = false
@@ -124,12 +127,19 @@ struct PullMerge {
             }
         }
         // Every pulled record is known as the new base from the start: the keys a rotation
-        // replaced are found through any of them (`knownKeys`).
-        for r in applicable { newBase[r.signed.metadata.id] = r.stored }
+        // replaced are found through any of them (`knownKeys`). Whether any key changed is known
+        // before the first record is merged.
+        var oldBases: [FileID: StoredFile] = [:]
         for r in applicable {
             let id = r.signed.metadata.id
-            let oldBase = try w.reader.file(id, .base)
-            if let oldBase, oldBase.metadata.keyGeneration != r.signed.metadata.keyGeneration { keysChanged = true }
+            newBase[id] = r.stored
+            guard let oldBase = try w.reader.file(id, .base) else { continue }
+            oldBases[id] = oldBase
+            if oldBase.metadata.keyGeneration != r.signed.metadata.keyGeneration { keysChanged = true }
+        }
+        for r in applicable {
+            let id = r.signed.metadata.id
+            let oldBase = oldBases[id]
             let stored = r.stored
             newBase[id] = stored  // written at the end: the old base content is still needed for merges
             touched.insert(id)
@@ -138,6 +148,7 @@ struct PullMerge {
                 let b = oldBase?.effectiveMetadata ?? rEff
                 let (m, conflict) = try mergeRecord(base: b, local: l, remote: rEff, &s)
                 let merged = vault.adopted(m, base: oldBase?.metadata)
+                if Self.adoptsGiveUp(merged, from: m) { gaveUp.insert(id) }
                 local[id] = merged
                 view.put(merged)
                 if conflict { conflicts[id] = (b, l, rEff) }
@@ -145,6 +156,7 @@ struct PullMerge {
                 // A grantee wrote it (checked against the sharing rules on the way in): this
                 // device signs it again as the owner's (`Vault.adopted`).
                 let m = vault.adopted(rEff, base: oldBase?.metadata)
+                if Self.adoptsGiveUp(m, from: rEff) { gaveUp.insert(id) }
                 local[id] = m
                 view.put(m)
             } else {
@@ -154,6 +166,7 @@ struct PullMerge {
 
         // What one side sealed under keys the other side's rotation replaced, sealed again.
         try settleKeys()
+        try rotateGivenUp()
         // 1. Content conflicts (they can create files, so they come before path conflicts).
         for (id, c) in conflicts.sorted(by: { $0.key < $1.key }) {
             try resolveContentConflict(id, c.base, c.local, c.remote, &s)
@@ -264,8 +277,14 @@ struct PullMerge {
         if remoteContent && !localContent { m.contentDigest = r.contentDigest }
         let conflict =
             l.type == .document && localContent && remoteContent && l.contentDigest != r.contentDigest && !m.isDeleted
-        if l.keyGeneration != b.keyGeneration || r.keyGeneration != b.keyGeneration {
-            takeKey(&m, base: b, local: l, remote: r)
+        if keysChanged {
+            // Some key changed in this pull: what is sealed may not open under the keys derivable
+            // until every record is in, so attributes and the name for grantees are merged once
+            // keys are settled (`settleKeys`).
+            if l.keyGeneration != b.keyGeneration || r.keyGeneration != b.keyGeneration {
+                takeKey(&m, base: b, local: l, remote: r)
+            }
+            deferred[l.id] = (l, r)
         } else if l.sealedAttributes != r.sealedAttributes {
             let la = try view.openAttributes(l)
             let ra = try view.openAttributes(r)
@@ -284,7 +303,7 @@ struct PullMerge {
         // The name for grantees follows the merged name: the remote's with the remote's name,
         // sealed afresh for any other (a local rename over a share made elsewhere, or the reverse).
         // With a new key it is sealed again once keys are settled (`settleKeys`).
-        if rekeyed[l.id] == nil {
+        if deferred[l.id] == nil {
             if m.name == r.name, r.shareName != nil || !m.isShared {
                 m.shareName = r.shareName
             } else if m.name == l.name, l.shareName != nil {
