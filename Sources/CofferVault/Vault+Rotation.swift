@@ -62,10 +62,12 @@ extension Vault {
         // (record, its old key, the old and new keys of its parent if the parent's changed)
         var queue: [(FileMetadata, SymmetricKey, (old: SymmetricKey, new: SymmetricKey)?)] = [(first, rootKey, nil)]
         var changed: [FileID] = []
+        var seen: Set<FileID> = []  // a tree is acyclic here; a merge's may not be yet
         var next = 0
         while next < queue.count {
             var (m, oldKey, parentKeys) = queue[next]
             next += 1
+            guard seen.insert(m.id).inserted else { continue }
             var newKey = oldKey
             if let parentKeys {
                 let name = try opener.name(m, parentKeys.old)

@@ -92,14 +92,21 @@ struct MetadataTests {
         }
     }
 
-    /// Version 3 is version 2 with the share name after the link target; written only with one.
-    @Test func versionThreeCarriesTheShareName() throws {
-        var m = try Self.fixedRecord()
+    /// The fixed record as a link with a signed grant and a share name: every field of
+    /// version 3.
+    static func namedLink() throws -> FileMetadata {
+        var m = try fixedRecord()
         m.type = .link
         m.contentDigest = nil
         m.access[0].signature = [UInt8](repeating: 0x5A, count: 64)
         m.linkTarget = try FileID(bytes: Array(0x20...0x2F))
         m.shareName = [0x51, 0x52, 0x53]
+        return m
+    }
+
+    /// Version 3 is version 2 with the share name after the link target; written only with one.
+    @Test func versionThreeCarriesTheShareName() throws {
+        var m = try Self.namedLink()
         let v3 = "43464d4403" + String(Self.fixedHexV2.dropFirst(10)) + "01" + "00000003" + "515253"
         #expect(hex(m.encoded()) == v3)
         #expect(try FileMetadata(decoding: unhex(v3)) == m)
@@ -118,12 +125,7 @@ struct MetadataTests {
     /// Version 4 is version 3 with the key generation (u32) at the end; written only when it is
     /// not 0, so every record whose key was never replaced keeps its encoding and signature.
     @Test func versionFourCarriesTheKeyGeneration() throws {
-        var m = try Self.fixedRecord()
-        m.type = .link
-        m.contentDigest = nil
-        m.access[0].signature = [UInt8](repeating: 0x5A, count: 64)
-        m.linkTarget = try FileID(bytes: Array(0x20...0x2F))
-        m.shareName = [0x51, 0x52, 0x53]
+        var m = try Self.namedLink()
         m.keyGeneration = 0x0102_0304
         let v4 = "43464d4404" + String(Self.fixedHexV2.dropFirst(10)) + "01" + "00000003" + "515253" + "01020304"
         #expect(hex(m.encoded()) == v4)

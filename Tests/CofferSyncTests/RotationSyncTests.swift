@@ -105,6 +105,7 @@ import Testing
                     _ = try alice.a.vault.create(
                         in: alice.a.vault.resolve("/shared").id, name: name, type: .document, mode: 0o644)
                 } else {
+                    if let slash = name.lastIndex(of: "/") { try alice.a.mkdir("/shared/" + name[..<slash]) }
                     try alice.a.write("/shared/" + name, text)
                 }
             }
@@ -200,6 +201,24 @@ import Testing
         let record = try #require(try w.a.vault.store.readOne { try $0.current(c) }).signed.metadata
         #expect(throws: (any Error).self) { try KeyWrap.unwrap(record.wrappedKey, with: carolKey, fileID: c.bytes) }
         #expect(try await w.bobReads() == ["c.txt": "c\n"])
+        withExtendedLifetime(w) {}
+    }
+
+    /// B, offline, moves a folder of the share into another and edits a document in it while A
+    /// revokes carol; B's pull takes A's new keys for files it placed elsewhere, wrapped under
+    /// their new parents, without rotating them again (before: the second rotation opened B's
+    /// edit with the wrong key and the pull failed for ever).
+    @Test func aMoveAndAnEditElsewhereMergeWithARotation() async throws {
+        let w = try await World(files: ["f/d.txt": "d\n", "g/keep.txt": "k\n"])
+        try w.b.mv("/shared/f", "/shared/g/f")
+        try w.b.write("/shared/g/f/d.txt", "d\nmore\n")
+        try await w.revokeCarol(on: w.a)
+        try await w.alice.sync(w.a, w.b, w.a)
+        try await w.alice.expectConverged()
+        #expect(try w.a.read("/shared/g/f/d.txt") == "d\nmore\n")
+        let d = try w.a.vault.resolve("/shared/g/f/d.txt").id
+        #expect(try #require(try w.a.vault.store.readOne { try $0.current(d) }).signed.metadata.keyGeneration == 1)
+        #expect(try await w.bobReads() == ["g/f/d.txt": "d\nmore\n", "g/keep.txt": "k\n"])
         withExtendedLifetime(w) {}
     }
 }

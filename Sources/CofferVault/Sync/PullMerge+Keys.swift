@@ -40,6 +40,7 @@ extension PullMerge {
             }
         }
         deferred[m.id] = (l, r)
+        freshKeys.insert(m.id)
     }
 
     /// Every key `id` had in a tree this merge sees (the old base, this device's unpushed
@@ -88,6 +89,17 @@ extension PullMerge {
         var ids = touched
         for l in try w.reader.files(.local) { ids.insert(l.metadata.id) }
         for (id, entry) in local where entry != nil { ids.insert(id) }
+        // The children of every folder whose key changed, this pull's records or not: one this
+        // device holds only in its base may have been pushed under the folder's old key while
+        // another device rotated it.
+        for id in Array(ids) {
+            guard let m = view.tree.file(id), m.type == .folder,
+                try versions(id).contains(where: {
+                    $0.keyGeneration != m.keyGeneration
+                })
+            else { continue }
+            ids.formUnion(view.tree.childIDs(of: id))
+        }
         let byDepth: [(Int, FileID)] = ids.map { (depth($0), $0) }
         let ordered = byDepth.sorted { $0.0 < $1.0 || ($0.0 == $1.0 && $0.1 < $1.1) }
         for (_, id) in ordered {
@@ -126,12 +138,14 @@ extension PullMerge {
             // removed may hold it: it gets a new one too, and so does everything below it.
             // What lies below may come from either side, so each file's key and name are found
             // first among every key the merge knows (`anyKey`, `anyName`).
-            if let exposedKey, !m.isDeleted {
+            // A key a rotation in this merge gave it (`takeKey`) was only ever wrapped under the
+            // new keys of its side: moved under another parent, it is wrapped again, no more.
+            if let exposedKey, !m.isDeleted, !freshKeys.contains(id) {
                 var keys: [FileID: SymmetricKey] = [id: exposedKey]
                 var names: [FileID: [UInt8]] = [:]
                 var queue = [id]
-                while let next = queue.popLast(), keys.count + names.count < 4_000_000 {
-                    for c in view.tree.childIDs(of: next) {
+                while let next = queue.popLast() {
+                    for c in view.tree.childIDs(of: next) where keys[c] == nil {
                         guard let cm = view.tree.file(c) else { continue }
                         keys[c] = try anyKey(cm)
                         names[c] = Array(try anyName(cm).utf8)

@@ -52,6 +52,8 @@ struct PullMerge {
     var deferred: [FileID: (local: FileMetadata, remote: FileMetadata)] = [:]
     /// `knownKeys`, memoised.
     var knownKeyMemo: [FileID: [SymmetricKey]] = [:]
+    /// Files whose key a rotation in this pull's records replaced (`takeKey`): never exposed.
+    var freshKeys: Set<FileID> = []
     /// Files with a live grant sealed under a key this merge replaced (`Vault.noteStaleGrants`).
     var staleGrants: Set<FileID> = []
     /// Files a grantee gave its grant up on, which this device adopts: their keys are rotated
@@ -137,6 +139,17 @@ struct PullMerge {
             oldBases[id] = oldBase
             if oldBase.metadata.keyGeneration != r.signed.metadata.keyGeneration { keysChanged = true }
         }
+        // A file another device placed in a folder while this one rotated it, pushed in between:
+        // it comes wrapped under the folder's old key, with no generation of its own changed.
+        // Only records placed under a folder that was ever rotated are checked (one unwrap each).
+        for r in applicable where !keysChanged {
+            let m = r.signed.metadata
+            guard !m.isRoot, oldBases[m.id]?.metadata.parent != m.parent,
+                let parent = newBase[m.parent]?.metadata ?? before.file(m.parent), parent.keyGeneration > 0,
+                let parentKey = try? view.key(m.parent)
+            else { continue }
+            if (try? KeyWrap.unwrap(m.wrappedKey, with: parentKey, fileID: m.id.bytes)) == nil { keysChanged = true }
+        }
         for r in applicable {
             let id = r.signed.metadata.id
             let oldBase = oldBases[id]
@@ -164,10 +177,13 @@ struct PullMerge {
             }
         }
 
+        // 1. Cycles: local moves that close a loop with pulled moves are undone first, so that
+        // every key can be derived down the tree for what follows.
+        try resolveCycles()
         // What one side sealed under keys the other side's rotation replaced, sealed again.
         try settleKeys()
         try rotateGivenUp()
-        // 1. Content conflicts (they can create files, so they come before path conflicts).
+        // 2. Content conflicts (they can create files, so they come before path conflicts).
         for (id, c) in conflicts.sorted(by: { $0.key < $1.key }) {
             try resolveContentConflict(id, c.base, c.local, c.remote, &s)
         }
@@ -176,15 +192,13 @@ struct PullMerge {
             let parent = view.tree.isLive(l.parent) ? l.parent : (view.tree.rootID ?? l.parent)
             try recreate(from: l, name: try anyName(l), in: parent, &s)
         }
-        // 2. Cycles: local moves that close a loop with pulled moves are undone.
-        try resolveCycles()
         // Local records that a pulled deletion made unreachable: the server will not take a live
         // record under a deleted folder, so they become deletions (or vanish, if the server never
         // knew them). Their content edits were saved above.
         try settleImplicitDeletions()
         // 3. Path conflicts: the locally changed file is renamed name-1.ext, name-2.ext, …
         try resolvePathConflicts()
-        // Undone moves and deletions put back base placements, sealed under the base's keys.
+        // Deletions put back at base places, sealed under the base's keys.
         try settleKeys()
 
         try vault.noteStaleGrants(staleGrants, w)
