@@ -4,9 +4,11 @@ import CofferModel
 import CofferStore
 import Foundation
 
-/// Applying a pull: the 3-way merge of base, local and remote, then conflict resolution in the
-/// order the Sync v3 design requires (content conflicts, then cycles, then path conflicts), all
-/// in one transaction together with the new cursor. Nothing a user wrote is dropped: an edit to
+/// Applying a pull: the 3-way merge of base, local and remote, then conflict resolution in an
+/// order the Sync v3 design allows (cycles, then keys a rotation replaced, then content
+/// conflicts, then path conflicts: both of the first two can move or create files, so they
+/// come before path conflicts; cycles come first so that every key can be derived down the
+/// tree), all in one transaction together with the new cursor. Nothing a user wrote is dropped: an edit to
 /// a document deleted elsewhere is saved again as a new file, a binary conflict keeps the local
 /// bytes in a copy, a text conflict keeps both sides between markers.
 extension Vault {
