@@ -20,7 +20,6 @@ import Synchronization
 public final class OpenDocument: Sendable {
     public let id: FileID
     let vault: Vault
-    let cipher: ContentCipher
     let state: Mutex<DocumentState>
     let sizeAtomic: Atomic<UInt64>
     let mtimeAtomic: Atomic<Int64>  // nanoseconds since the epoch of an unflushed write; 0 if none
@@ -50,6 +49,11 @@ public final class OpenDocument: Sendable {
     let spillHold = Mutex<DispatchSemaphore?>(nil)
 
     struct DocumentState {
+        /// The key the chunks in `refs` are sealed with. It changes only while nothing is
+        /// buffered: when a commit found the file's key rotated (`Vault.commitContent` sealed the
+        /// content again under the new one) or another process's content under a new key is
+        /// adopted; readers take it together with the refs they read.
+        var cipher: ContentCipher
         var chunkSize: Int
         /// Stored chunks by index; nil means "all zeros" (a gap, or not yet written).
         var refs: [ChunkRef?]
@@ -174,17 +178,19 @@ public final class OpenDocument: Sendable {
         self.id = id
         self.isReadOnly = readOnly
         self.vault = vault
-        self.cipher = cipher
         let size = manifest.size
         state = Mutex(
             DocumentState(
-                chunkSize: Int(manifest.chunkSize), refs: manifest.chunks.map { Optional($0) }, size: size,
-                digest: digest))
+                cipher: cipher, chunkSize: Int(manifest.chunkSize), refs: manifest.chunks.map { Optional($0) },
+                size: size, digest: digest))
         sizeAtomic = Atomic(size)
         mtimeAtomic = Atomic(0)
     }
 
     public var currentSize: UInt64 { sizeAtomic.load(ordering: .relaxed) }
+
+    /// The key the document's chunks are sealed with now.
+    var cipher: ContentCipher { state.withLock { $0.cipher } }
 
     /// Mode, uid and gid set while writes are unflushed (nil each if none).
     public var pendingOwnership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) {
@@ -267,7 +273,9 @@ public final class OpenDocument: Sendable {
         var pieces: [ArraySlice<UInt8>] = []
         var loads: [(ref: ChunkRef, piece: Int, within: Int, take: Int)] = []
         var prefetch: [[UInt8]] = []
+        var cipher: ContentCipher?
         try state.withLock { s in
+            cipher = s.cipher
             if s.poisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
@@ -287,7 +295,7 @@ public final class OpenDocument: Sendable {
             }
             prefetch = s.noteRead(offset: offset, end: end, loadsFromStore: !loads.isEmpty)
         }
-        guard !loads.isEmpty else { return pieces }
+        guard !loads.isEmpty, let cipher else { return pieces }
         vault.store.prefetch(prefetch)
         var unique: [ChunkRef] = []
         var seen: Set<[UInt8]> = []
@@ -334,7 +342,7 @@ public final class OpenDocument: Sendable {
         guard let sealed = try vault.store.chunk(ref.id) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }
-        let plain = try cipher.openChunk(sealed, ref: ref, verifyingID: false)
+        let plain = try s.cipher.openChunk(sealed, ref: ref, verifyingID: false)
         s.cache.insert(ref.id, plain[...])
         return fitted(plain, expected)
     }
@@ -440,7 +448,7 @@ public final class OpenDocument: Sendable {
 
     /// Seals plaintext chunks on every core and stores them (content before any manifest
     /// names it); what a spill does, inline or in the background.
-    private func sealAndStore(_ plaintexts: [[UInt8]]) throws -> [ChunkRef] {
+    private func sealAndStore(_ plaintexts: [[UInt8]], with cipher: ContentCipher) throws -> [ChunkRef] {
         let sealed = ParallelChunks.seal(plaintexts, with: cipher)
         try vault.store.write { w in try w.putChunks(sealed.map { ($0.ref.id, $0.sealed) }) }
         return sealed.map(\.ref)
@@ -450,7 +458,7 @@ public final class OpenDocument: Sendable {
     func spill(_ s: inout DocumentState) throws {
         let full = fullChunks(s)
         guard !full.isEmpty else { return }
-        let refs = try sealAndStore(full.map { fitted($0.value, expectedLength($0.key, s)) })
+        let refs = try sealAndStore(full.map { fitted($0.value, expectedLength($0.key, s)) }, with: s.cipher)
         for (chunk, ref) in zip(full, refs) {
             while s.refs.count <= chunk.key { s.refs.append(nil) }
             s.refs[chunk.key] = ref
@@ -473,11 +481,12 @@ public final class OpenDocument: Sendable {
             s.sealing[item.index] = (generation, item.plain)
         }
         s.spillInFlight = true
+        let cipher = s.cipher
         spills.enter()
         DispatchQueue.global().async { [self] in
             defer { spills.leave() }
             do {
-                let refs = try sealAndStore(items.map(\.plain))
+                let refs = try sealAndStore(items.map(\.plain), with: cipher)
                 spillHold.withLock { $0 }?.wait()
                 state.withLock { s in
                     for (item, ref) in zip(items, refs) where s.sealing[item.index]?.generation == generation {
@@ -578,6 +587,7 @@ public final class OpenDocument: Sendable {
     static let deferredSealingLimit = 48 * 1024
 
     private func commit(_ s: inout DocumentState) throws {
+        let cipher = s.cipher
         for (index, w) in s.sealing { s.setDirty(index, w.plain) }
         let count = s.size == 0 ? 0 : Int((s.size - 1) / UInt64(s.chunkSize)) + 1
         if s.refs.count > count { s.refs.removeLast(s.refs.count - count) }
@@ -666,14 +676,21 @@ public final class OpenDocument: Sendable {
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let now = vault.now()
         let mtime = pendingMtime ?? now
-        let digest = try vault.commitContent(
+        let committed = try vault.commitContent(
             id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
             chunks: pending, unsealed: unsealed,
             ownership: pendingOwnership, atime: pendingAtime)
+        let digest = committed?.digest
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.
         if digest == nil { try store() }
         s.refs = refs.map { Optional($0) }
+        if let (rotated, resealed) = committed?.resealed {
+            // The file's key was rotated while it was open: what was committed is under the
+            // new key, and so is everything this document writes from now on.
+            s.cipher = rotated
+            s.refs = resealed.chunks.map { Optional($0) }
+        }
         s.dirty = [:]
         s.dirtyBytes = 0
         s.modified = false
@@ -688,9 +705,10 @@ public final class OpenDocument: Sendable {
 
     /// Another process committed new content: adopt it unless this handle has unflushed writes
     /// (then this handle's flush will win, as the later writer).
-    func adopt(manifest: Manifest, digest: [UInt8]) {
+    func adopt(manifest: Manifest, digest: [UInt8], cipher: ContentCipher) {
         state.withLock { s in
             guard !s.modified, s.digest != digest else { return }
+            s.cipher = cipher
             s.refs = manifest.chunks.map { Optional($0) }
             s.size = manifest.size
             s.digest = digest

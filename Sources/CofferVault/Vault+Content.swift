@@ -74,7 +74,8 @@ extension Vault {
     /// Called by a document's flush: stores the sealed manifest and commits the metadata naming
     /// it, with new size and mtime, in one transaction. A document that was deleted meanwhile
     /// (unlinked while open) is not resurrected: its content is simply dropped. Returns the new
-    /// digest, or nil if nothing was committed.
+    /// digest, or nil if nothing was committed, and, if the file's key was rotated since the
+    /// document was opened, the new key and the content as sealed under it.
     /// `chunks` (id → sealed) are stored in the same transaction, before the manifest; `unsealed`
     /// (id → plaintext, small chunks only) too, sealed when the store runs the statement
     /// (`StoreWriter.putChunk(id:sealing:)`).
@@ -82,10 +83,11 @@ extension Vault {
         id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
         chunks: [[UInt8]: [UInt8]] = [:], unsealed: [[UInt8]: [UInt8]] = [:],
         ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) = (nil, nil, nil), atime: Timespec? = nil
-    ) throws -> [UInt8]? {
+    ) throws -> (digest: [UInt8], resealed: (ContentCipher, Manifest)?)? {
         guard isLive(id) else { return nil }
         let sealed = cipher.sealManifest(manifest)
         var digest = ContentCipher.digest(ofSealedManifest: sealed)
+        var resealed: (ContentCipher, Manifest)?
         do {
             try commit { batch, s, w in
                 guard s.view.tree.isLive(id) else { return }
@@ -100,11 +102,13 @@ extension Vault {
                 } else {
                     // Another process rotated the file's key while it was open here (a revocation:
                     // docs/SHARING.md, "Revocation"): what was written goes under the new key too,
-                    // again at each commit while this document stays open with the old one. The
-                    // chunks under the old key stay local (no manifest names them; GC takes them).
-                    digest = try resealWrites(
-                        manifest, chunks: chunks, unsealed: unsealed, from: cipher,
-                        to: ContentCipher(fileID: id, key: current), w)
+                    // and the document takes the new key. The chunks under the old key stay
+                    // local (no manifest names them; GC takes them).
+                    let rotated = ContentCipher(fileID: id, key: current)
+                    let (d, m) = try resealWrites(
+                        manifest, chunks: chunks, unsealed: unsealed, from: cipher, to: rotated, w)
+                    digest = d
+                    resealed = (rotated, m)
                 }
                 var a = try attributes(id, &s)
                 a.size = manifest.size
@@ -129,7 +133,7 @@ extension Vault {
             if case .tree(.deleted) = e { return nil }
             throw e
         }
-        return digest
+        return (digest, resealed)
     }
 
     /// An open document's writes (`manifest`, its new chunks sealed or still plain, the rest
@@ -137,7 +141,7 @@ extension Vault {
     private func resealWrites(
         _ manifest: Manifest, chunks: [[UInt8]: [UInt8]], unsealed: [[UInt8]: [UInt8]], from: ContentCipher,
         to: ContentCipher, _ w: StoreWriter
-    ) throws -> [UInt8] {
+    ) throws -> ([UInt8], Manifest) {
         var refs: [ChunkRef] = []
         for ref in manifest.chunks {
             let plain: [UInt8]
@@ -156,16 +160,22 @@ extension Vault {
         let sealed = to.sealManifest(resealed)
         let digest = ContentCipher.digest(ofSealedManifest: sealed)
         try w.putManifest(digest: digest, sealed: sealed, chunkIDs: refs.map(\.id))
-        return digest
+        return (digest, resealed)
     }
 
     /// Tells open documents about content other processes committed (the daemon's refresh).
     public func adoptExternalContent(_ ids: Set<FileID>) {
         for id in ids {
             guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
-            guard let digest = state.withLock({ $0.view.tree.file(id)?.contentDigest }) else { continue }
-            if let manifest = try? loadManifest(digest, cipher: doc.cipher) {
-                doc.adopt(manifest: manifest, digest: digest)
+            // Under the file's current key, which a rotation elsewhere may have replaced.
+            guard
+                let (digest, cipher) = try? state.withLock({ s -> ([UInt8], ContentCipher)? in
+                    guard let digest = s.view.tree.file(id)?.contentDigest else { return nil }
+                    return (digest, ContentCipher(fileID: id, key: try s.view.key(id)))
+                })
+            else { continue }
+            if let manifest = try? loadManifest(digest, cipher: cipher) {
+                doc.adopt(manifest: manifest, digest: digest, cipher: cipher)
             }
         }
     }

@@ -1,4 +1,6 @@
 import CofferContent
+import CofferCrypto
+import CofferModel
 import CofferTestSupport
 import Foundation
 import Testing
@@ -18,7 +20,9 @@ struct ReadPrefetchTests {
     /// only 1,000 bytes of plaintext (it lives in a store row, not worth asking for).
     func document() -> OpenDocument.DocumentState {
         let refs = (0..<64).map { n in ChunkRef(id: [UInt8(n)], length: n == 1 ? 1_000 : UInt32(Self.chunk)) }
-        return OpenDocument.DocumentState(chunkSize: Self.chunk, refs: refs, size: 64 * UInt64(Self.chunk), digest: nil)
+        let cipher = ContentCipher(fileID: try! FileID(bytes: [UInt8](repeating: 7, count: 16)), key: .random())
+        return OpenDocument.DocumentState(
+            cipher: cipher, chunkSize: Self.chunk, refs: refs, size: 64 * UInt64(Self.chunk), digest: nil)
     }
 
     /// A read of `count` bytes at `offset` that loads chunks from the store: the chunk numbers

@@ -216,4 +216,29 @@ struct VaultSharingTests {
         #expect(try record(f, doc.id).keyGeneration == 1)
         #expect(try fresh.check().isClean)
     }
+
+    /// A document open in the mount across a rotation made by another process still takes that
+    /// process's later edit of the file (sealed under the new key), and a write through it then
+    /// lands on top of the edit. Before, the open document kept the old key: the edit's manifest
+    /// did not open with it, so reads showed the old content and the next commit wrote the old
+    /// content back over the edit.
+    @Test func aDocumentOpenAcrossARotationTakesLaterEdits() throws {
+        let f = try VaultFixture()
+        let folder = try f.folder("shared")
+        let doc = try f.document("a.txt", in: folder.id, contents: Array("old content\n".utf8))
+        let (carol, _) = contact("carol")
+        try f.vault.share(folder.id, with: carol, mode: .read)
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        let open = try mount.openDocument(doc.id)
+        #expect(try open.read(offset: 0, count: 100) == Array("old content\n".utf8))
+        try f.vault.unshare(folder.id, from: try AccountID(bytes: carol.signingKey), name: "carol", boxKeys: [:])
+        try f.vault.writeAll(doc.id, Array("edited elsewhere\n".utf8))
+        _ = try mount.refreshAll()
+        #expect(try open.read(offset: 0, count: 100) == Array("edited elsewhere\n".utf8))
+        try open.write(offset: 0, bytes: Array("E".utf8))
+        try mount.release(open)
+        let fresh = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try fresh.readAll(doc.id) == Array("Edited elsewhere\n".utf8))
+        #expect(try fresh.check().isClean)
+    }
 }
