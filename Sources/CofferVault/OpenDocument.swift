@@ -189,9 +189,6 @@ public final class OpenDocument: Sendable {
 
     public var currentSize: UInt64 { sizeAtomic.load(ordering: .relaxed) }
 
-    /// The key the document's chunks are sealed with now.
-    var cipher: ContentCipher { state.withLock { $0.cipher } }
-
     /// Mode, uid and gid set while writes are unflushed (nil each if none).
     public var pendingOwnership: (mode: UInt32?, uid: UInt32?, gid: UInt32?) {
         func read(_ a: borrowing Atomic<Int64>) -> UInt32? {
@@ -705,9 +702,12 @@ public final class OpenDocument: Sendable {
 
     /// Another process committed new content: adopt it unless this handle has unflushed writes
     /// (then this handle's flush will win, as the later writer).
-    func adopt(manifest: Manifest, digest: [UInt8], cipher: ContentCipher) {
+    ///
+    /// `seen` is the digest this document had when the caller read the file's record: if the
+    /// document committed since, its own commit is newer than what the caller read.
+    func adopt(manifest: Manifest, digest: [UInt8], cipher: ContentCipher, seen: [UInt8]?) {
         state.withLock { s in
-            guard !s.modified, s.digest != digest else { return }
+            guard !s.modified, s.digest != digest, s.digest == seen else { return }
             s.cipher = cipher
             s.refs = manifest.chunks.map { Optional($0) }
             s.size = manifest.size
@@ -718,6 +718,9 @@ public final class OpenDocument: Sendable {
 
     /// Whether there are unflushed writes.
     public var isModified: Bool { state.withLock { $0.modified } }
+
+    /// The digest of the version this document last committed or adopted.
+    var committedDigest: [UInt8]? { state.withLock { $0.digest } }
 
     /// Sets the mode, uid and gid the next commit records, if there are unflushed writes to
     /// carry them; returns false (and changes nothing) otherwise.

@@ -88,9 +88,12 @@ extension Vault {
         let sealed = cipher.sealManifest(manifest)
         var digest = ContentCipher.digest(ofSealedManifest: sealed)
         var resealed: (ContentCipher, Manifest)?
+        var committed = false
         do {
             try commit { batch, s, w in
+                // Deleted meanwhile (another process's deletion, caught up inside this write).
                 guard s.view.tree.isLive(id) else { return }
+                committed = true
                 let current = try s.view.key(id)
                 // The chunks as the document sealed them: it reads them back by these ids.
                 try w.putChunks(chunks.map { ($0.key, $0.value) })
@@ -133,6 +136,8 @@ extension Vault {
             if case .tree(.deleted) = e { return nil }
             throw e
         }
+        // Nothing committed: the caller stores the chunks its buffers name itself.
+        guard committed else { return nil }
         return (digest, resealed)
     }
 
@@ -167,6 +172,7 @@ extension Vault {
     public func adoptExternalContent(_ ids: Set<FileID>) {
         for id in ids {
             guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
+            let seen = doc.committedDigest
             // Under the file's current key, which a rotation elsewhere may have replaced.
             guard
                 let (digest, cipher) = try? state.withLock({ s -> ([UInt8], ContentCipher)? in
@@ -175,7 +181,7 @@ extension Vault {
                 })
             else { continue }
             if let manifest = try? loadManifest(digest, cipher: cipher) {
-                doc.adopt(manifest: manifest, digest: digest, cipher: cipher)
+                doc.adopt(manifest: manifest, digest: digest, cipher: cipher, seen: seen)
             }
         }
     }

@@ -490,4 +490,20 @@ struct VaultContentTests {
         try fresh.release(h)
         #expect(try fresh.readAll(doc.id).count == 256 * 1024 + 6000)
     }
+
+    /// A document deleted by another process while open here, with writes buffered: the commit
+    /// finds it deleted (inside its own write) and commits nothing, and the handle still reads
+    /// what was written (unlinked-while-open semantics). Before, the commit reported success, so
+    /// the chunks its buffers named were never stored and the next read failed.
+    @Test func writesToADocumentDeletedElsewhereStayReadableThroughTheHandle() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a.txt", contents: Array("before".utf8))
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        let open = try mount.openDocument(doc.id)
+        try open.write(offset: 0, bytes: Array("written while open".utf8))
+        try f.vault.remove(doc.id, recursive: false)
+        try open.flush()
+        #expect(try open.read(offset: 0, count: 100) == Array("written while open".utf8))
+        try mount.release(open)
+    }
 }
