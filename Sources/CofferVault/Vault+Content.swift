@@ -108,8 +108,11 @@ extension Vault {
                     // and the document takes the new key. The chunks under the old key stay
                     // local (no manifest names them; GC takes them).
                     let rotated = ContentCipher(fileID: id, key: current)
-                    let (d, m) = try resealWrites(
-                        manifest, chunks: chunks, unsealed: unsealed, from: cipher, to: rotated, w)
+                    // Its new chunks, sealed or still plain, are read from the buffers it handed over.
+                    let (d, m) = try w.reseal(manifest, from: cipher, to: rotated) { ref in
+                        if let plain = unsealed[ref.id] { return plain }
+                        return try chunks[ref.id].map { try cipher.openChunk($0, ref: ref) }
+                    }
                     digest = d
                     resealed = (rotated, m)
                 }
@@ -138,33 +141,6 @@ extension Vault {
         }
         // Nothing committed: the caller stores the chunks its buffers name itself.
         guard committed else { return nil }
-        return (digest, resealed)
-    }
-
-    /// An open document's writes (`manifest`, its new chunks sealed or still plain, the rest
-    /// stored) sealed under `to` instead of `from`, stored; returns the new manifest's digest.
-    private func resealWrites(
-        _ manifest: Manifest, chunks: [[UInt8]: [UInt8]], unsealed: [[UInt8]: [UInt8]], from: ContentCipher,
-        to: ContentCipher, _ w: StoreWriter
-    ) throws -> ([UInt8], Manifest) {
-        var refs: [ChunkRef] = []
-        for ref in manifest.chunks {
-            let plain: [UInt8]
-            if let p = unsealed[ref.id] {
-                plain = p
-            } else if let sealed = try chunks[ref.id] ?? w.reader.chunk(ref.id) {
-                plain = try from.openChunk(sealed, ref: ref)
-            } else {
-                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
-            }
-            let (newRef, sealed) = to.sealChunk(plain)
-            try w.putChunk(id: newRef.id, sealed: sealed)
-            refs.append(newRef)
-        }
-        let resealed = Manifest(chunkSize: manifest.chunkSize, chunks: refs)
-        let sealed = to.sealManifest(resealed)
-        let digest = ContentCipher.digest(ofSealedManifest: sealed)
-        try w.putManifest(digest: digest, sealed: sealed, chunkIDs: refs.map(\.id))
         return (digest, resealed)
     }
 

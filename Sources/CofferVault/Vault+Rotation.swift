@@ -107,18 +107,10 @@ extension Vault {
             let name = try AEAD.open(sealed, key: old, purpose: .shareName, fileID: m.id.bytes, what: "shared name")
             m.shareName = AEAD.seal(name, key: new, purpose: .shareName, fileID: m.id.bytes)
         }
-        for i in m.access.indices where !m.access[i].isDeleted && m.access[i].account != m.owner {
-            let e = m.access[i]
-            guard let boxKeys else {
-                sealedAll = false
-                continue
-            }
-            guard let box = boxKeys[e.account] else {
-                throw VaultError.invalidArgument(
-                    "no key for \(KeyFingerprint.of(e.account.bytes)), who shares \(m.id); cannot rotate keys")
-            }
-            m.access[i].sealedKey = box.seal(key: new, binding: e.keyBinding(fileID: m.id, owner: m.owner))
-            m.access[i].signature = signing.sign(m.access[i].grantMessage(fileID: m.id))
+        if let boxKeys {
+            try sealGrants(of: &m, key: new, boxKeys: boxKeys)
+        } else {
+            sealedAll = !m.access.contains { !$0.isDeleted && $0.account != m.owner }
         }
         if m.type == .document, let digest = m.contentDigest {
             m.contentDigest = try w.resealContent(
@@ -149,22 +141,37 @@ extension StoreWriter {
     ) throws -> (
         digest: [UInt8], size: UInt64
     ) {
+        let (d, m) = try reseal(try manifest(digest, from), from: from, to: to)
+        return (d, m.size)
+    }
+
+    /// `manifest`'s chunks opened with `from` and sealed with `to`, stored with the manifest
+    /// naming them; returns its digest and the manifest. A chunk's plaintext comes from
+    /// `buffered` if it has it (what a caller holds that the store does not yet), else from the
+    /// store.
+    func reseal(
+        _ manifest: Manifest, from: ContentCipher, to: ContentCipher,
+        buffered: (ChunkRef) throws -> [UInt8]? = { _ in nil }
+    ) throws -> ([UInt8], Manifest) {
         var refs: [ChunkRef] = []
-        let old = try manifest(digest, from)
-        for ref in old.chunks {
-            guard let sealed = try reader.chunk(ref.id) else {
+        for ref in manifest.chunks {
+            let plain: [UInt8]
+            if let p = try buffered(ref) {
+                plain = p
+            } else if let sealed = try reader.chunk(ref.id) {
+                plain = try from.openChunk(sealed, ref: ref)
+            } else {
                 throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
             }
-            let plain = try from.openChunk(sealed, ref: ref)
             let (newRef, newSealed) = to.sealChunk(plain)
             try putChunk(id: newRef.id, sealed: newSealed)
             refs.append(newRef)
         }
-        let m = Manifest(chunkSize: old.chunkSize, chunks: refs)
-        let sealed = to.sealManifest(m)
-        let d = ContentCipher.digest(ofSealedManifest: sealed)
-        try putManifest(digest: d, sealed: sealed, chunkIDs: refs.map(\.id))
-        return (d, m.size)
+        let resealed = Manifest(chunkSize: manifest.chunkSize, chunks: refs)
+        let sealed = to.sealManifest(resealed)
+        let digest = ContentCipher.digest(ofSealedManifest: sealed)
+        try putManifest(digest: digest, sealed: sealed, chunkIDs: refs.map(\.id))
+        return (digest, resealed)
     }
 
     /// The manifest a document's record names (empty for none), opened with its cipher.
@@ -191,7 +198,9 @@ extension Vault {
     }
 
     private static func fileIDs(_ bytes: [UInt8]?) throws -> [FileID] {
-        guard let bytes, bytes.count % 16 == 0 else { return [] }
+        guard let bytes else { return [] }
+        // Written here only; anything else is a damaged store, not a note to drop quietly.
+        guard bytes.count % 16 == 0 else { throw VaultError.corrupt("the note of grants to seal again is damaged") }
         return try stride(from: 0, to: bytes.count, by: 16).map { try FileID(bytes: Array(bytes[$0..<$0 + 16])) }
     }
 
@@ -216,15 +225,7 @@ extension Vault {
         try commit { batch, s, w in
             for id in try Self.fileIDs(w.reader.setting(Self.staleGrantsSetting)) {
                 guard var m = batch.file(id), m.owner == accountID else { continue }
-                let key = try s.view.key(id)
-                for i in m.access.indices where !m.access[i].isDeleted && m.access[i].account != m.owner {
-                    let e = m.access[i]
-                    guard let box = boxKeys[e.account] else {
-                        throw VaultError.invalidArgument("no key for \(KeyFingerprint.of(e.account.bytes))")
-                    }
-                    m.access[i].sealedKey = box.seal(key: key, binding: e.keyBinding(fileID: id, owner: m.owner))
-                    m.access[i].signature = signing.sign(m.access[i].grantMessage(fileID: id))
-                }
+                try sealGrants(of: &m, key: try s.view.key(id), boxKeys: boxKeys)
                 m.lastModifiedBy = accountID
                 batch.upsertUnchecked(m)
             }

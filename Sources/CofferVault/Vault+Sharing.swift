@@ -24,8 +24,7 @@ extension Vault {
                 throw VaultError.invalidArgument("\(s.view.describe(id)) is already shared with \(contact.username)")
             }
             var e = AccessEntry(account: grantee, mode: mode, sealedKey: [])
-            e.sealedKey = box.seal(key: try s.view.key(id), binding: e.keyBinding(fileID: id, owner: accountID))
-            e.signature = signing.sign(e.grantMessage(fileID: id))
+            sealGrant(&e, key: try s.view.key(id), box: box, fileID: id)
             var access = m.access
             if let i = access.firstIndex(where: { $0.account == grantee }) { access[i] = e } else { access.append(e) }
             // The grantee holds the file's key, not its parent's: the name goes under the former.
@@ -65,6 +64,25 @@ extension Vault {
                 from: id, key: s.view.key(id), parentKey: s.view.key(m.parent), in: &batch, boxKeys: boxKeys,
                 staleGrants: &stale, w)
             try authorize(id, batch: batch, &s)
+        }
+    }
+
+    /// Seals `key` (the file's) for `e`'s grantee, bound to the file, grantee, mode and this
+    /// account as owner, and signs the grant: the one place grants are made.
+    func sealGrant(_ e: inout AccessEntry, key: SymmetricKey, box: PublicBoxKey, fileID: FileID) {
+        e.sealedKey = box.seal(key: key, binding: e.keyBinding(fileID: fileID, owner: accountID))
+        e.signature = signing.sign(e.grantMessage(fileID: fileID))
+    }
+
+    /// Seals `key` again for every live grant to another account on `m` (`sealGrant`), each
+    /// grantee's box key taken from `boxKeys`; refuses if one is missing.
+    func sealGrants(of m: inout FileMetadata, key: SymmetricKey, boxKeys: [AccountID: PublicBoxKey]) throws {
+        for i in m.access.indices where !m.access[i].isDeleted && m.access[i].account != m.owner {
+            guard let box = boxKeys[m.access[i].account] else {
+                let who = KeyFingerprint.of(m.access[i].account.bytes)
+                throw VaultError.invalidArgument("no key for \(who), who shares \(m.id); cannot seal its key")
+            }
+            sealGrant(&m.access[i], key: key, box: box, fileID: m.id)
         }
     }
 

@@ -1,11 +1,13 @@
 import CofferCrypto
 import CofferModel
 import CofferProtocol
+import CofferStore
 import CofferSync
 import CofferTestSupport
-import CofferVault
 import Foundation
 import Testing
+
+@testable import CofferVault
 
 /// A server and two fresh accounts on it, alice and bob, each a store of its own.
 struct AliceAndBob {
@@ -257,6 +259,11 @@ struct AliceAndBob {
         #expect(coffer(alice, ["contacts", "forget", "bob"]).status == 0)
         let removed = coffer(alice, ["share", "remove", "projects", "carol"])
         #expect(removed.out == "/projects is no longer shared with carol; its keys were replaced\n", "\(removed.err)")
+        // The folder really has a new key: its record counts a new generation.
+        let aliceVault = try Vault.open(dataDirectory: alice)
+        let projects = try aliceVault.resolve("projects").id
+        let record = try aliceVault.store.readOne { try $0.current(projects) }
+        #expect(record?.signed.metadata.keyGeneration == 1)
         #expect(coffer(alice, ["write", "projects/after.txt"], stdin: Array("secret".utf8)).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)
         #expect(coffer(alice, ["fsck"]).status == 0)

@@ -152,16 +152,15 @@ extension PullMerge {
                         if cm.type == .folder && !cm.isDeleted { queue.append(c) }
                     }
                 }
+                let missing = VaultError.corrupt("\(id) changed under a key rotation")
                 let opener = RotationOpener(
-                    key: { c, parentKey in
-                        try (try? KeyWrap.unwrap(c.wrappedKey, with: parentKey, fileID: c.id.bytes)) ?? keys[c.id]
-                            ?? KeyWrap.unwrap(c.wrappedKey, with: parentKey, fileID: c.id.bytes)
+                    key: { c, _ in
+                        guard let k = keys[c.id] else { throw missing }
+                        return k
                     },
-                    name: { c, parentKey in
-                        try names[c.id]
-                            ?? AEAD.open(
-                                c.name.ciphertext, key: parentKey, purpose: .name, fileID: c.id.bytes, what: "file name"
-                            )
+                    name: { c, _ in
+                        guard let n = names[c.id] else { throw missing }
+                        return n
                     })
                 for r in try vault.rotateKeys(
                     from: id, key: exposedKey, parentKey: parentKey, in: &view.tree, boxKeys: nil,
