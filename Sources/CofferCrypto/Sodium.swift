@@ -57,6 +57,30 @@ public func blake2b(_ data: [UInt8], key: [UInt8]? = nil, outputLength: Int = 32
     return out
 }
 
+/// Bytes of a `shortHash` key.
+public let shortHashKeyBytes = 16
+
+/// SipHash-2-4 of `data` under a 16-byte key: a 64-bit hash that whoever does not hold the key
+/// cannot steer, so ids chosen elsewhere (another device, another account's share) cannot be
+/// picked to collide. Inode numbers are made with it (docs/FILESYSTEM.md, "Inode numbers").
+public func shortHash(_ data: [UInt8], key: [UInt8]) throws -> UInt64 {
+    guard key.count == shortHashKeyBytes else {
+        throw CryptoError.invalidLength("a short-hash key has \(shortHashKeyBytes) bytes, got \(key.count)")
+    }
+    ensureSodium()
+    var out: UInt64 = 0
+    withUnsafeMutableBytes(of: &out) { o in
+        guard let p = o.baseAddress?.assumingMemoryBound(to: UInt8.self) else { return }
+        data.withUnsafeBufferPointer { d in
+            key.withUnsafeBufferPointer { k in
+                guard let kp = k.baseAddress else { return }
+                _ = crypto_shorthash_siphash24(p, d.baseAddress, UInt64(d.count), kp)
+            }
+        }
+    }
+    return UInt64(littleEndian: out)
+}
+
 /// SHA-256, used only where a standard demands it (the recovery phrase checksum).
 public func sha256(_ data: [UInt8]) -> [UInt8] {
     ensureSodium()

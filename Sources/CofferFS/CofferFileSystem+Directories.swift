@@ -33,16 +33,16 @@ extension CofferFileSystem {
             // The offset is any cookie a caller seeked to: clamped before any arithmetic.
             let start = Int(min(offset, Int64(snapshot.count)))
             let range = start..<start + min(max(0, maxEntries), snapshot.count - start)
-            // This reply's inodes in one go: a listing the kernel has not seen asks the store once
-            // per reply, not once per entry.
-            let numbers = try inodes.inodes(for: range.map { snapshot.node(at: $0).id })
+            // This reply's inodes under one lock. "." and ".." are never counted: the bridge
+            // does not hand the kernel their inodes.
+            let numbers = try inodes.listing(
+                range.map { (snapshot.node(at: $0).id, withAttributes && $0 >= 2 ? snapshot.name(at: $0) : nil) },
+                parent: inode)
             var out: [DirectoryEntry] = []
             out.reserveCapacity(range.count)
             for (index, ino) in zip(range, numbers) {
                 let node = snapshot.node(at: index)
                 let name = snapshot.name(at: index)
-                // "." and ".." are never counted: the bridge does not hand the kernel their inodes.
-                if withAttributes && index >= 2 { inodes.addLookup(ino, id: node.id, parent: inode, name: name) }
                 out.append(
                     DirectoryEntry(name: name, inode: ino, attributes: attributes(node), nextOffset: Int64(index + 1)))
             }

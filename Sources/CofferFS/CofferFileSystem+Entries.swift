@@ -162,7 +162,7 @@ extension CofferFileSystem {
         try op {
             guard mode & UInt32(S_IFMT) == UInt32(S_IFREG) else { throw FSError.notPermitted }
             let folder = try writableFolderID(parent)
-            let node = try createNode(
+            let node = try vault.create(
                 in: folder, name: name, type: .document, mode: mode & 0o7777, uid: context.uid,
                 gid: groupFor(folder, context))
             return try entry(node, parent: parent)
@@ -175,7 +175,7 @@ extension CofferFileSystem {
             // In a set-group-ID folder a new folder is set-group-ID too, so the rule carries on
             // down the tree (`inode_init_owner`, which a FUSE filesystem must do itself).
             let inherits = setGroupIDFolder(folder) != nil
-            let node = try createNode(
+            let node = try vault.create(
                 in: folder, name: name, type: .folder, mode: mode & 0o7777 | (inherits ? 0o2000 : 0),
                 uid: context.uid, gid: groupFor(folder, context))
             return try entry(node, parent: parent)
@@ -251,7 +251,7 @@ extension CofferFileSystem {
     public func symlink(target: String, parent: InodeNumber, name: String, context: RequestContext) throws -> Entry {
         try op {
             let folder = try writableFolderID(parent)
-            let node = try createNode(
+            let node = try vault.create(
                 in: folder, name: name, type: .symlink, mode: 0o777, uid: context.uid, gid: groupFor(folder, context),
                 symlinkTarget: target)
             return try entry(node, parent: parent)

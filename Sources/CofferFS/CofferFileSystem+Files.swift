@@ -85,7 +85,7 @@ extension CofferFileSystem {
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
             if vault.isInShare(folder) { throw FSError.permissionDenied }
-            let node = try createNode(
+            let node = try vault.create(
                 in: folder, name: name, type: .document, mode: mode & 0o7777,
                 uid: context.uid, gid: groupFor(folder, context))
             let e = try entry(node, parent: parent)

@@ -40,19 +40,21 @@ public final class CofferFileSystem: FileSystemOperations {
     )
         throws
     {
-        self.init(
+        try self.init(
             vault: vault, measuringOperations: measuringOperations, inodeCacheCapacity: InodeTable.cacheCapacity,
             log: log)
     }
 
-    /// `inodeCacheCapacity`: entries each of the inode table's caches keeps (tests make it small).
+    /// `inodeCacheCapacity`: entries the inode table's names cache keeps (tests make it small);
+    /// `inodeHash` stands in for the keyed hash of inode numbers (tests make files collide).
     init(
-        vault: Vault, measuringOperations: Bool, inodeCacheCapacity: Int, log: @escaping @Sendable (String) -> Void
-    ) {
+        vault: Vault, measuringOperations: Bool, inodeCacheCapacity: Int,
+        inodeHash: (@Sendable (FileID) -> UInt64)? = nil, log: @escaping @Sendable (String) -> Void
+    ) throws {
         self.vault = vault
         self.log = log
         self.stats = measuringOperations ? OperationStats() : nil
-        self.inodes = InodeTable(vault: vault, cacheCapacity: inodeCacheCapacity)
+        self.inodes = try InodeTable(vault: vault, cacheCapacity: inodeCacheCapacity, hash: inodeHash)
     }
 
     // MARK: Errors
@@ -134,23 +136,10 @@ public final class CofferFileSystem: FileSystemOperations {
         return Node(id: node.id, type: node.type, parent: node.parent, name: node.name, attributes: a)
     }
 
-    /// Creates a file through the vault and learns its inode from the same transaction.
-    func createNode(
-        in folder: FileID, name: String, type: FileType, mode: UInt32, uid: UInt32, gid: UInt32,
-        symlinkTarget: String? = nil
-    ) throws -> Node {
-        let (node, ino) = try vault.createWithInode(
-            in: folder, name: name, type: type, mode: mode, uid: uid, gid: gid,
-            symlinkTarget: symlinkTarget)
-        inodes.learn(ino, for: node.id)
-        return node
-    }
-
     /// The reply for a name the kernel will know in the folder it calls `parent`: one more
     /// reference to its inode.
     func entry(_ node: Node, parent: InodeNumber) throws -> Entry {
-        let ino = try inodes.inode(for: node.id)
-        inodes.addLookup(ino, id: node.id, parent: parent, name: node.name)
+        let ino = try inodes.reference(node.id, parent: parent, name: node.name)
         return Entry(inode: ino, attributes: attributes(node))
     }
 

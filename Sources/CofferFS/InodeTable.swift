@@ -1,3 +1,4 @@
+import CofferCrypto
 import CofferFuse
 import CofferModel
 import CofferVault
@@ -5,16 +6,18 @@ import Synchronization
 
 /// Inode numbers and the kernel's references to them: the one place for reference counting.
 ///
-/// Memory grows with what the kernel holds, never with the tree: nothing is loaded at mount,
-/// and the store (one indexed query) answers whatever the table does not hold. After `ls -lR`
-/// the kernel may hold every inode of the tree (it keeps them until memory is short), so an
-/// inode it holds costs only what `ReferenceTable` keeps: its file id and lookup count, found
-/// by number or by id, 45-60 bytes (docs/FILESYSTEM.md, "Memory per file"). Names the
-/// kernel learned, and recent files' inodes, live in bounded caches (`BoundedCache`).
+/// A file's inode number is a keyed hash of its id (docs/FILESYSTEM.md, "Inode numbers"), so
+/// numbering asks the store nothing and writes nothing: not at a create, not for each entry of
+/// a listing. The key is this store's (`Vault.inodeNumbering`), so numbers stay the same across
+/// remounts and no id chosen elsewhere can be picked to collide. Should a file's hash be a
+/// number the kernel holds for another file, the file is given a number of its own for good
+/// (an exception, kept in the store).
 ///
-/// Inode numbers are the store's (`StoreWriter.inode(for:)`): never reused, never changed for
-/// a file, and a file loses its row only when it is pruned for good. So a cached pair can only
-/// be missing, never wrong, and an inode the kernel holds is never handed out for another file.
+/// Memory grows with what the kernel holds, never with the tree: nothing is loaded at mount
+/// but the exceptions (in practice none). After `ls -lR` the kernel may hold every inode of
+/// the tree (it keeps them until memory is short), so an inode it holds costs only what
+/// `ReferenceTable` keeps: its file id and lookup count, found by number or by id, 45-60 bytes
+/// (docs/FILESYSTEM.md, "Memory per file"). Names the kernel learned live in a bounded cache.
 final class InodeTable: Sendable {
     /// The (parent inode, name) the kernel last learned for an inode, to invalidate its dentry
     /// when the file changes behind the kernel's back.
@@ -27,95 +30,118 @@ final class InodeTable: Sendable {
         /// Inodes the kernel holds. The root is not here: the kernel holds it for the life of
         /// the mount without ever looking it up.
         var referenced = ReferenceTable()
-        /// Recent files' inodes, so what was just listed or created asks the store nothing
-        /// when the kernel looks it up.
-        var inodes: BoundedCache<FileID, InodeNumber>
         var names: BoundedCache<InodeNumber, KnownName>
+        /// Files numbered other than by their hash.
+        var exceptions: [FileID: InodeNumber] = [:]
+        var nextException: InodeNumber
+        /// The root's id; `.none` until a root arrives (a device whose first pull is pending).
+        var root: FileID
     }
 
-    /// Entries each cache keeps at most: a few MB, enough for a working set of folders.
+    /// Entries the names cache keeps at most: a few MB, enough for a working set of folders.
     static let cacheCapacity = 1 << 14
+    /// Hashes are numbers in [2, 2^62); exceptions are numbered from 2^62 up, so the two never
+    /// meet. Every number is below 2^63, which a tool keeping st_ino in a signed 64-bit integer
+    /// still reads right.
+    static let firstException: InodeNumber = 1 << 62
 
     private let state: Mutex<State>
+    private let hash: @Sendable (FileID) -> UInt64
     let vault: Vault
-    let rootID: FileID
 
-    init(vault: Vault, cacheCapacity: Int = InodeTable.cacheCapacity) {
+    /// `hash` stands in for the keyed hash (tests make files collide with it).
+    init(
+        vault: Vault, cacheCapacity: Int = InodeTable.cacheCapacity, hash: (@Sendable (FileID) -> UInt64)? = nil
+    ) throws {
         self.vault = vault
-        self.rootID = vault.rootID
-        state = Mutex(
-            State(inodes: BoundedCache(capacity: cacheCapacity), names: BoundedCache(capacity: cacheCapacity)))
-    }
-
-    /// The file behind an inode: the kernel's references, then the store (for a number the
-    /// table does not hold, which the kernel should not send, but which still names the same
-    /// file if it does). Nil if no file has that number (any more).
-    func fileID(_ ino: InodeNumber) -> FileID? {
-        // A vault whose root had not arrived yet at mount finds it in the store (inode 1).
-        if ino == FuseRootInode && rootID != .none { return rootID }
-        if let id = state.withLock({ $0.referenced.fileID(ino) }) { return id }
-        guard let id = try? vault.fileID(ofInode: ino) else { return nil }
-        learn(ino, for: id)
-        return id
-    }
-
-    /// In memory: the root, an inode the kernel holds, or a recent one.
-    private func known(_ id: FileID, _ s: inout State) -> InodeNumber? {
-        if id == rootID { return FuseRootInode }
-        return s.referenced.inode(of: id) ?? s.inodes[id]
-    }
-
-    /// The inode of a file, assigned now if it has none yet (it arrived by sync). Files created
-    /// through the mount are learned at their create (`createNode`); one another process
-    /// created already has its row, read without opening a write.
-    func inode(for id: FileID) throws -> InodeNumber {
-        if let ino = state.withLock({ known(id, &$0) }) { return ino }
-        let ino = try vault.inode(of: id)
-        learn(ino, for: id)
-        return ino
-    }
-
-    /// `inode(for:)` of many files (a listing's next entries), with one store transaction for
-    /// those not in memory rather than one each.
-    func inodes(for ids: [FileID]) throws -> [InodeNumber] {
-        var out: [InodeNumber?] = state.withLock { s in ids.map { known($0, &s) } }
-        let missing = out.indices.filter { out[$0] == nil }
-        if !missing.isEmpty {
-            let found = try vault.inodes(of: missing.map { ids[$0] })
-            state.withLock { s in
-                for (i, ino) in zip(missing, found) {
-                    out[i] = ino
-                    s.inodes[ids[i]] = ino
-                }
-            }
+        let numbering = try vault.inodeNumbering()
+        let key = numbering.key
+        // The vault checked the key's length, the one thing that could fail; a 0 would only
+        // make an exception.
+        self.hash = hash ?? { id in (try? shortHash(id.bytes, key: key)) ?? 0 }
+        var s = State(
+            names: BoundedCache(capacity: cacheCapacity), nextException: Self.firstException, root: vault.rootID)
+        for (id, ino) in numbering.exceptions where ino >= Self.firstException && ino < InodeNumber(Int64.max) {
+            s.exceptions[id] = ino
+            s.nextException = max(s.nextException, ino + 1)
         }
-        let all = out.compactMap { $0 }
-        guard all.count == ids.count else { throw FSError.io }
-        return all
+        state = Mutex(s)
     }
 
-    /// The inode of a file if the kernel holds it (the root always); never asks the store,
-    /// since every inode the kernel holds is in the table.
-    func referencedInode(for id: FileID) -> InodeNumber? {
-        if id == rootID { return FuseRootInode }
-        return state.withLock { $0.referenced.inode(of: id) }
+    /// The root's id, looked for again while there is none.
+    private func root(_ s: inout State) -> FileID {
+        if s.root == .none { s.root = vault.rootID }
+        return s.root
     }
 
-    /// Records which inode a file has (assigned by the store, never changed).
-    func learn(_ ino: InodeNumber, for id: FileID) {
-        state.withLock { $0.inodes[id] = ino }
-    }
-
-    /// One more kernel reference: an entry reply for `ino` (lookup, create, readdirplus) is
-    /// about to be sent, and the kernel will know it as `name` in the folder `parent`. Counted
-    /// before the reply, so a forget crossing it can never take the count below what the
-    /// kernel holds.
-    func addLookup(_ ino: InodeNumber, id: FileID, parent: InodeNumber, name: String) {
-        guard ino != FuseRootInode else { return }
+    /// The file behind an inode the kernel holds (the root always); nil for any other number,
+    /// which the kernel never sends (it holds every inode it asks about, and export support,
+    /// which would let it ask about others, is off).
+    func fileID(_ ino: InodeNumber) -> FileID? {
         state.withLock { s in
+            if ino == FuseRootInode {
+                let r = root(&s)
+                return r == .none ? nil : r
+            }
+            return s.referenced.fileID(ino)
+        }
+    }
+
+    /// The inode of `id`, chosen under the lock: the root's 1, else the number the kernel holds
+    /// for it, its exception, or its hash. A hash below 2, or one the kernel holds for another
+    /// file, makes an exception.
+    private func number(_ id: FileID, _ s: inout State) throws -> InodeNumber {
+        if id == root(&s) { return FuseRootInode }
+        if let held = s.referenced.inode(of: id) { return held }
+        if let given = s.exceptions[id] { return given }
+        let hashed = hash(id) & (Self.firstException - 1)
+        if hashed >= 2 && s.referenced.fileID(hashed) == nil { return hashed }
+        let given = s.nextException
+        guard given < InodeNumber(Int64.max) else { throw FSError.io }
+        try vault.addInodeException(id, given)
+        s.exceptions[id] = given
+        s.nextException = given + 1
+        return given
+    }
+
+    /// The inode of a file, without a kernel reference (a plain listing's entry).
+    func inode(for id: FileID) throws -> InodeNumber {
+        try state.withLock { s in try number(id, &s) }
+    }
+
+    /// One more kernel reference to `id`'s inode, which the kernel will know as `name` in the
+    /// folder `parent`: an entry reply (lookup, create, readdirplus) is about to be sent. The
+    /// number is chosen and counted in one step, so two files can never be handed the same
+    /// one, and before the reply, so a forget crossing it can never take the count below what
+    /// the kernel holds.
+    func reference(_ id: FileID, parent: InodeNumber, name: String) throws -> InodeNumber {
+        try state.withLock { s in
+            let ino = try number(id, &s)
+            guard ino != FuseRootInode else { return ino }
             s.referenced.add(ino, id: id)
             s.names[ino] = KnownName(parent: parent, name: name)
+            return ino
         }
+    }
+
+    /// The inodes of a listing's entries, in order, under one lock. An entry with a name gains
+    /// a reference as `reference` gives one (readdirplus); "." and ".." (no name) never do.
+    func listing(_ entries: [(id: FileID, name: String?)], parent: InodeNumber) throws -> [InodeNumber] {
+        try state.withLock { s in
+            try entries.map { e in
+                let ino = try number(e.id, &s)
+                if let name = e.name, ino != FuseRootInode {
+                    s.referenced.add(ino, id: e.id)
+                    s.names[ino] = KnownName(parent: parent, name: name)
+                }
+                return ino
+            }
+        }
+    }
+
+    /// The inode of a file if the kernel holds it (the root always).
+    func referencedInode(for id: FileID) -> InodeNumber? {
+        state.withLock { s in id == root(&s) ? FuseRootInode : s.referenced.inode(of: id) }
     }
 
     /// Drops `n` kernel references. When none are left the entry goes, and its file is
@@ -124,8 +150,6 @@ final class InodeTable: Sendable {
         state.withLock { s in
             guard let id = s.referenced.remove(n, from: ino) else { return nil }
             s.names[ino] = nil
-            // Recent: the kernel may well look it up again soon.
-            s.inodes[id] = ino
             return id
         }
     }
@@ -137,7 +161,7 @@ final class InodeTable: Sendable {
     /// The kernel moved its dentry for `id` (a rename through the mount), if the name is known.
     func moved(_ id: FileID, to parent: InodeNumber, name: String) {
         state.withLock { s in
-            guard let ino = known(id, &s), s.names[ino] != nil else { return }
+            guard let ino = s.referenced.inode(of: id), s.names[ino] != nil else { return }
             s.names[ino] = KnownName(parent: parent, name: name)
         }
     }
@@ -152,9 +176,9 @@ final class InodeTable: Sendable {
         }
     }
 
-    /// Entries held: the kernel's references, and the two caches (bounded).
-    var counts: (referenced: Int, cachedInodes: Int, names: Int) {
-        state.withLock { ($0.referenced.count, $0.inodes.count, $0.names.count) }
+    /// Entries held: the kernel's references, and the names cache (bounded).
+    var counts: (referenced: Int, names: Int) {
+        state.withLock { ($0.referenced.count, $0.names.count) }
     }
 }
 
@@ -170,8 +194,8 @@ final class InodeTable: Sendable {
 /// Both tables shrink again when the kernel forgets most of what it held.
 struct ReferenceTable {
     private struct Entry {
-        /// 0: never used (no file has inode 0); `removed`: used before (a store inode is at
-        /// most Int64.max).
+        /// 0: never used (no file has inode 0); `removed`: used before (every inode is below
+        /// 2^63, `InodeTable.firstException`).
         var ino: InodeNumber
         var id: FileID
         var lookups: UInt64

@@ -71,21 +71,6 @@ final class FastReads: Sendable {
         }
     }
 
-    /// The inode of each file that has one, in order, on one connection (a listing's entries),
-    /// in one read transaction: each statement on its own took and dropped the file's shared
-    /// lock (two fcntl calls), a fifth of what these lookups cost.
-    func inodes(_ ids: [[UInt8]]) throws -> [UInt64?] {
-        try withReader { r in
-            try r.inReadTransaction {
-                try ids.map { id in
-                    var ino: UInt64?
-                    try r.rows(.inode, keys: [id]) { _, first, _, _ in ino = UInt64(exactly: first) }
-                    return ino
-                }
-            }
-        }
-    }
-
     /// The first blob column of each row a tree query finds.
     func blobs(_ query: Reader.Query) throws -> [[UInt8]] {
         try withReader { r in
@@ -128,8 +113,6 @@ final class Reader: @unchecked Sendable {
         case roots
         /// How many records the tree holds.
         case count
-        /// A file's inode number.
-        case inode
         /// Whether the base tree holds a file (1 or 0).
         case inBase
 
@@ -170,8 +153,6 @@ final class Reader: @unchecked Sendable {
                     """
             case .count:
                 return "SELECT n FROM tree_count"
-            case .inode:
-                return "SELECT ino FROM inodes WHERE file_id = ?1"
             case .inBase:
                 return "SELECT count(*) FROM base_files WHERE id = ?1"
             }

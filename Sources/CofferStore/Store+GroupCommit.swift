@@ -177,23 +177,21 @@ final class GroupCommit: Sendable {
     }
 }
 
-/// Change-log sequence numbers and inode numbers for writes whose inserts run later (group
-/// commit): what SQLite's AUTOINCREMENT would assign, handed out in memory. Sound because the
+/// Change-log sequence numbers for writes whose inserts run later (group commit): what
+/// SQLite's AUTOINCREMENT would assign, handed out in memory. Sound because the
 /// open group holds SQLite's write lock, so no other process inserts until it commits; loaded
 /// anew each time a group opens.
 final class GroupCounters: Sendable {
     private struct State {
         var sequence: Int64 = 1
-        var inode: Int64 = 2
     }
     private let state = Mutex(State())
 
-    /// Reads where each numbering stands: past the highest number ever used (AUTOINCREMENT's
+    /// Reads where the numbering stands: past the highest number ever used (AUTOINCREMENT's
     /// `sqlite_sequence`, which remembers deleted rows' numbers too) and past every row.
     func load(_ db: Database) throws {
         let sequence = try Self.next(db, table: "change_log", column: "seq")
-        let inode = try Self.next(db, table: "inodes", column: "ino")
-        state.withLock { $0 = State(sequence: sequence, inode: max(inode, 2)) }
+        state.withLock { $0 = State(sequence: sequence) }
     }
 
     private static func next(_ db: Database, table: String, column: String) throws -> Int64 {
@@ -210,18 +208,6 @@ final class GroupCounters: Sendable {
             defer { s.sequence += 1 }
             return s.sequence
         }
-    }
-
-    func nextInode() -> Int64 {
-        state.withLock { s in
-            defer { s.inode += 1 }
-            return s.inode
-        }
-    }
-
-    /// A number assigned by hand (the root's 1): never handed out again.
-    func noteInode(_ ino: Int64) {
-        state.withLock { $0.inode = max($0.inode, ino + 1) }
     }
 }
 

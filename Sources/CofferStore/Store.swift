@@ -53,7 +53,7 @@ public struct StoreError: Error, CustomStringConvertible {
 }
 
 /// The device's store: one SQLite database (WAL) under the data directory holding both trees,
-/// sealed manifests and chunks, the inode table and a change log. Nothing in it is plaintext.
+/// sealed manifests and chunks, settings and a change log. Nothing in it is plaintext.
 ///
 /// Several processes may open it at once (the mount daemon and CLI commands): writes are
 /// serialised by SQLite, and each writer appends the ids it touched to `change_log`, which the
@@ -244,6 +244,22 @@ public final class Store: Sendable {
                     CREATE INDEX shared_files_digest ON shared_files(content_digest);
                     """)
         }
+        // Inode numbers are a keyed hash of the file id, made by the mount (docs/FILESYSTEM.md,
+        // "Inode numbers"): a row per file cost every create an insert into an index on random
+        // ids, and every listing a lookup per entry (7 of 30 s of CPU in a cold `find` of a
+        // million files). Only a file whose hash was taken when it needed a number has a row,
+        // in practice none. The old table stays, emptied, for a daemon of the previous version
+        // still running on this store until it is mounted again.
+        m.registerMigration("v6") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE inode_exceptions (
+                        file_id BLOB PRIMARY KEY NOT NULL,
+                        ino INTEGER UNIQUE NOT NULL
+                    ) WITHOUT ROWID;
+                    DELETE FROM inodes;
+                    """)
+        }
         return m
     }
 
@@ -397,7 +413,7 @@ public final class Store: Sendable {
         return try pool.read { db in try body(StoreReader(db: db, files: files)) }
     }
 
-    /// Like `read`, for a body that runs a single statement (the last change, an inode's file id):
+    /// Like `read`, for a body that runs a single statement (the last change, a record by id):
     /// SQLite makes one statement atomic by itself, so no transaction is opened. GRDB's read
     /// transaction (BEGIN, a schema check, a savepoint, COMMIT) cost more than the query: 80% of
     /// `open` and half of `read` for a small file. Two statements that must agree need `read`.
@@ -438,12 +454,6 @@ public final class Store: Sendable {
     public func committedChildren(of parent: FileID, nameMAC: [UInt8]? = nil) throws -> [StoredFile] {
         guard let nameMAC else { return try fast.records(.children, parent.bytes) }
         return try fast.records(.named, parent.bytes, nameMAC)
-    }
-
-    /// The committed inode of each file, in order; nil for one that has none, or got it in this
-    /// process's open group (`StoreWriter.inode(for:)` finds those).
-    public func committedInodes(of ids: [FileID]) throws -> [UInt64?] {
-        try fast.inodes(ids.map(\.bytes))
     }
 
     /// Whether the base tree (what the server acknowledged) holds `id`. Base rows are written

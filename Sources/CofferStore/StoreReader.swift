@@ -247,30 +247,16 @@ public struct StoreReader {
         }
     }
 
-    public func inode(of id: FileID) throws -> UInt64? {
+    /// The files whose inode number is not their hash (`inode_exceptions`, format `v6`).
+    public func inodeExceptions() throws -> [(id: FileID, inode: UInt64)] {
         try with { db in
-            try Int64.fetchOne(
-                db.cachedStatement(sql: "SELECT ino FROM inodes WHERE file_id = ?"), arguments: [Data(id.bytes)]
-            ).map { UInt64($0) }
-        }
-    }
-
-    public func fileID(ofInode ino: UInt64) throws -> FileID? {
-        try with { db in
-            try Data.fetchOne(
-                db.cachedStatement(sql: "SELECT file_id FROM inodes WHERE ino = ?"), arguments: [Int64(ino)]
-            )
-            .flatMap { try? FileID(bytes: [UInt8]($0)) }
-        }
-    }
-
-    public func allInodes() throws -> [(UInt64, FileID)] {
-        try with { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT ino, file_id FROM inodes")).compactMap { row in
-                let ino: Int64 = row["ino"]
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT file_id, ino FROM inode_exceptions")).map { row in
                 let id: Data = row["file_id"]
-                guard let f = try? FileID(bytes: [UInt8](id)) else { return nil }
-                return (UInt64(ino), f)
+                let ino: Int64 = row["ino"]
+                guard let f = try? FileID(bytes: [UInt8](id)), let n = UInt64(exactly: ino) else {
+                    throw StoreError("an inode exception row is damaged")
+                }
+                return (f, n)
             }
         }
     }

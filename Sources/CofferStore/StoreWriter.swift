@@ -11,15 +11,15 @@ import Synchronization
 /// transaction, by the group-commit thread (or by whoever reads through the writer first). So a
 /// FUSE request pays for validating and sealing, not for SQLite's B-tree work, which a second
 /// core does meanwhile (`docs/STORE.md`, "Deferred statements"). What a write must know now
-/// (an inode number, the change log's sequence) is numbered in memory (`GroupCounters`), and
+/// (the change log's sequence) is numbered in memory (`GroupCounters`), and
 /// what it must read first (`reader`) runs the queue up to that point before the query.
 public struct StoreWriter {
     let session: WriteSession
     let files: ChunkFiles
     private let logged = LoggedSequence()
     private let processLog: ProcessLog
-    /// Numbers for the change log and new inodes in group-commit mode; nil outside it, where
-    /// SQLite's AUTOINCREMENT assigns them as each insert runs.
+    /// Numbers for the change log in group-commit mode; nil outside it, where SQLite's
+    /// AUTOINCREMENT assigns them as each insert runs.
     private var counters: GroupCounters? { session.counters }
     /// The group transaction this write is part of (see `Store.enableGroupCommit`), nil if none.
     /// While one group stays open no other process can write, so a caller that saw the change
@@ -294,46 +294,27 @@ public struct StoreWriter {
         .execute(arguments: [key, value])
     }
 
-    /// The inode for a file id, assigning the next number the first time. Stable for the life
-    /// of the store, so the kernel and tools like rsync see the same numbers across remounts.
-    public func inode(for id: FileID, fixed: UInt64? = nil) throws -> UInt64 {
-        if let existing = try reader.inode(of: id) { return existing }
-        if let fixed {
-            let key = Data(id.bytes)
-            counters?.noteInode(Int64(fixed))
-            try session.run { db in
-                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [
-                    Int64(fixed), key,
-                ])
-            }
-            return fixed
-        }
-        return try newInode(for: id)
-    }
-
-    /// The inode for a file id this transaction just made up (a fresh random id has none yet, so
-    /// the lookup `inode(for:)` starts with is skipped).
-    public func newInode(for id: FileID) throws -> UInt64 {
+    /// Gives `id` the inode number `ino` in place of its hash, which another file held when it
+    /// needed one (docs/FILESYSTEM.md, "Inode numbers").
+    public func addInodeException(_ id: FileID, _ ino: UInt64) throws {
+        guard let n = Int64(exactly: ino) else { throw StoreError("inode \(ino) is out of range") }
         let key = Data(id.bytes)
-        if let counters {
-            let ino = counters.nextInode()
-            try session.run { db in
-                try db.cachedStatement(sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)").execute(arguments: [
-                    ino, key,
-                ])
-            }
-            return UInt64(ino)
-        }
-        return try session.access { db in
-            try db.cachedStatement(sql: "INSERT INTO inodes(file_id) VALUES (?)").execute(arguments: [key])
-            return UInt64(db.lastInsertedRowID)
+        try session.run { db in
+            // Replaces the file's own row only: another file's number is a constraint error (OR
+            // REPLACE would delete that file's row instead).
+            try db.cachedStatement(
+                sql: "INSERT INTO inode_exceptions(file_id, ino) VALUES (?, ?) "
+                    + "ON CONFLICT(file_id) DO UPDATE SET ino = excluded.ino"
+            )
+            .execute(arguments: [key, n])
         }
     }
 
+    /// Drops the inode number a file was given in place of its hash, if any (the file is gone).
     public func forgetInode(of id: FileID) throws {
         let key = Data(id.bytes)
         try session.run { db in
-            try db.cachedStatement(sql: "DELETE FROM inodes WHERE file_id = ?").execute(arguments: [key])
+            try db.cachedStatement(sql: "DELETE FROM inode_exceptions WHERE file_id = ?").execute(arguments: [key])
         }
     }
 

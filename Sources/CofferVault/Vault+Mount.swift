@@ -1,3 +1,4 @@
+import CofferCrypto
 import CofferModel
 import CofferStore
 
@@ -6,32 +7,33 @@ import CofferStore
 extension Vault {
     // MARK: Inodes
 
-    // Inode numbers are the store's, stable per device across remounts; the daemon asks for
-    // the ones it needs as the kernel meets them, never for the whole tree.
+    /// The settings row holding the key inode numbers are hashed under.
+    static let inodeKeySetting = "inode-key"
 
-    /// The file an inode names, or nil if none does.
-    public func fileID(ofInode inode: UInt64) throws -> FileID? {
-        try store.readOne { try $0.fileID(ofInode: inode) }
-    }
-
-    /// The inode of `id`, assigned now if the file has none yet (it arrived by sync). One that
-    /// exists is read without opening a write.
-    public func inode(of id: FileID) throws -> UInt64 {
-        try store.readOne { try $0.inode(of: id) } ?? store.write { try $0.inode(for: id) }
-    }
-
-    /// `inode(of:)` for many files, in order: one read for those that have one, one write for
-    /// those that do not (a listing's next entries). The read is of committed rows on a
-    /// prepared statement: through GRDB's read transaction it was a sixth of the daemon's CPU
-    /// in a cold `find`; an inode assigned in the open group is found by the write.
-    public func inodes(of ids: [FileID]) throws -> [UInt64] {
-        var found = try store.committedInodes(of: ids)
-        let missing = found.indices.filter { found[$0] == nil }
-        if !missing.isEmpty {
-            let assigned = try store.write { w in try missing.map { try w.inode(for: ids[$0]) } }
-            for (i, ino) in zip(missing, assigned) { found[i] = ino }
+    /// What the mount numbers inodes with (docs/FILESYSTEM.md, "Inode numbers"): this store's
+    /// key, made the first time, and the files given another number because their hash was
+    /// taken (in practice none). The key never leaves the store, so no id chosen elsewhere can
+    /// be picked to collide, and numbers stay the same across remounts.
+    public func inodeNumbering() throws -> (key: [UInt8], exceptions: [(id: FileID, inode: UInt64)]) {
+        let (stored, exceptions) = try store.read { r in
+            (try r.setting(Self.inodeKeySetting), try r.inodeExceptions())
         }
-        return found.compactMap { $0 }
+        let key =
+            try stored
+            ?? store.write { w in
+                // Another process may have made it meanwhile: the first one stays.
+                if let made = try w.reader.setting(Self.inodeKeySetting) { return made }
+                let fresh = randomBytes(shortHashKeyBytes)
+                try w.setSetting(Self.inodeKeySetting, fresh)
+                return fresh
+            }
+        guard key.count == shortHashKeyBytes else { throw VaultError.corrupt("the inode numbering key is damaged") }
+        return (key, exceptions)
+    }
+
+    /// Gives `id` the inode number `inode` in place of its hash, for good.
+    public func addInodeException(_ id: FileID, _ inode: UInt64) throws {
+        try store.write { try $0.addInodeException(id, inode) }
     }
 
     // MARK: Commits

@@ -261,10 +261,7 @@ public final class Vault: Sendable {
             var batch = Batch(base: s.view.tree)
             batch.upsertUnchecked(m)
             _ = try batch.validate()
-            try store.write { w in
-                try w.put(StoredFile(signed: unsigned(m)), .local)
-                _ = try w.inode(for: id, fixed: 1)
-            }
+            try store.write { w in try w.put(StoredFile(signed: unsigned(m)), .local) }
             s.view.cache.keys[id] = key
             try catchUp(&s)
         }

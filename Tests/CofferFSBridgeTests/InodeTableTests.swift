@@ -22,8 +22,12 @@ import Testing
         init() throws { store = try TemporaryVault("fs-inodes") }
 
         /// A filesystem over the vault, as a fresh mount would start.
-        func mount(cacheCapacity: Int = InodeTable.cacheCapacity) -> CofferFileSystem {
-            CofferFileSystem(vault: vault, measuringOperations: false, inodeCacheCapacity: cacheCapacity, log: { _ in })
+        func mount(
+            cacheCapacity: Int = InodeTable.cacheCapacity, hash: (@Sendable (FileID) -> UInt64)? = nil
+        ) throws -> CofferFileSystem {
+            try CofferFileSystem(
+                vault: vault, measuringOperations: false, inodeCacheCapacity: cacheCapacity, inodeHash: hash,
+                log: { _ in })
         }
     }
 
@@ -48,8 +52,8 @@ import Testing
     @Test func entriesFollowTheKernelsReferences() throws {
         let f = try Fixture()
         let names = try tree(f, 300)
-        let fs = f.mount()
-        #expect(fs.inodes.counts == (0, 0, 0), "nothing is loaded at mount")
+        let fs = try f.mount()
+        #expect(fs.inodes.counts == (0, 0), "nothing is loaded at mount")
 
         let (folder, files) = try lookUpAll(fs, names)
         #expect(Set(files).count == names.count)
@@ -77,7 +81,7 @@ import Testing
     @Test func aListingsReferencesAndSnapshotAreGivenBack() throws {
         let f = try Fixture()
         let names = try tree(f, 200)
-        let fs = f.mount()
+        let fs = try f.mount()
         let folder = try fs.lookup(parent: FuseRootInode, name: "d").inode
         let handle = try fs.opendir(inode: folder, flags: O_RDONLY).handle
         var listed: [DirectoryEntry] = []
@@ -103,47 +107,89 @@ import Testing
         #expect(looked == listed.dropFirst(2).map(\.inode))
     }
 
-    /// With caches far smaller than what the kernel holds, every inode still resolves (the
-    /// kernel's references hold their files), the caches stay within their bound, and once the
-    /// kernel has forgotten everything the store answers for inodes the table no longer holds.
-    @Test func whatTheTableDoesNotHoldComesFromTheStore() throws {
+    /// With a names cache far smaller than what the kernel holds, every inode still resolves
+    /// (the kernel's references hold their files) and the cache stays within its bound. Numbers
+    /// are the same in every mount of the store, new files' too, and owe nothing to the order
+    /// files are met in; a number the kernel does not hold names nothing.
+    @Test func numbersAreTheSameInEveryMount() throws {
         let f = try Fixture()
         let names = try tree(f, 100)
-        let fs = f.mount(cacheCapacity: 8)
+        let fs = try f.mount(cacheCapacity: 8)
         let (folder, files) = try lookUpAll(fs, names)
         let counts = fs.inodes.counts
         #expect(counts.referenced == names.count + 1)
-        #expect(counts.cachedInodes <= 8 && counts.names <= 8)
+        #expect(counts.names <= 8)
+        #expect(Set(files).count == files.count && !files.contains(FuseRootInode) && !files.contains(folder))
+        #expect(files.allSatisfy { $0 >= 2 && $0 < InodeTable.firstException })
         for ino in files { #expect(try fs.getattr(inode: ino, handle: nil).mode & 0o777 == 0o644) }
+        let (entry, reply) = try fs.create(
+            parent: folder, name: "written", mode: UInt32(S_IFREG) | 0o644, flags: O_WRONLY | O_CREAT,
+            context: context)
+        _ = try fs.write(inode: entry.inode, handle: reply.handle, offset: 0, data: Array("kept".utf8))
+        try fs.flush(inode: entry.inode, handle: reply.handle, lockOwner: 0)
+        try fs.release(inode: entry.inode, handle: reply.handle, flags: O_WRONLY)
         for ino in files { fs.forget(inode: ino, lookups: 1) }
+        fs.forget(inode: entry.inode, lookups: 1)
         fs.forget(inode: folder, lookups: 1)
         #expect(fs.inodes.counts.referenced == 0)
+        #expect(throws: FSError.self, "a number the kernel let go names nothing") {
+            try fs.getattr(inode: files[42], handle: nil)
+        }
+        fs.destroy()
 
-        // A new mount knows nothing, yet an inode number the kernel kept (as it may across a
-        // request that crossed a forget) names the same file, with content.
-        let fresh = f.mount()
-        let (entry, reply) = try fresh.create(
-            parent: try fresh.lookup(parent: FuseRootInode, name: "d").inode, name: "written",
-            mode: UInt32(S_IFREG) | 0o644, flags: O_WRONLY | O_CREAT, context: context)
-        let written = entry.inode
-        let d = try #require(try f.vault.lookup(f.vault.rootID, "d"))
-        let node = try #require(try f.vault.lookup(d.id, "written"))
-        #expect(try f.vault.inode(of: node.id) == written, "the store's number, not one of the table's own")
-        _ = try fresh.write(inode: written, handle: reply.handle, offset: 0, data: Array("kept".utf8))
-        try fresh.flush(inode: written, handle: reply.handle, lockOwner: 0)
-        try fresh.release(inode: written, handle: reply.handle, flags: O_WRONLY)
-
-        let other = f.mount()
-        #expect(other.inodes.counts == (0, 0, 0))
-        #expect(try other.getattr(inode: files[42], handle: nil).size == 0)
-        #expect(try other.getattr(inode: written, handle: nil).size == 4)
-        let h = try other.open(inode: written, flags: O_RDONLY, context: context)
-        #expect(try other.read(inode: written, handle: h.handle, offset: 0, size: 10) == Array("kept".utf8))
-        try other.release(inode: written, handle: h.handle, flags: O_RDONLY)
-        #expect(other.inodes.counts.referenced == 0, "resolving an inode is not a kernel reference")
-        // A number the store never gave: no such file.
+        // Another mount, meeting the files in the opposite order.
+        let other = try f.mount()
+        #expect(other.inodes.counts == (0, 0))
+        let again = try other.lookup(parent: FuseRootInode, name: "d").inode
+        #expect(again == folder)
+        #expect(try names.reversed().map { try other.lookup(parent: again, name: $0).inode } == files.reversed())
+        let written = try other.lookup(parent: again, name: "written")
+        #expect(written.inode == entry.inode)
+        let h = try other.open(inode: written.inode, flags: O_RDONLY, context: context)
+        #expect(try other.read(inode: written.inode, handle: h.handle, offset: 0, size: 10) == Array("kept".utf8))
+        try other.release(inode: written.inode, handle: h.handle, flags: O_RDONLY)
         #expect(throws: FSError.self) { try other.getattr(inode: 1 << 40, handle: nil) }
-        fresh.destroy()
+        other.destroy()
+
+        // Another store numbers its files otherwise (its own key).
+        let g = try Fixture()
+        let gNames = try tree(g, 100)
+        let gFS = try g.mount()
+        let (_, gFiles) = try lookUpAll(gFS, gNames)
+        #expect(Set(gFiles).isDisjoint(with: files))
+        gFS.destroy()
+    }
+
+    /// Two files whose hashes meet while the kernel holds the first: the second is given a
+    /// number of its own, kept in the store, so it has it in every later mount, whoever is
+    /// met first; a file whose hash is below 2 (the root's number, or none) is given one too.
+    @Test func aFileWhoseHashIsTakenIsGivenANumberForGood() throws {
+        let f = try Fixture()
+        let names = try tree(f, 3)
+        let folderID = try #require(try f.vault.lookup(f.vault.rootID, "d")).id
+        let ids = try names.map { try #require(try f.vault.lookup(folderID, $0)).id }
+        // Every document hashes to 77, the folder to 1.
+        let docs = Set(ids)
+        let hash: @Sendable (FileID) -> UInt64 = { docs.contains($0) ? 77 : 1 }
+        let fs = try f.mount(hash: hash)
+        let (folder, files) = try lookUpAll(fs, names)
+        #expect(folder == InodeTable.firstException, "a hash of 1 is no number")
+        #expect(files == [77, InodeTable.firstException + 1, InodeTable.firstException + 2])
+        #expect(Set(try f.vault.inodeNumbering().exceptions.map(\.id)) == Set([folderID, ids[1], ids[2]]))
+        // A listing gives the same numbers, with each entry's attributes.
+        let handle = try fs.opendir(inode: folder, flags: O_RDONLY).handle
+        let listed = try fs.readdir(inode: folder, handle: handle, offset: 0, maxEntries: 10, withAttributes: true)
+        #expect(listed.dropFirst(2).map(\.inode) == files)
+        try fs.releasedir(inode: folder, handle: handle)
+        fs.destroy()
+
+        // Met the other way round in a new mount: the exceptions keep their numbers, and the
+        // first file keeps its hash although the kernel met it last.
+        let other = try f.mount(hash: hash)
+        let d = try other.lookup(parent: FuseRootInode, name: "d").inode
+        #expect(d == folder)
+        #expect(try names.reversed().map { try other.lookup(parent: d, name: $0).inode } == files.reversed())
+        other.destroy()
     }
 
     /// The kernel's references found by number and by file id through any order of lookups and

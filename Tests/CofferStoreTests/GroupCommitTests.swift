@@ -150,40 +150,37 @@ struct GroupCommitTests {
 
     @Test func numbersHandedOutInMemoryContinueSQLitesOwn() throws {
         try withGroupStore(window: 30) { store, dir throws in
-            // Another process numbers two inodes and forgets the higher one.
+            // Another process logs two changes.
             let other = try Store(directory: dir)
-            let first = try other.write { try $0.newInode(for: fid(10)) }
-            let second = try other.write { try $0.newInode(for: fid(11)) }
-            try other.write { try $0.forgetInode(of: fid(11)) }
+            try other.write { try $0.logChange(fid(10)) }
+            try other.write { try $0.logChange(fid(11)) }
             let logged = try other.read { try $0.lastChange() }
-            #expect(second == first + 1)
             // The group hands out what AUTOINCREMENT would have: never a number used before.
-            let (ino, seq) = try store.write { w -> (UInt64, Int64?) in
-                let ino = try w.newInode(for: fid(12))
+            let seq = try store.write { w -> Int64? in
                 try w.logChange(fid(12))
-                return (ino, w.lastLogged)
+                return w.lastLogged
             }
-            #expect(ino == second + 1)
             #expect(seq == logged + 1)
             try store.commitPendingWrites()
-            #expect(try other.read { try $0.fileID(ofInode: ino) } == fid(12))
             #expect(try other.read { try $0.lastChange() } == logged + 1)
+            #expect(try other.read { try $0.changes(after: logged) }.ids == [fid(12)])
             // And SQLite's own numbering carries on after the group's.
-            #expect(try other.write { try $0.newInode(for: fid(13)) } == ino + 1)
+            try other.write { try $0.logChange(fid(13)) }
+            #expect(try other.read { try $0.lastChange() } == logged + 2)
         }
     }
 
     @Test func aQueuedStatementThatFailsLosesTheWholeGroup() throws {
         try withGroupStore(window: 30) { store, dir throws in
             try store.write { w in try w.putChunk(id: chunkID(6), sealed: [6]) }
-            _ = try store.write { try $0.newInode(for: fid(20)) }
-            // A second inode for the same file breaks a UNIQUE constraint, but only when its
+            try store.write { try $0.addInodeException(fid(20), 1 << 62) }
+            // A second file with the same number breaks a UNIQUE constraint, but only when its
             // insert runs: the write itself returned.
-            _ = try store.write { try $0.newInode(for: fid(20)) }
+            try store.write { try $0.addInodeException(fid(21), 1 << 62) }
             #expect(throws: (any Error).self) { try store.commitPendingWrites() }
             #expect(store.takeLostGroup(), "the owner must learn that its recent writes are gone")
             let other = try Store(directory: dir)
-            #expect(try other.read { try $0.inode(of: fid(20)) } == nil)
+            #expect(try other.read { try $0.inodeExceptions() }.isEmpty)
             #expect(try !other.read { try $0.hasChunk(chunkID(6)) })
             // The store goes on with a new group.
             try store.write { w in try w.putChunk(id: chunkID(7), sealed: [7]) }

@@ -158,34 +158,32 @@ struct StoreTests {
         }
     }
 
-    @Test func inodesAreStableAndUnique() throws {
+    /// The files numbered other than by their hash: each keeps its number, a second one for the
+    /// same file replaces the first, no two files share one, and forgetting drops the row; all
+    /// of it survives reopening.
+    @Test func inodeExceptionsAreKeptReplacedAndForgotten() throws {
         try withStore { store, dir throws in
-            let root = try store.write { try $0.inode(for: fid(1), fixed: 1) }
-            #expect(root == 1)
-            var seen: [FileID: UInt64] = [fid(1): 1]
-            try store.write { w throws in
-                for i in 2..<200 { seen[fid(i)] = try w.inode(for: fid(i)) }
+            let base: UInt64 = 1 << 62
+            try store.write { w in
+                for i in 2..<20 { try w.addInodeException(fid(i), base + UInt64(i)) }
+                try w.addInodeException(fid(5), base + 100)
             }
-            #expect(Set(seen.values).count == seen.count, "unique")
-            try store.write { w throws in
-                for (id, ino) in seen { #expect(try w.inode(for: id) == ino, "stable") }
-                #expect(try w.inode(for: fid(1), fixed: 77) == 1, "an existing inode wins over a fixed request")
+            var expected = Dictionary(uniqueKeysWithValues: (2..<20).map { (fid($0), base + UInt64($0)) })
+            expected[fid(5)] = base + 100
+            func held(_ s: Store) throws -> [FileID: UInt64] {
+                Dictionary(uniqueKeysWithValues: try s.read { try $0.inodeExceptions() }.map { ($0.id, $0.inode) })
             }
-            #expect(try store.read { try $0.inode(of: fid(5)) } == seen[fid(5)])
-            #expect(try store.read { try $0.inode(of: fid(999)) } == nil)
-            let all = try store.read { try $0.allInodes() }
-            #expect(all.count == seen.count)
-            for (ino, id) in all { #expect(seen[id] == ino) }
-            // Forgotten inodes are not reused.
-            let old = seen[fid(150)]!
-            try store.write { w in try w.forgetInode(of: fid(150)) }
-            #expect(try store.read { try $0.inode(of: fid(150)) } == nil)
-            let fresh = try store.write { try $0.inode(for: fid(150)) }
-            #expect(fresh != old)
-            #expect(!seen.values.contains(fresh))
-            // And they survive reopening.
-            let reopened = try Store(directory: dir)
-            #expect(try reopened.read { try $0.inode(of: fid(5)) } == seen[fid(5)])
+            #expect(try held(store) == expected)
+            #expect(throws: (any Error).self, "one number, one file") {
+                try store.write { try $0.addInodeException(fid(30), base + 3) }
+            }
+            #expect(throws: (any Error).self, "numbers stay below 2^63") {
+                try store.write { try $0.addInodeException(fid(31), UInt64(Int64.max) + 1) }
+            }
+            try store.write { try $0.forgetInode(of: fid(9)) }
+            expected[fid(9)] = nil
+            #expect(try held(store) == expected)
+            #expect(try held(try Store(directory: dir)) == expected)
         }
     }
 

@@ -207,6 +207,27 @@ struct TreeQueryTests {
         #expect(try store.committedSubfolderCount(of: fid(2)) == 1)
     }
 
+    /// Format `v6` numbers inodes by hash (docs/FILESYSTEM.md, "Inode numbers"): a store of
+    /// `v5` keeps its old table, emptied (a daemon of the older build still running needs it
+    /// to exist), and gains the table of exceptions, empty.
+    @Test func aVersionFiveStoreLosesItsInodeRows() throws {
+        let dir = makeTempDir()
+        defer { cleanup(dir) }
+        try makeStore(
+            at: dir, format: "v5", rows: [(record(1, parent: 1, name: "root"), .base)],
+            more: { db in
+                for i in 2..<50 {
+                    try db.execute(
+                        sql: "INSERT INTO inodes(ino, file_id) VALUES (?, ?)", arguments: [i, Data(fid(i).bytes)])
+                }
+            })
+        let store = try Store(directory: dir)
+        #expect(try store.read { try $0.count("SELECT count(*) FROM inodes") } == 0)
+        #expect(try store.read { try $0.inodeExceptions() }.isEmpty)
+        try store.write { try $0.addInodeException(fid(7), 1 << 62) }
+        #expect(try store.read { try $0.inodeExceptions() }.map(\.inode) == [1 << 62])
+    }
+
     /// A store of an older `format`, holding `rows` as that format's build wrote them (from
     /// `v2` on, with their name MAC and kind), and whatever `more` writes; closed again.
     private func makeStore(

@@ -205,10 +205,7 @@ struct PullMerge {
 
         try vault.noteStaleGrants(staleGrants, w)
         // Check, then write: base first (the pulled records), then the local side.
-        for stored in newBase.values {
-            try w.put(stored, .base)
-            if stored.metadata.isRoot { _ = try w.inode(for: stored.metadata.id, fixed: 1) }
-        }
+        for stored in newBase.values { try w.put(stored, .base) }
         let ids = Array(touched)
         try Validator.validate(changed: ids, before: { before.file($0) }, in: view.tree)
         for id in ids {
@@ -227,7 +224,6 @@ struct PullMerge {
                     StoredFile(
                         signed: vault.unsigned(m), version: base?.version ?? 0,
                         contentVersion: base?.contentVersion ?? 0), .local)
-                if base == nil { _ = try w.inode(for: id) }
             } else {
                 try w.remove(id, .local)
                 if newBase[id] == nil, try w.reader.file(id, .base) == nil { try w.forgetInode(of: id) }

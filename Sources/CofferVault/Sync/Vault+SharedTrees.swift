@@ -394,7 +394,7 @@ extension Vault {
                 guard let cm = view.tree.file(c), !cm.isDeleted else { continue }
                 nodes.append(try sharedNode(cm, name: try view.openName(cm), &view))
             }
-            return nodes.sorted { Self.bytesPrecede($0.name, $1.name) }
+            return Self.byteOrder(nodes.map(\.name)).map { nodes[$0] }
         }
     }
 
@@ -460,9 +460,8 @@ extension Vault {
             throw VaultError.invalidArgument("share \(id) carries no readable name; give one with --name")
         }
         let facts = LinkTargetFacts(owner: share.owner, isLive: true, mode: share.mode, liveLinks: [])
-        let link = try createWithInode(
-            in: parent, name: name, type: .link, mode: 0o755, linkTarget: id, linkFacts: facts
-        ).node
+        let link = try createFile(
+            in: parent, name: name, type: .link, mode: 0o755, linkTarget: id, linkFacts: facts)
         try store.write { w in try w.setSetting(Self.linkAcceptedSetting, randomBytes(8)) }
         return link
     }
