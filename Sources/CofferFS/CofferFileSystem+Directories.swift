@@ -35,7 +35,7 @@ extension CofferFileSystem {
             let range = start..<start + min(max(0, maxEntries), snapshot.count - start)
             // This reply's inodes under one lock. "." and ".." are never counted: the bridge
             // does not hand the kernel their inodes.
-            let numbers = try inodes.listing(
+            let numbers = inodes.listing(
                 range.map { (snapshot.node(at: $0).id, withAttributes && $0 >= 2 ? snapshot.name(at: $0) : nil) },
                 parent: inode)
             var out: [DirectoryEntry] = []

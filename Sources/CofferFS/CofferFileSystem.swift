@@ -8,8 +8,9 @@ import Synchronization
 ///
 /// Like libfuse's passthrough_ll, there is one table of operations (`FileSystemOperations`,
 /// split by family into the `CofferFileSystem+*.swift` files) and one place for inode reference
-/// counting (`InodeTable`). Inode numbers come from the store, so they are stable per device
-/// across remounts; the kernel's lookup counts live only in memory.
+/// counting (`InodeTable`). Inode numbers are a keyed hash of file ids, the key the store's,
+/// so they are stable per device across remounts; the kernel's lookup counts live only in
+/// memory.
 public final class CofferFileSystem: FileSystemOperations {
     public let vault: Vault
     let inodes: InodeTable
@@ -139,7 +140,7 @@ public final class CofferFileSystem: FileSystemOperations {
     /// The reply for a name the kernel will know in the folder it calls `parent`: one more
     /// reference to its inode.
     func entry(_ node: Node, parent: InodeNumber) throws -> Entry {
-        let ino = try inodes.reference(node.id, parent: parent, name: node.name)
+        let ino = inodes.reference(node.id, parent: parent, name: node.name)
         return Entry(inode: ino, attributes: attributes(node))
     }
 

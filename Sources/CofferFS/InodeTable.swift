@@ -89,24 +89,27 @@ final class InodeTable: Sendable {
 
     /// The inode of `id`, chosen under the lock: the root's 1, else the number the kernel holds
     /// for it, its exception, or its hash. A hash below 2, or one the kernel holds for another
-    /// file, makes an exception.
-    private func number(_ id: FileID, _ s: inout State) throws -> InodeNumber {
+    /// file, makes an exception, in memory at once (`given`, for the caller to store once the
+    /// lock is released: a store write may wait on another process, and every request would
+    /// wait behind the lock meanwhile).
+    private func number(_ id: FileID, _ s: inout State, given: inout [(FileID, InodeNumber)]) -> InodeNumber {
         if id == root(&s) { return FuseRootInode }
         if let held = s.referenced.inode(of: id) { return held }
-        if let given = s.exceptions[id] { return given }
+        if let exception = s.exceptions[id] { return exception }
         let hashed = hash(id) & (Self.firstException - 1)
         if hashed >= 2 && s.referenced.fileID(hashed) == nil { return hashed }
-        let given = s.nextException
-        guard given < InodeNumber(Int64.max) else { throw FSError.io }
-        try vault.addInodeException(id, given)
-        s.exceptions[id] = given
-        s.nextException = given + 1
-        return given
+        let exception = s.nextException
+        s.exceptions[id] = exception
+        s.nextException = exception + 1
+        given.append((id, exception))
+        return exception
     }
 
-    /// The inode of a file, without a kernel reference (a plain listing's entry).
-    func inode(for id: FileID) throws -> InodeNumber {
-        try state.withLock { s in try number(id, &s) }
+    /// Keeps the exceptions just given for later mounts. In this mount they hold already (in
+    /// memory), so a failed write costs only their numbers at the next mount, when the kernel
+    /// holds nothing: it is not an error of the request that made them.
+    private func store(_ given: [(FileID, InodeNumber)]) {
+        for (id, ino) in given { try? vault.addInodeException(id, ino) }
     }
 
     /// One more kernel reference to `id`'s inode, which the kernel will know as `name` in the
@@ -114,22 +117,28 @@ final class InodeTable: Sendable {
     /// number is chosen and counted in one step, so two files can never be handed the same
     /// one, and before the reply, so a forget crossing it can never take the count below what
     /// the kernel holds.
-    func reference(_ id: FileID, parent: InodeNumber, name: String) throws -> InodeNumber {
-        try state.withLock { s in
-            let ino = try number(id, &s)
-            guard ino != FuseRootInode else { return ino }
-            s.referenced.add(ino, id: id)
-            s.names[ino] = KnownName(parent: parent, name: name)
+    func reference(_ id: FileID, parent: InodeNumber, name: String) -> InodeNumber {
+        var given: [(FileID, InodeNumber)] = []
+        let ino = state.withLock { s in
+            let ino = number(id, &s, given: &given)
+            if ino != FuseRootInode {
+                s.referenced.add(ino, id: id)
+                s.names[ino] = KnownName(parent: parent, name: name)
+            }
             return ino
         }
+        store(given)
+        return ino
     }
 
     /// The inodes of a listing's entries, in order, under one lock. An entry with a name gains
     /// a reference as `reference` gives one (readdirplus); "." and ".." (no name) never do.
-    func listing(_ entries: [(id: FileID, name: String?)], parent: InodeNumber) throws -> [InodeNumber] {
-        try state.withLock { s in
-            try entries.map { e in
-                let ino = try number(e.id, &s)
+    /// Nothing here can fail, so every reference counted is one the reply carries.
+    func listing(_ entries: [(id: FileID, name: String?)], parent: InodeNumber) -> [InodeNumber] {
+        var given: [(FileID, InodeNumber)] = []
+        let numbers = state.withLock { s in
+            entries.map { e in
+                let ino = number(e.id, &s, given: &given)
                 if let name = e.name, ino != FuseRootInode {
                     s.referenced.add(ino, id: e.id)
                     s.names[ino] = KnownName(parent: parent, name: name)
@@ -137,6 +146,8 @@ final class InodeTable: Sendable {
                 return ino
             }
         }
+        store(given)
+        return numbers
     }
 
     /// The inode of a file if the kernel holds it (the root always).
@@ -152,10 +163,6 @@ final class InodeTable: Sendable {
             s.names[ino] = nil
             return id
         }
-    }
-
-    func isReferenced(_ ino: InodeNumber) -> Bool {
-        ino == FuseRootInode || state.withLock { $0.referenced.fileID(ino) != nil }
     }
 
     /// The kernel moved its dentry for `id` (a rename through the mount), if the name is known.

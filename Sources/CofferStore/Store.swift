@@ -188,8 +188,9 @@ public final class Store: Sendable {
                     -- for one of them, served again, is a resurrection the device refuses (docs/SYNC.md).
                     CREATE TABLE tombstones (id BLOB PRIMARY KEY NOT NULL) WITHOUT ROWID;
                     """)
-            // Inode 1 is the root's (FUSE_ROOT_ID) on every device, including one whose root
-            // arrives by sync after other files: numbering for everything else starts at 2.
+            // (Through format 5.) Inode 1 is the root's (FUSE_ROOT_ID) on every device, including
+            // one whose root arrives by sync after other files: numbering for everything else
+            // starts at 2.
             try db.execute(sql: "INSERT INTO inodes(ino, file_id) VALUES (1, x'00')")
             try db.execute(sql: "DELETE FROM inodes WHERE ino = 1 AND file_id = x'00'")
         }

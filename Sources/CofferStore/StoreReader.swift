@@ -247,15 +247,14 @@ public struct StoreReader {
         }
     }
 
-    /// The files whose inode number is not their hash (`inode_exceptions`, format `v6`).
+    /// The files whose inode number is not their hash (`inode_exceptions`, format `v6`). A
+    /// damaged row is left out: its file goes back to its hash, the worst that can follow.
     public func inodeExceptions() throws -> [(id: FileID, inode: UInt64)] {
         try with { db in
-            try Row.fetchAll(db.cachedStatement(sql: "SELECT file_id, ino FROM inode_exceptions")).map { row in
-                let id: Data = row["file_id"]
-                let ino: Int64 = row["ino"]
-                guard let f = try? FileID(bytes: [UInt8](id)), let n = UInt64(exactly: ino) else {
-                    throw StoreError("an inode exception row is damaged")
-                }
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT file_id, ino FROM inode_exceptions")).compactMap { row in
+                guard let id = row["file_id"] as Data?, let ino = row["ino"] as Int64?,
+                    let f = try? FileID(bytes: [UInt8](id)), let n = UInt64(exactly: ino)
+                else { return nil }
                 return (f, n)
             }
         }

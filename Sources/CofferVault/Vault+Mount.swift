@@ -13,21 +13,20 @@ extension Vault {
     /// What the mount numbers inodes with (docs/FILESYSTEM.md, "Inode numbers"): this store's
     /// key, made the first time, and the files given another number because their hash was
     /// taken (in practice none). The key never leaves the store, so no id chosen elsewhere can
-    /// be picked to collide, and numbers stay the same across remounts.
+    /// be picked to collide, and numbers stay the same across remounts. A damaged key is
+    /// replaced (numbers are this device's alone, and change once, as at the first mount).
     public func inodeNumbering() throws -> (key: [UInt8], exceptions: [(id: FileID, inode: UInt64)]) {
         let (stored, exceptions) = try store.read { r in
             (try r.setting(Self.inodeKeySetting), try r.inodeExceptions())
         }
-        let key =
-            try stored
-            ?? store.write { w in
-                // Another process may have made it meanwhile: the first one stays.
-                if let made = try w.reader.setting(Self.inodeKeySetting) { return made }
-                let fresh = randomBytes(shortHashKeyBytes)
-                try w.setSetting(Self.inodeKeySetting, fresh)
-                return fresh
-            }
-        guard key.count == shortHashKeyBytes else { throw VaultError.corrupt("the inode numbering key is damaged") }
+        if let stored, stored.count == shortHashKeyBytes { return (stored, exceptions) }
+        let key = try store.write { w in
+            // Another process may have made it meanwhile: the first one stays.
+            if let made = try w.reader.setting(Self.inodeKeySetting), made.count == shortHashKeyBytes { return made }
+            let fresh = randomBytes(shortHashKeyBytes)
+            try w.setSetting(Self.inodeKeySetting, fresh)
+            return fresh
+        }
         return (key, exceptions)
     }
 

@@ -1,5 +1,6 @@
 import CofferFuse
 import CofferModel
+import CofferStore
 import Foundation
 import Testing
 
@@ -12,7 +13,8 @@ import Testing
 
 /// The daemon's per-inode memory follows what the kernel holds, not the size of the tree
 /// (issue 21): nothing is loaded at mount, an entry goes when the kernel forgets its inode, the
-/// caches stay bounded, and what the table does not hold comes from the store.
+/// names cache stays bounded, and numbers (a keyed hash of file ids) are the same in every
+/// mount without a row per file.
 @Suite struct InodeTableTests {
     let context = RequestContext(uid: 0, gid: 0, pid: 1, umask: 0o022)
 
@@ -190,6 +192,25 @@ import Testing
         #expect(d == folder)
         #expect(try names.reversed().map { try other.lookup(parent: d, name: $0).inode } == files.reversed())
         other.destroy()
+    }
+
+    /// A damaged key is replaced (numbers change once, as at a first mount), not a mount that
+    /// fails for good; the exceptions stand.
+    @Test func aDamagedNumberingIsReplacedNotFatal() throws {
+        let f = try Fixture()
+        let names = try tree(f, 5)
+        let first = try f.vault.inodeNumbering().key
+        try f.vault.store.write { w in
+            try w.setSetting(Vault.inodeKeySetting, [1, 2, 3])
+            try w.addInodeException(try #require(try f.vault.lookup(f.vault.rootID, "d")).id, 1 << 62)
+        }
+        let replaced = try f.vault.inodeNumbering().key
+        #expect(replaced.count == 16 && replaced != first)
+        #expect(try f.vault.inodeNumbering().key == replaced, "made once")
+        let fs = try f.mount()
+        let (folder, files) = try lookUpAll(fs, names)
+        #expect(folder == InodeTable.firstException && Set(files).count == names.count)
+        fs.destroy()
     }
 
     /// The kernel's references found by number and by file id through any order of lookups and
