@@ -709,7 +709,12 @@ public final class OpenDocument: Sendable {
         state.withLock { s in
             guard !s.modified, s.digest != digest, s.digest == seen else { return }
             s.cipher = cipher
+            // The other writer's chunk size (any the format allows; a device of another build
+            // may have chosen another): the refs map offsets to chunks by it.
+            s.chunkSize = Int(manifest.chunkSize)
             s.refs = manifest.chunks.map { Optional($0) }
+            s.lastReadEnd = 0
+            s.prefetchedThrough = 0
             s.size = manifest.size
             s.digest = digest
             sizeAtomic.store(s.size, ordering: .relaxed)

@@ -16,16 +16,32 @@ extension Vault {
             }) {
                 return doc
             }
-            let own = try state.withLock { s -> (ContentCipher, [UInt8]?)? in
-                guard let m = s.view.tree.file(id) else { return nil }
-                if m.type == .link { return nil }
-                if m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
-                guard m.type == .document else { throw TreeError.notADocument(s.view.path(id)) }
-                return (ContentCipher(fileID: id, key: try s.view.key(id)), m.contentDigest)
+            // With `catchingUp`, after taking in what other processes committed (kept for
+            // `refresh`, so the kernel still hears of it).
+            func record(catchingUp: Bool) throws -> (ContentCipher, [UInt8]?)? {
+                try state.withLock { s -> (ContentCipher, [UInt8]?)? in
+                    if catchingUp { s.externalChanges.formUnion(try catchUp(&s)) }
+                    guard let m = s.view.tree.file(id) else { return nil }
+                    if m.type == .link { return nil }
+                    if m.type == .folder { throw TreeError.isAFolder(s.view.path(id)) }
+                    guard m.type == .document else { throw TreeError.notADocument(s.view.path(id)) }
+                    return (ContentCipher(fileID: id, key: try s.view.key(id)), m.contentDigest)
+                }
             }
             // Not of this account's tree: a document of a share it reaches, read-only.
-            guard let (cipher, digest) = own else { return try openSharedDocument(linkTarget(of: id) ?? id) }
-            let manifest = try loadManifest(digest, cipher: cipher)
+            guard var (cipher, digest) = try record(catchingUp: false) else {
+                return try openSharedDocument(linkTarget(of: id) ?? id)
+            }
+            let manifest: Manifest
+            if let found = try storedManifest(digest, cipher: cipher) {
+                manifest = found
+            } else {
+                // Another process replaced the content (dropping the old manifest) since this
+                // vault last caught up: the daemon between its polls, after a CLI write.
+                guard let again = try record(catchingUp: true) else { throw TreeError.notFound(id.description) }
+                (cipher, digest) = again
+                manifest = try loadManifest(digest, cipher: cipher)
+            }
             let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
             return openDocuments.withLock { docs in
                 let doc = docs[id] ?? fresh  // another thread may have opened it meanwhile
@@ -37,10 +53,16 @@ extension Vault {
     }
 
     func loadManifest(_ digest: [UInt8]?, cipher: ContentCipher) throws -> Manifest {
-        guard let digest else { return Manifest() }
-        guard let sealed = try store.manifest(digest) else {
+        guard let manifest = try storedManifest(digest, cipher: cipher) else {
             throw VaultError.corrupt("the content manifest of \(cipher.fileID) is missing")
         }
+        return manifest
+    }
+
+    /// `loadManifest`, nil if the store holds no manifest with that digest.
+    func storedManifest(_ digest: [UInt8]?, cipher: ContentCipher) throws -> Manifest? {
+        guard let digest else { return Manifest() }
+        guard let sealed = try store.manifest(digest) else { return nil }
         guard ContentCipher.digest(ofSealedManifest: sealed) == digest else {
             throw VaultError.corrupt("the content manifest of \(cipher.fileID) does not match its digest")
         }

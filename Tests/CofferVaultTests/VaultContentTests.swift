@@ -506,4 +506,51 @@ struct VaultContentTests {
         #expect(try open.read(offset: 0, count: 100) == Array("written while open".utf8))
         try mount.release(open)
     }
+
+    /// Content another process committed with another chunk size (the format allows any; a
+    /// device of another build may choose one) is read by that size in a document open here:
+    /// adopting kept the old size, and read the first 4-byte chunk as if it were 256 KiB long.
+    @Test func adoptedContentIsReadByItsOwnChunkSize() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a.txt", contents: Array("before".utf8))
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        let open = try mount.openDocument(doc.id)
+        #expect(try open.read(offset: 0, count: 100) == Array("before".utf8))
+        let text = Array("written elsewhere in four-byte chunks".utf8)
+        let cipher = ContentCipher(fileID: doc.id, key: try f.vault.state.withLock { try $0.view.key(doc.id) })
+        var plain: [[UInt8]: [UInt8]] = [:]
+        var refs: [ChunkRef] = []
+        for start in stride(from: 0, to: text.count, by: 4) {
+            let piece = Array(text[start..<min(start + 4, text.count)])
+            let id = piece.withUnsafeBytes { cipher.chunkID($0) }
+            plain[id] = piece
+            refs.append(ChunkRef(id: id, length: UInt32(piece.count)))
+        }
+        _ = try f.vault.commitContent(
+            id: doc.id, cipher: cipher, manifest: Manifest(chunkSize: 4, chunks: refs),
+            mtime: Timespec(seconds: 7), ctime: Timespec(seconds: 7), unsealed: plain)
+        _ = try mount.refreshAll()
+        #expect(open.currentSize == UInt64(text.count))
+        #expect(try open.read(offset: 0, count: 100) == text)
+        #expect(try open.read(offset: 9, count: 6) == Array(text[9..<15]))
+        // A write after adopting builds on the adopted chunks, at their size.
+        try open.write(offset: 0, bytes: Array("W".utf8))
+        try open.flush()
+        #expect(try Vault.open(dataDirectory: f.dataDir).readAll(doc.id) == Array("W".utf8) + text.dropFirst())
+        try mount.release(open)
+    }
+
+    /// A process that has not caught up with another's commit yet (the daemon between its
+    /// polls) opens a document whose content that commit replaced: its old manifest is gone,
+    /// and the open takes in the commit and reads the new content, where it reported the store
+    /// damaged; the daemon's next poll still reports the change, so the kernel hears of it.
+    @Test func anOpenBetweenPollsFindsContentReplacedElsewhere() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a.txt", contents: Array("first".utf8))
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try mount.readAll(doc.id) == Array("first".utf8))
+        try f.vault.writeAll(doc.id, Array("second".utf8))
+        #expect(try mount.readAll(doc.id) == Array("second".utf8))
+        #expect(try mount.refresh().contains(doc.id))
+    }
 }
