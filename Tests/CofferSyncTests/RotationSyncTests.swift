@@ -2,11 +2,11 @@ import CofferContent
 import CofferCrypto
 import CofferModel
 import CofferStore
-import CofferSync
 import CofferTestSupport
 import Foundation
 import Testing
 
+@testable import CofferSync
 @testable import CofferVault
 
 /// Key rotation on revocation across devices and accounts, on a real server (docs/SHARING.md,
@@ -219,6 +219,38 @@ import Testing
         let d = try w.a.vault.resolve("/shared/g/f/d.txt").id
         #expect(try #require(try w.a.vault.store.readOne { try $0.current(d) }).signed.metadata.keyGeneration == 1)
         #expect(try await w.bobReads() == ["g/f/d.txt": "d\nmore\n", "g/keep.txt": "k\n"])
+        withExtendedLifetime(w) {}
+    }
+
+    /// B writes in the share and pushes between A's pull and A's push of a rotation. B's
+    /// creation changed the folder's times, so its push carried the folder's record, and the
+    /// server refuses A's push of the rotated folder, based on the version before; A pulls,
+    /// finds B's file wrapped under the replaced key, rotates it too, and pushes. Carol's key
+    /// opens nothing of it; bob reads it.
+    @Test func aFileWrittenBetweenTheRotatingDevicesPullAndPushIsRotatedToo() async throws {
+        let w = try await World(files: ["c.txt": "c\n"])
+        let carol = w.others[1].a
+        try await carol.sync()
+        let folder = try #require(try w.a.vault.store.readOne { try $0.current(w.shared) }).signed.metadata
+        let grant = try #require(folder.grant(to: carol.vault.accountID))
+        let carolKey = try carol.vault.exportedSecret.boxKeys.open(
+            sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: w.shared, owner: folder.owner))
+        try await w.revokeCarol(on: w.a)
+        var report = SyncReport()
+        try await w.a.engine.pull(&report)
+        try w.b.write("/shared/late.txt", "late\n")
+        try await w.b.sync()
+        try await w.a.engine.pushContent(&report)
+        await #expect(throws: SyncError.self, "the folder's record moved on") {
+            try await w.a.engine.pushMetadata(&report)
+        }
+        try await w.alice.sync(w.a, w.b)
+        try await w.alice.expectConverged()
+        let late = try w.a.vault.resolve("/shared/late.txt").id
+        let record = try #require(try w.a.vault.store.readOne { try $0.current(late) }).signed.metadata
+        #expect(record.keyGeneration >= 1)
+        #expect(throws: (any Error).self) { try KeyWrap.unwrap(record.wrappedKey, with: carolKey, fileID: late.bytes) }
+        #expect(try await w.bobReads() == ["c.txt": "c\n", "late.txt": "late\n"])
         withExtendedLifetime(w) {}
     }
 }

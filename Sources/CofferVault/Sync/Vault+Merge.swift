@@ -324,7 +324,8 @@ struct PullMerge {
                 m.shareName = try view.sealShareName(try view.openName(m), of: m.id)
             }
         }
-        if Self.sameContent(m, r) { m.lastModifiedBy = r.lastModifiedBy }
+        // The writer is settled when the merged record is stored: dropped as the base if only
+        // the writer differs, else signed as this device's own.
         return (m, conflict)
     }
 
