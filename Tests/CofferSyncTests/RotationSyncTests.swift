@@ -116,6 +116,16 @@ import Testing
             try await alice.sync(alice.a, alice.b)
         }
 
+        /// The shared folder's key as carol holds it, from her grant (after her sync).
+        func carolsKey() async throws -> SymmetricKey {
+            let carol = others[1].a
+            try await carol.sync()
+            let folder = try #require(try a.vault.store.readOne { try $0.current(shared) }).signed.metadata
+            let grant = try #require(folder.grant(to: carol.vault.accountID))
+            return try carol.vault.exportedSecret.boxKeys.open(
+                sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: shared, owner: folder.owner))
+        }
+
         func revokeCarol(on d: Device) async throws {
             let carol = others[1].a.vault.accountID
             let keys = try await d.engine.boxKeys(for: d.vault.granteesKeeping(shared, without: carol))
@@ -184,11 +194,7 @@ import Testing
     @Test func aGiveUpIsFollowedByARotation() async throws {
         let w = try await World(files: ["c.txt": "c\n"])
         let carol = w.others[1].a
-        try await carol.sync()
-        let folder = try #require(try w.a.vault.store.readOne { try $0.current(w.shared) }).signed.metadata
-        let grant = try #require(folder.grant(to: carol.vault.accountID))
-        let carolKey = try carol.vault.exportedSecret.boxKeys.open(
-            sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: w.shared, owner: folder.owner))
+        let carolKey = try await w.carolsKey()
         try await carol.engine.rejectShare(w.shared)
         try await w.alice.sync(w.a, w.b)
         try await w.alice.expectConverged()
@@ -229,12 +235,7 @@ import Testing
     /// opens nothing of it; bob reads it.
     @Test func aFileWrittenBetweenTheRotatingDevicesPullAndPushIsRotatedToo() async throws {
         let w = try await World(files: ["c.txt": "c\n"])
-        let carol = w.others[1].a
-        try await carol.sync()
-        let folder = try #require(try w.a.vault.store.readOne { try $0.current(w.shared) }).signed.metadata
-        let grant = try #require(folder.grant(to: carol.vault.accountID))
-        let carolKey = try carol.vault.exportedSecret.boxKeys.open(
-            sealedKey: grant.sealedKey, binding: grant.keyBinding(fileID: w.shared, owner: folder.owner))
+        let carolKey = try await w.carolsKey()
         try await w.revokeCarol(on: w.a)
         var report = SyncReport()
         try await w.a.engine.pull(&report)
