@@ -115,6 +115,8 @@ final class Reader: @unchecked Sendable {
         case count
         /// Whether the base tree holds a file (1 or 0).
         case inBase
+        /// The newest change-log sequence number committed (0 if none).
+        case lastChange
 
         /// Tree columns: record, version, content version, server-deleted flag.
         var sql: String {
@@ -155,6 +157,8 @@ final class Reader: @unchecked Sendable {
                 return "SELECT n FROM tree_count"
             case .inBase:
                 return "SELECT count(*) FROM base_files WHERE id = ?1"
+            case .lastChange:
+                return "SELECT COALESCE(MAX(seq), 0) FROM change_log"
             }
         }
     }

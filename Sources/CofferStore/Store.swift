@@ -465,6 +465,12 @@ public final class Store: Sendable {
         try fast.integer(.inBase, id.bytes) != 0
     }
 
+    /// The newest committed change-log sequence number, on a prepared statement (an `open` asks
+    /// it to learn whether another process committed since this one last caught up).
+    public func committedLastChange() throws -> Int64 {
+        try fast.integer(.lastChange)
+    }
+
     /// How many live folders `parent` holds.
     public func committedSubfolderCount(of parent: FileID) throws -> Int {
         Int(clamping: try fast.integer(.subfolders, parent.bytes))

@@ -28,8 +28,13 @@ extension Vault {
                     return (ContentCipher(fileID: id, key: try s.view.key(id)), m.contentDigest)
                 }
             }
+            // Another process committed since this vault last caught up (the daemon between its
+            // ticks, after a CLI write): its version of the file, not the one held here, is what
+            // a write through this handle must build on. Only the committed log is asked (one
+            // prepared statement); this process's own writes have moved `lastSeq` already.
+            let behind = try store.committedLastChange() > state.withLock { $0.lastSeq }
             // Not of this account's tree: a document of a share it reaches, read-only.
-            guard var (cipher, digest) = try record(catchingUp: false) else {
+            guard var (cipher, digest) = try record(catchingUp: behind) else {
                 return try openSharedDocument(linkTarget(of: id) ?? id)
             }
             let manifest: Manifest

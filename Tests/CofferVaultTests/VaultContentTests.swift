@@ -553,4 +553,28 @@ struct VaultContentTests {
         #expect(try mount.readAll(doc.id) == Array("second".utf8))
         #expect(try mount.refresh().contains(doc.id))
     }
+
+    /// The same, for content the server has (its base row keeps the old manifest, so nothing is
+    /// missing): the open still takes in the other process's commit, and a write through it
+    /// builds on that version (before, it built on the old one and replaced the other
+    /// process's write).
+    @Test func anOpenBetweenPollsBuildsOnContentReplacedElsewhere() throws {
+        let f = try VaultFixture()
+        let doc = try f.document("a.txt", contents: Array("first".utf8))
+        // As a push leaves it: the record is the base's, nothing local.
+        try f.vault.store.write { w in
+            let stored = try #require(try w.reader.file(doc.id, .local))
+            try w.put(stored, .base)
+            try w.remove(doc.id, .local)
+        }
+        let mount = try Vault.open(dataDirectory: f.dataDir)
+        #expect(try mount.readAll(doc.id) == Array("first".utf8))
+        try Vault.open(dataDirectory: f.dataDir).writeAll(doc.id, Array("second".utf8))
+        let open = try mount.openDocument(doc.id)
+        #expect(try open.read(offset: 0, count: 100) == Array("second".utf8))
+        try open.write(offset: 0, bytes: Array("S".utf8))
+        try mount.release(open)
+        #expect(try Vault.open(dataDirectory: f.dataDir).readAll(doc.id) == Array("Second".utf8))
+        #expect(try mount.refresh().contains(doc.id))
+    }
 }
