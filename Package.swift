@@ -48,7 +48,7 @@ let package = Package(
         // nothing of Coffer.
         .target(name: "CofferFuse", dependencies: ["CFuse", "CFuseReader"]),
         // The FUSE daemon's filesystem: low-level operations over a vault.
-        .target(name: "CofferFS", dependencies: ["CofferFuse", "CFuse", "CofferCrypto", "CofferVault", "CofferModel"]),
+        .target(name: "CofferFS", dependencies: ["CofferFuse", "CFuse", "CofferVault", "CofferModel"]),
         // The client–server wire format and request signing, shared by both sides.
         .target(name: "CofferProtocol", dependencies: ["CofferCrypto", "CofferModel"]),
         // The client side of sync: signed calls to the server, the sync routine, the scheduler.

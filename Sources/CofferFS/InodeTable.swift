@@ -1,4 +1,3 @@
-import CofferCrypto
 import CofferFuse
 import CofferModel
 import CofferVault
@@ -55,10 +54,7 @@ final class InodeTable: Sendable {
     ) throws {
         self.vault = vault
         let numbering = try vault.inodeNumbering()
-        let key = numbering.key
-        // The vault checked the key's length, the one thing that could fail; a 0 would only
-        // make an exception.
-        self.hash = hash ?? { id in (try? shortHash(id.bytes, key: key)) ?? 0 }
+        self.hash = hash ?? numbering.hash
         var s = State(
             names: BoundedCache(capacity: cacheCapacity), nextException: Self.firstException, root: vault.rootID)
         for (id, ino) in numbering.exceptions where ino >= Self.firstException && ino < InodeNumber(Int64.max) {
@@ -121,14 +117,19 @@ final class InodeTable: Sendable {
         var given: [(FileID, InodeNumber)] = []
         let ino = state.withLock { s in
             let ino = number(id, &s, given: &given)
-            if ino != FuseRootInode {
-                s.referenced.add(ino, id: id)
-                s.names[ino] = KnownName(parent: parent, name: name)
-            }
+            count(ino, id, as: name, in: parent, &s)
             return ino
         }
         store(given)
         return ino
+    }
+
+    /// One kernel reference more to `ino` (not the root's, which the kernel never counts),
+    /// known as `name` in `parent`.
+    private func count(_ ino: InodeNumber, _ id: FileID, as name: String, in parent: InodeNumber, _ s: inout State) {
+        guard ino != FuseRootInode else { return }
+        s.referenced.add(ino, id: id)
+        s.names[ino] = KnownName(parent: parent, name: name)
     }
 
     /// The inodes of a listing's entries, in order, under one lock. An entry with a name gains
@@ -139,10 +140,7 @@ final class InodeTable: Sendable {
         let numbers = state.withLock { s in
             entries.map { e in
                 let ino = number(e.id, &s, given: &given)
-                if let name = e.name, ino != FuseRootInode {
-                    s.referenced.add(ino, id: e.id)
-                    s.names[ino] = KnownName(parent: parent, name: name)
-                }
+                if let name = e.name { count(ino, e.id, as: name, in: parent, &s) }
                 return ino
             }
         }

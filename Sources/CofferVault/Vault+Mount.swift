@@ -10,24 +10,32 @@ extension Vault {
     /// The settings row holding the key inode numbers are hashed under.
     static let inodeKeySetting = "inode-key"
 
-    /// What the mount numbers inodes with (docs/FILESYSTEM.md, "Inode numbers"): this store's
-    /// key, made the first time, and the files given another number because their hash was
-    /// taken (in practice none). The key never leaves the store, so no id chosen elsewhere can
-    /// be picked to collide, and numbers stay the same across remounts. A damaged key is
-    /// replaced (numbers are this device's alone, and change once, as at the first mount).
-    public func inodeNumbering() throws -> (key: [UInt8], exceptions: [(id: FileID, inode: UInt64)]) {
+    /// What the mount numbers inodes with (docs/FILESYSTEM.md, "Inode numbers"): SipHash-2-4
+    /// of a file's id under this store's key, made the first time, and the files given another
+    /// number because their hash was taken (in practice none). The key never leaves the vault,
+    /// so no id chosen elsewhere can be picked to collide, and numbers stay the same across
+    /// remounts. A damaged key is replaced (numbers are this device's alone, and change once,
+    /// as at the first mount).
+    public func inodeNumbering() throws -> InodeNumbering {
         let (stored, exceptions) = try store.read { r in
             (try r.setting(Self.inodeKeySetting), try r.inodeExceptions())
         }
-        if let stored, stored.count == shortHashKeyBytes { return (stored, exceptions) }
-        let key = try store.write { w in
-            // Another process may have made it meanwhile: the first one stays.
-            if let made = try w.reader.setting(Self.inodeKeySetting), made.count == shortHashKeyBytes { return made }
-            let fresh = randomBytes(shortHashKeyBytes)
-            try w.setSetting(Self.inodeKeySetting, fresh)
-            return fresh
+        let key: [UInt8]
+        if let stored, stored.count == shortHashKeyBytes {
+            key = stored
+        } else {
+            key = try store.write { w in
+                // Another process may have made it meanwhile: the first one stays.
+                if let made = try w.reader.setting(Self.inodeKeySetting), made.count == shortHashKeyBytes {
+                    return made
+                }
+                let fresh = randomBytes(shortHashKeyBytes)
+                try w.setSetting(Self.inodeKeySetting, fresh)
+                return fresh
+            }
         }
-        return (key, exceptions)
+        // The key's length, the one thing that could fail, is checked above.
+        return InodeNumbering(hash: { id in (try? shortHash(id.bytes, key: key)) ?? 0 }, exceptions: exceptions)
     }
 
     /// Gives `id` the inode number `inode` in place of its hash, for good.
@@ -77,4 +85,12 @@ extension Vault {
     public func hasPendingLocalChanges() throws -> Bool {
         try store.hasLocalChanges()
     }
+}
+
+/// A store's inode numbering (`Vault.inodeNumbering`).
+public struct InodeNumbering: Sendable {
+    /// The keyed hash of a file id, all 64 bits (the mount keeps the range it uses).
+    public let hash: @Sendable (FileID) -> UInt64
+    /// Files numbered other than by their hash.
+    public let exceptions: [(id: FileID, inode: UInt64)]
 }

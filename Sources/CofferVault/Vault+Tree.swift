@@ -221,7 +221,7 @@ extension Vault {
         gid: UInt32 = getgid(), symlinkTarget: String? = nil, mtime: Timespec? = nil,
         atime: Timespec? = nil
     ) throws -> Node {
-        do { try FileName.validate(name) } catch { throw VaultError.tree(error) }
+        // The name is checked by `createFile`, as for a link.
         if type == .symlink {
             guard let t = symlinkTarget, !t.isEmpty, t.utf8.count <= 4095 else {
                 throw VaultError.invalidArgument("a symlink target must be 1 to 4095 bytes")

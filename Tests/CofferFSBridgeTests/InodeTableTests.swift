@@ -153,13 +153,14 @@ import Testing
         #expect(throws: FSError.self) { try other.getattr(inode: 1 << 40, handle: nil) }
         other.destroy()
 
-        // Another store numbers its files otherwise (its own key).
-        let g = try Fixture()
-        let gNames = try tree(g, 100)
-        let gFS = try g.mount()
-        let (_, gFiles) = try lookUpAll(gFS, gNames)
-        #expect(Set(gFiles).isDisjoint(with: files))
-        gFS.destroy()
+        // Each number is the store's keyed hash of the file's id, and another store numbers the
+        // same ids otherwise (its own key).
+        let numbering = try f.vault.inodeNumbering()
+        let folderNode = try #require(try f.vault.lookup(f.vault.rootID, "d"))
+        let ids = try names.map { try #require(try f.vault.lookup(folderNode.id, $0)).id }
+        #expect(files == ids.map { numbering.hash($0) & (InodeTable.firstException - 1) })
+        let elsewhere = try Fixture().vault.inodeNumbering()
+        #expect(ids.filter { elsewhere.hash($0) == numbering.hash($0) }.isEmpty)
     }
 
     /// Two files whose hashes meet while the kernel holds the first: the second is given a
@@ -199,14 +200,15 @@ import Testing
     @Test func aDamagedNumberingIsReplacedNotFatal() throws {
         let f = try Fixture()
         let names = try tree(f, 5)
-        let first = try f.vault.inodeNumbering().key
+        let folderID = try #require(try f.vault.lookup(f.vault.rootID, "d")).id
+        let first = try f.vault.inodeNumbering().hash(folderID)
         try f.vault.store.write { w in
             try w.setSetting(Vault.inodeKeySetting, [1, 2, 3])
-            try w.addInodeException(try #require(try f.vault.lookup(f.vault.rootID, "d")).id, 1 << 62)
+            try w.addInodeException(folderID, 1 << 62)
         }
-        let replaced = try f.vault.inodeNumbering().key
-        #expect(replaced.count == 16 && replaced != first)
-        #expect(try f.vault.inodeNumbering().key == replaced, "made once")
+        let replaced = try f.vault.inodeNumbering().hash(folderID)
+        #expect(replaced != first)
+        #expect(try f.vault.inodeNumbering().hash(folderID) == replaced, "made once")
         let fs = try f.mount()
         let (folder, files) = try lookUpAll(fs, names)
         #expect(folder == InodeTable.firstException && Set(files).count == names.count)
