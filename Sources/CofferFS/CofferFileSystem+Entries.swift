@@ -61,7 +61,7 @@ extension CofferFileSystem {
     ) throws -> Attributes {
         try op {
             let (n, unlinked) = try node(inode)
-            if !unlinked, vault.isInShare(n.id) { throw FSError.permissionDenied }
+            if !unlinked, vault.isReadOnlyShare(n.id) { throw FSError.permissionDenied }
             if let size = changes.size {
                 guard n.type == .document else { throw n.type == .folder ? FSError.isDirectory : FSError.invalid }
                 // truncate(2) to the size the file has still marks mtime and ctime on Linux.

@@ -84,7 +84,7 @@ extension CofferFileSystem {
                 let e = try entry(existing, parent: parent)
                 return (e, try open(inode: e.inode, flags: flags, context: context))
             }
-            if vault.isInShare(folder) { throw FSError.permissionDenied }
+            if vault.isReadOnlyShare(folder) { throw FSError.permissionDenied }
             let node = try vault.create(
                 in: folder, name: name, type: .document, mode: mode & 0o7777,
                 uid: context.uid, gid: groupFor(folder, context))

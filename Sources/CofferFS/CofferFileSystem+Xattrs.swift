@@ -14,7 +14,7 @@ extension CofferFileSystem {
             if name.utf8.count > 255 { throw FSError(ERANGE) }
             if value.count > 64 * 1024 { throw FSError(E2BIG) }
             let (n, unlinked) = try node(inode)
-            if !unlinked, vault.isInShare(n.id) { throw FSError.permissionDenied }
+            if !unlinked, vault.isReadOnlyShare(n.id) { throw FSError.permissionDenied }
             if unlinked {
                 return try setUnlinkedXattr(
                     n, name, value, create: flags.contains(.create), replace: flags.contains(.replace))
@@ -44,7 +44,7 @@ extension CofferFileSystem {
         try op {
             guard Self.isUserNamespace(name) else { throw FSError.noAttribute }
             let (n, unlinked) = try node(inode)
-            if !unlinked, vault.isInShare(n.id) { throw FSError.permissionDenied }
+            if !unlinked, vault.isReadOnlyShare(n.id) { throw FSError.permissionDenied }
             if unlinked { return try setUnlinkedXattr(n, name, nil, create: false, replace: false) }
             try vault.setXattr(n.id, name: name, value: nil)
         }

@@ -163,10 +163,10 @@ public final class CofferFileSystem: FileSystemOperations {
     }
 
     /// `folderID` for an operation that changes what is in the folder: EACCES in a share (a
-    /// link, or a shared folder), which this side does not change yet (docs/SHARING.md).
+    /// link, or a shared folder) this account may only read (docs/SHARING.md).
     func writableFolderID(_ ino: InodeNumber) throws -> FileID {
         let id = try folderID(ino)
-        if vault.isInShare(id) { throw FSError.permissionDenied }
+        if vault.isReadOnlyShare(id) { throw FSError.permissionDenied }
         return id
     }
 

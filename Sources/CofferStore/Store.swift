@@ -11,6 +11,13 @@ public enum TreeSide: Int, Sendable {
     var table: String { self == .base ? "base_files" : "local_files" }
 }
 
+/// How the mirror of shared files is read: as the server last sent it, or with this account's
+/// unpushed changes laid over (format `v7`).
+public enum MirrorLayer: Sendable {
+    case pulled
+    case current
+}
+
 /// A metadata record as kept on the device.
 public struct StoredFile: Sendable, Equatable {
     public var signed: SignedMetadata
@@ -259,6 +266,23 @@ public final class Store: Sendable {
                         ino INTEGER UNIQUE NOT NULL
                     ) WITHOUT ROWID;
                     DELETE FROM inodes;
+                    """)
+        }
+        // A write grantee's own changes to shared files, not pushed yet (docs/SHARING.md,
+        // "Writing in a share"): laid over the mirror as `local_files` is over `base_files`,
+        // so what the feed sends stays what the server holds, the ground a merge starts from.
+        m.registerMigration("v7") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE shared_local (
+                        id BLOB PRIMARY KEY NOT NULL,
+                        parent BLOB NOT NULL,
+                        name_mac BLOB NOT NULL,
+                        record BLOB NOT NULL,
+                        content_digest BLOB
+                    ) WITHOUT ROWID;
+                    CREATE INDEX shared_local_parent ON shared_local(parent, name_mac);
+                    CREATE INDEX shared_local_digest ON shared_local(content_digest);
                     """)
         }
         return m
@@ -794,7 +818,8 @@ public final class Store: Sendable {
                         DELETE FROM manifests WHERE digest NOT IN (
                             SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
                             UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL
-                            UNION SELECT content_digest FROM shared_files WHERE content_digest IS NOT NULL)
+                            UNION SELECT content_digest FROM shared_files WHERE content_digest IS NOT NULL
+                            UNION SELECT content_digest FROM shared_local WHERE content_digest IS NOT NULL)
                         """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")

@@ -151,43 +151,118 @@ public struct StoreReader {
 
     private static let sharedColumns = "record, version, content_version, server_deleted"
 
-    /// Another account's file shared with this one, as last pulled and verified.
-    public func sharedFile(_ id: FileID) throws -> StoredFile? {
+    /// Another account's file shared with this one: as last pulled and verified (`.pulled`), or
+    /// with this account's unpushed change to it laid over (`.current`, format `v7`; the
+    /// change keeps the pulled row's versions, 0 for a file this account created).
+    public func sharedFile(_ id: FileID, _ layer: MirrorLayer = .current) throws -> StoredFile? {
         try with { db in
-            try Row.fetchOne(
+            let pulled = try Row.fetchOne(
                 db.cachedStatement(sql: "SELECT \(Self.sharedColumns) FROM shared_files WHERE id = ?"),
                 arguments: [Data(id.bytes)]
             ).map(Self.decode)
+            guard layer == .current,
+                let record = try Data.fetchOne(
+                    db.cachedStatement(sql: "SELECT record FROM shared_local WHERE id = ?"), arguments: [Data(id.bytes)]
+                )
+            else { return pulled }
+            return StoredFile(
+                signed: try SignedMetadata(decoding: [UInt8](record)), version: pulled?.version ?? 0,
+                contentVersion: pulled?.contentVersion ?? 0, serverDeleted: false)
         }
     }
 
-    /// The ids of the mirror's files under `parent`, in any deletion state.
-    public func sharedChildIDs(of parent: FileID) throws -> [FileID] {
+    /// This account's unpushed change to a shared file, if any.
+    public func sharedLocalFile(_ id: FileID) throws -> SignedMetadata? {
         try with { db in
-            try Data.fetchAll(
-                db.cachedStatement(sql: "SELECT id FROM shared_files WHERE parent = ? AND id != parent"),
-                arguments: [Data(parent.bytes)]
-            ).map { try FileID(bytes: [UInt8]($0)) }
+            try Data.fetchOne(
+                db.cachedStatement(sql: "SELECT record FROM shared_local WHERE id = ?"), arguments: [Data(id.bytes)]
+            ).map { try SignedMetadata(decoding: [UInt8]($0)) }
+        }
+    }
+
+    /// Every unpushed change to shared files, by id.
+    public func sharedLocalFiles() throws -> [SignedMetadata] {
+        try with { db in
+            try Data.fetchAll(db.cachedStatement(sql: "SELECT record FROM shared_local ORDER BY id")).map {
+                try SignedMetadata(decoding: [UInt8]($0))
+            }
+        }
+    }
+
+    /// Whether any change to shared files waits to be pushed.
+    public func hasSharedLocal() throws -> Bool {
+        try with { db in
+            try Bool.fetchOne(db.cachedStatement(sql: "SELECT EXISTS (SELECT 1 FROM shared_local)")) ?? false
+        }
+    }
+
+    /// The ids of the mirror's files under `parent`, in any deletion state, as `layer` places them.
+    public func sharedChildIDs(of parent: FileID, _ layer: MirrorLayer = .current) throws -> [FileID] {
+        try with { db in
+            let sql =
+                layer == .pulled
+                ? "SELECT id FROM shared_files WHERE parent = ?1 AND id != parent"
+                : """
+                SELECT id FROM shared_local WHERE parent = ?1 AND id != parent
+                UNION ALL SELECT id FROM shared_files f WHERE parent = ?1 AND id != parent
+                    AND NOT EXISTS (SELECT 1 FROM shared_local l WHERE l.id = f.id)
+                """
+            return try Data.fetchAll(db.cachedStatement(sql: sql), arguments: [Data(parent.bytes)]).map {
+                try FileID(bytes: [UInt8]($0))
+            }
         }
     }
 
     /// The ids of the mirror's files under `parent` whose name has this MAC (a lookup by name).
-    public func sharedChildIDs(of parent: FileID, nameMAC: [UInt8]) throws -> [FileID] {
+    public func sharedChildIDs(
+        of parent: FileID, nameMAC: [UInt8], _ layer: MirrorLayer = .current
+    ) throws -> [FileID] {
         try with { db in
-            try Data.fetchAll(
-                db.cachedStatement(
-                    sql: "SELECT id FROM shared_files WHERE parent = ? AND name_mac = ? AND id != parent"),
-                arguments: [Data(parent.bytes), Data(nameMAC)]
-            ).map { try FileID(bytes: [UInt8]($0)) }
+            let sql =
+                layer == .pulled
+                ? "SELECT id FROM shared_files WHERE parent = ?1 AND name_mac = ?2 AND id != parent"
+                : """
+                SELECT id FROM shared_local WHERE parent = ?1 AND name_mac = ?2 AND id != parent
+                UNION ALL SELECT id FROM shared_files f WHERE parent = ?1 AND name_mac = ?2 AND id != parent
+                    AND NOT EXISTS (SELECT 1 FROM shared_local l WHERE l.id = f.id)
+                """
+            return try Data.fetchAll(db.cachedStatement(sql: sql), arguments: [Data(parent.bytes), Data(nameMAC)])
+                .map { try FileID(bytes: [UInt8]($0)) }
         }
     }
 
-    /// Visits every record of the mirror; `body` returns false to stop.
+    /// Visits every record of the mirror as `.current` shows it; `body` returns false to stop.
     public func visitSharedFiles(_ body: (StoredFile) throws -> Bool) throws {
         try with { db in
-            let rows = try Row.fetchCursor(db.cachedStatement(sql: "SELECT \(Self.sharedColumns) FROM shared_files"))
+            let rows = try Row.fetchCursor(
+                db.cachedStatement(
+                    sql: """
+                        SELECT f.version, f.content_version, f.server_deleted, l.record AS local, f.record
+                        FROM shared_files f LEFT JOIN shared_local l ON l.id = f.id
+                        """))
             while let row = try rows.next() {
-                if try !body(Self.decode(row)) { return }
+                let local: Data? = row["local"]
+                let pulled = try Self.decode(row)
+                let f =
+                    try local.map {
+                        StoredFile(
+                            signed: try SignedMetadata(decoding: [UInt8]($0)), version: pulled.version,
+                            contentVersion: pulled.contentVersion, serverDeleted: false)
+                    } ?? pulled
+                if try !body(f) { return }
+            }
+            // Files this account made in shares, not pushed yet.
+            let made = try Data.fetchCursor(
+                db.cachedStatement(
+                    sql: """
+                        SELECT record FROM shared_local l
+                        WHERE NOT EXISTS (SELECT 1 FROM shared_files f WHERE f.id = l.id)
+                        """))
+            while let record = try made.next() {
+                let f = StoredFile(
+                    signed: try SignedMetadata(decoding: [UInt8](record)), version: 0, contentVersion: 0,
+                    serverDeleted: false)
+                if try !body(f) { return }
             }
         }
     }

@@ -137,6 +137,7 @@ public struct StoreWriter {
                         SELECT EXISTS (SELECT 1 FROM base_files WHERE content_digest = ?1)
                             OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
                             OR EXISTS (SELECT 1 FROM shared_files WHERE content_digest = ?1)
+                            OR EXISTS (SELECT 1 FROM shared_local WHERE content_digest = ?1)
                         """), arguments: [digest]) ?? true
         guard !used else { return }
         try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
@@ -276,6 +277,32 @@ public struct StoreWriter {
         let key = Data(id.bytes)
         try session.run { db in
             try db.cachedStatement(sql: "DELETE FROM shared_files WHERE id = ?").execute(arguments: [key])
+        }
+    }
+
+    /// Stores this account's own change to a shared file, not pushed yet (format `v7`),
+    /// replacing the one held. The record is unsigned until it is pushed, as `local_files`'.
+    public func putSharedLocal(_ signed: SignedMetadata) throws {
+        let m = signed.metadata
+        let args: StatementArguments = [
+            Data(m.id.bytes), Data(m.parent.bytes), Data(m.name.mac), Data(signed.encoded()),
+            m.contentDigest.map { Data($0) },
+        ]
+        try session.run { db in
+            try db.cachedStatement(
+                sql: """
+                    INSERT OR REPLACE INTO shared_local (id, parent, name_mac, record, content_digest)
+                    VALUES (?, ?, ?, ?, ?)
+                    """
+            ).execute(arguments: args)
+        }
+    }
+
+    /// Drops this account's unpushed change to a shared file (pushed, or merged away).
+    public func removeSharedLocal(_ id: FileID) throws {
+        let key = Data(id.bytes)
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM shared_local WHERE id = ?").execute(arguments: [key])
         }
     }
 

@@ -256,15 +256,18 @@ public struct ServerClient: Sendable {
                 since: since, afterID: afterID, shared: shared ? true : nil, feedOnly: feedOnly ? true : nil))
     }
 
-    public func missingChunks(_ ids: [[UInt8]]) async throws -> [[UInt8]] {
+    /// With `via`, about the namespace of the owner of that shared file (docs/SHARING.md, "Content").
+    public func missingChunks(_ ids: [[UInt8]], via: FileID? = nil) async throws -> [[UInt8]] {
         let r: MissingChunksResponse = try await json(
-            "POST", API.prefix + "/chunks/missing", ChunkIDsRequest(ids: ids.map { Data($0) }))
+            "POST", API.prefix + "/chunks/missing",
+            ChunkIDsRequest(ids: ids.map { Data($0) }, via: via.map { Data($0.bytes) }))
         return r.missing.map { [UInt8]($0) }
     }
 
-    public func putChunk(id: [UInt8], sealed: [UInt8]) async throws {
+    public func putChunk(id: [UInt8], sealed: [UInt8], via: FileID? = nil) async throws {
+        let query = via.map { "?via=" + RequestSigning.hex($0.bytes) } ?? ""
         _ = try await raw(
-            "PUT", API.prefix + "/chunks/" + RequestSigning.hex(id), body: sealed,
+            "PUT", API.prefix + "/chunks/" + RequestSigning.hex(id) + query, body: sealed,
             contentType: "application/octet-stream")
     }
 

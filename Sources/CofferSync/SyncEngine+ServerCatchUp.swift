@@ -148,7 +148,7 @@ extension SyncEngine {
         guard behind || !resend.isEmpty || invisible else { return }
 
         try await upload(try vault.content(of: resend.map(\.stored)), &report)
-        try await upsert(resend, &report)
+        try await upsert(resend, &report) { [vault] in try vault.markPushed($0, version: $1) }
         try vault.resetCursor()
         // The share feed's versions are the server's too: read it again from the start.
         try vault.resetFeedCursor()

@@ -57,4 +57,31 @@ extension SyncEngine {
             ]))
         try vault.forgetShare(id)
     }
+
+    /// Pushes this account's changes to shared files into their owners' trees: content through
+    /// the share (`via`), then each owner's records as a batch of its own. A push refused as
+    /// stale pulls the feed (which merges the owner's changes with these) and tries again.
+    func pushShared(_ report: inout SyncReport) async throws {
+        var attempts = 0
+        while true {
+            var byVia: [FileID: [PendingUpload]] = [:]
+            for (u, via) in try vault.pendingSharedContent() { byVia[via, default: []].append(u) }
+            for (via, uploads) in byVia.sorted(by: { $0.key < $1.key }) {
+                try await upload(uploads, &report, via: via)
+            }
+            let pending = try vault.pendingSharedRecords()
+            if pending.isEmpty { return }
+            do {
+                for (_, records) in pending.sorted(by: { $0.key.bytes.lexicographicallyPrecedes($1.key.bytes) }) {
+                    try await upsert(records, &report) { [vault] in try vault.markSharedPushed($0, version: $1) }
+                }
+                return
+            } catch let e as SyncError where e.isGetUpdatesRequired && attempts < 8 {
+                attempts += 1
+                if let gone = try await pullFeed(&report), !gone.isEmpty {
+                    report.removedLinks += try vault.removeBrokenLinks(gone: gone)
+                }
+            }
+        }
+    }
 }

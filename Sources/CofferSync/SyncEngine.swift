@@ -107,6 +107,7 @@ public final class SyncEngine: Sendable {
                     try await pull(&report)
                 }
             }
+            try await pushShared(&report)
             try await pull(&report)
             // Everything is pushed: a link accepted before this sync began is on the server now.
             try vault.clearLinkAcceptedNote(linkNote)
@@ -254,8 +255,9 @@ public final class SyncEngine: Sendable {
         try await upload(try vault.pendingContent(), &report)
     }
 
-    /// Chunks the server lacks, then the manifests: content before the metadata naming it.
-    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport) async throws {
+    /// Chunks the server lacks, then the manifests: content before the metadata naming it. With
+    /// `via`, into the namespace of the owner of that shared file.
+    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport, via: FileID? = nil) async throws {
         guard !uploads.isEmpty else { return }
         var all: [[UInt8]] = []
         var seen: Set<[UInt8]> = []
@@ -264,14 +266,14 @@ public final class SyncEngine: Sendable {
         var start = 0
         while start < all.count {
             let batch = Array(all[start..<min(all.count, start + 4096)])
-            missing += try await client.missingChunks(batch)
+            missing += try await client.missingChunks(batch, via: via)
             start += batch.count
         }
         _ = try await forEachConcurrently(missing) { [vault, client] id -> Int in
             guard let sealed = try vault.sealedChunk(id) else {
                 throw SyncError.protocolError("a local chunk vanished during sync")
             }
-            try await client.putChunk(id: id, sealed: sealed)
+            try await client.putChunk(id: id, sealed: sealed, via: via)
             return 1
         }
         report.pushedChunks += missing.count
@@ -279,7 +281,8 @@ public final class SyncEngine: Sendable {
             try await client.putManifest(
                 PutManifestRequest(
                     fileID: Data(u.fileID.bytes), digest: Data(u.digest),
-                    sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) }))
+                    sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) },
+                    via: via.map { Data($0.bytes) }))
             return 1
         }
     }
@@ -289,12 +292,15 @@ public final class SyncEngine: Sendable {
     static let batchSize = 4000
 
     func pushMetadata(_ report: inout SyncReport) async throws {
-        try await upsert(try vault.pendingRecords(), &report)
+        try await upsert(try vault.pendingRecords(), &report) { [vault] in try vault.markPushed($0, version: $1) }
     }
 
     /// Sends signed records with their preconditions, parents first in batches, and makes each
     /// accepted batch this device's base.
-    func upsert(_ all: [PendingRecord], _ report: inout SyncReport) async throws {
+    func upsert(
+        _ all: [PendingRecord], _ report: inout SyncReport,
+        markPushed: ([PendingRecord], Int64) throws -> Set<FileID>
+    ) async throws {
         guard !all.isEmpty else { return }
         for records in Self.parentsFirst(all) {
             let request = UpsertRequest(
@@ -305,7 +311,7 @@ public final class SyncEngine: Sendable {
                         expectedNameMAC: $0.expectedNameMAC.map { Data($0) }, expectedRevision: $0.expectedRevision)
                 })
             let response = try await client.upsert(request)
-            let changed = try vault.markPushed(records, version: response.version)
+            let changed = try markPushed(records, response.version)
             report.pushedRecords += records.count
             report.changed.formUnion(changed)
         }

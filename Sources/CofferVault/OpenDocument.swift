@@ -165,18 +165,24 @@ public final class OpenDocument: Sendable {
         }
     }
 
-    static let readOnly = VaultError.denied("this shared file cannot be written from this account yet")
+    static let readOnly = VaultError.denied(
+        "permission denied: writing this file needs write access; it is shared read-only")
     static let lostWrites = VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it")
 
     func poison() { state.withLock { $0.poisoned = true } }
 
-    /// Another account's document read through a share: every write is refused (EACCES).
+    /// Another account's document read through a read share: every write is refused (EACCES).
     public let isReadOnly: Bool
+    /// Another account's document: its flush commits to the mirror's local layer.
+    let isShared: Bool
 
-    init(id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?, readOnly: Bool = false)
-    {
+    init(
+        id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?, readOnly: Bool = false,
+        shared: Bool = false
+    ) {
         self.id = id
         self.isReadOnly = readOnly
+        self.isShared = shared
         self.vault = vault
         let size = manifest.size
         state = Mutex(
@@ -673,10 +679,15 @@ public final class OpenDocument: Sendable {
         let manifest = Manifest(chunkSize: UInt32(s.chunkSize), chunks: refs)
         let now = vault.now()
         let mtime = pendingMtime ?? now
-        let committed = try vault.commitContent(
-            id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
-            chunks: pending, unsealed: unsealed,
-            ownership: pendingOwnership, atime: pendingAtime)
+        let committed =
+            isShared
+            ? try vault.commitSharedContent(
+                id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
+                chunks: pending, unsealed: unsealed, ownership: pendingOwnership, atime: pendingAtime)
+            : try vault.commitContent(
+                id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
+                chunks: pending, unsealed: unsealed,
+                ownership: pendingOwnership, atime: pendingAtime)
         let digest = committed?.digest
         // Not committed (the file was unlinked while open): the chunks must still be stored,
         // since this handle's chunk list now names them.

@@ -83,7 +83,7 @@ extension Vault {
 
     /// Whether local changes wait to be pushed.
     public func hasPendingLocalChanges() throws -> Bool {
-        try store.hasLocalChanges()
+        try store.hasLocalChanges() || store.readOne { try $0.hasSharedLocal() }
     }
 }
 

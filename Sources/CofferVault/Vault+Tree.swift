@@ -228,6 +228,11 @@ extension Vault {
             }
         }
         guard type != .link else { throw VaultError.invalidArgument("a link is made by accepting a share") }
+        if let folder = sharedTarget(parent) {
+            return try createInShare(
+                folder, name: name, type: type, mode: mode, uid: uid, gid: gid, symlinkTarget: symlinkTarget,
+                mtime: mtime, atime: atime)
+        }
         return try createFile(
             in: parent, name: name, type: type, mode: mode, uid: uid, gid: gid, symlinkTarget: symlinkTarget,
             mtime: mtime, atime: atime, linkTarget: nil, linkFacts: nil)
@@ -374,6 +379,14 @@ extension Vault {
         _ id: FileID, to newParent: FileID, name newName: String, mode: RenameMode = .replace
     ) throws -> FileID? {
         do { try FileName.validate(newName) } catch { throw VaultError.tree(error) }
+        let sharedSource = isSharedFile(id)
+        let sharedFolder = sharedTarget(newParent)
+        if sharedSource || sharedFolder != nil {
+            guard sharedSource, let sharedFolder else {
+                throw VaultError.crossOwner("a move between a share and this account's own files")
+            }
+            return try renameInShare(id, to: sharedFolder, name: newName, mode: mode)
+        }
         return try commit { batch, s, _ -> FileID? in
             guard let m = s.view.tree.file(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
@@ -430,6 +443,7 @@ extension Vault {
 
     /// RENAME_EXCHANGE: atomically swaps two entries.
     public func exchange(_ a: FileID, _ b: FileID) throws {
+        if isSharedFile(a) || isSharedFile(b) { throw VaultError.notSupported("exchanging files in a share") }
         try commit { batch, s, _ in
             guard let ma = s.view.tree.file(a), let mb = s.view.tree.file(b) else {
                 throw TreeError.notFound("exchange target")
@@ -464,6 +478,7 @@ extension Vault {
     /// Deletes a file; a folder must be empty unless `recursive` (its contents are then
     /// implicitly deleted, as the design's deletion states say).
     public func remove(_ id: FileID, recursive: Bool = false, expectFolder: Bool? = nil) throws {
+        if isSharedFile(id) { return try removeInShare(id, recursive: recursive, expectFolder: expectFolder) }
         try commit { batch, s, _ in
             guard let m = s.view.tree.file(id), s.view.tree.isLive(id) else { throw TreeError.notFound(id.description) }
             if m.isRoot { throw TreeError.rootModified }
@@ -517,7 +532,8 @@ extension Vault {
 
     @discardableResult
     public func setAttributes(_ id: FileID, _ changes: AttributeChanges) throws -> Node {
-        try commit { batch, s, _ in
+        if let shared = sharedTarget(id) { return try setAttributesInShare(shared, changes) }
+        return try commit { batch, s, _ in
             var a = try attributes(id, &s)
             let stamp = nextStamp(&s)
             if let mode = changes.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
@@ -542,6 +558,12 @@ extension Vault {
         guard name.utf8.count <= 255, !name.isEmpty else { throw VaultError.invalidArgument("xattr name too long") }
         if let value, value.count > 64 * 1024 { throw VaultError.invalidArgument("xattr value larger than 64 KiB") }
         // `commit` wraps what its body throws into a VaultError (EIO); these two keep their errno.
+        if let shared = sharedTarget(id) {
+            if let refusal = try setXattrInShare(shared, name: name, value: value, create: create, replace: replace) {
+                throw refusal
+            }
+            return
+        }
         var refusal: XattrError?
         try commit { batch, s, _ in
             var a = try attributes(id, &s)

@@ -18,6 +18,8 @@ public enum VaultError: Error, CustomStringConvertible {
     case tooLarge(String)
     /// A change this account may not make (EACCES): in a share it cannot write.
     case denied(String)
+    /// A move between two owners' trees (EXDEV: tools copy instead), docs/SHARING.md.
+    case crossOwner(String)
 
     public var description: String {
         switch self {
@@ -32,6 +34,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .io(let w): return w
         case .tooLarge(let w): return w
         case .denied(let w): return w
+        case .crossOwner(let w): return "\(w) is refused: files keep their owner; copy instead"
         }
     }
 
@@ -56,6 +59,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .busy: return 16
         case .tooLarge: return 27  // EFBIG
         case .denied: return 13  // EACCES
+        case .crossOwner: return 18  // EXDEV
         case .noAccount, .accountExists, .corrupt, .io: return 5
         }
     }

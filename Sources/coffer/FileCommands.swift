@@ -65,7 +65,7 @@ struct Tree: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let node = try vault.resolve(path)
+            let node = try vault.resolveAcrossShares(path)
             print(node.isRoot ? "/" : node.name)
             var folders = 0
             var files = 0
@@ -148,7 +148,7 @@ func documentForWriting(_ vault: Vault, _ path: String, mode: UInt32 = 0o644) th
     let parts = Vault.components(path)
     guard let name = parts.last else { throw VaultError.tree(.isAFolder("/")) }
     let parentPath = "/" + parts.dropLast().joined(separator: "/")
-    let parent = try vault.resolve(parentPath)
+    let parent = try vault.resolveAcrossShares(parentPath)
     guard parent.type == .folder else { throw VaultError.tree(.notAFolder(parentPath)) }
     if let existing = try vault.lookup(parent.id, name) {
         guard existing.type == .document else {
@@ -190,7 +190,7 @@ struct MakeFolder: ParsableCommand {
                 }
                 let parts = Vault.components(path)
                 guard let name = parts.last else { throw VaultError.tree(.pathConflict("/")) }
-                let parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
+                let parent = try vault.resolveAcrossShares("/" + parts.dropLast().joined(separator: "/"))
                 try vault.create(in: parent.id, name: name, type: .folder, mode: 0o755)
             }
         }
@@ -210,16 +210,16 @@ struct Move: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let src = try vault.resolve(source)
+            let src = try vault.resolveAcrossShares(source)
             var parentNode: Node
             var name: String
-            if let dst = try? vault.resolve(destination), dst.type == .folder, dst.id != src.id {
+            if let dst = try? vault.resolveAcrossShares(destination), dst.type == .folder, dst.id != src.id {
                 parentNode = dst
                 name = src.name
             } else {
                 let parts = Vault.components(destination)
                 guard let last = parts.last else { throw VaultError.tree(.rootModified) }
-                parentNode = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
+                parentNode = try vault.resolveAcrossShares("/" + parts.dropLast().joined(separator: "/"))
                 name = last
             }
             guard parentNode.type == .folder else { throw VaultError.tree(.notAFolder(destination)) }
@@ -238,7 +238,7 @@ struct Remove: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             for path in paths {
-                let node = try vault.resolve(path)
+                let node = try vault.resolveAcrossShares(path)
                 if node.type == .folder && !r { throw CLIError("\(path) is a folder; use rm -r") }
                 try vault.remove(node.id, recursive: r)
             }

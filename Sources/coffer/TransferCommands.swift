@@ -53,13 +53,13 @@ struct Import: ParsableCommand {
             let base = URL(fileURLWithPath: src).lastPathComponent
             let parent: Node
             let name: String
-            if let dst = try? vault.resolve(destination), dst.type == .folder {
+            if let dst = try? vault.resolveAcrossShares(destination), dst.type == .folder {
                 parent = dst
                 name = base
             } else {
                 let parts = Vault.components(destination)
                 guard let last = parts.last else { throw CLIError("invalid destination \(destination)") }
-                parent = try vault.resolve("/" + parts.dropLast().joined(separator: "/"))
+                parent = try vault.resolveAcrossShares("/" + parts.dropLast().joined(separator: "/"))
                 name = last
             }
             if try vault.lookup(parent.id, name) != nil {
@@ -149,7 +149,7 @@ struct Export: ParsableCommand {
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let node = try vault.resolve(source)
+            let node = try vault.resolveAcrossShares(source)
             let dest = absolute(localFolder)
             var isDir: ObjCBool = false
             if !FileManager.default.fileExists(atPath: dest, isDirectory: &isDir) {
@@ -236,6 +236,11 @@ struct Status: ParsableCommand {
                 "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not "
                     + "yet synced)"
             )
+            let shared = try vault.pendingSharedChanges()
+            if shared > 0 { print("shared:   \(shared) changes in shares not yet synced") }
+            for path in vault.recoveredFromShares {
+                print("recovered: \(path) (written in a share this account can no longer write to)")
+            }
             let sync = vault.syncStatus
             if let server = sync.server {
                 let last = sync.lastSuccessMillis.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"

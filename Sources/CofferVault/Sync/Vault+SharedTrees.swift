@@ -20,10 +20,13 @@ final class MirrorTree: TreeView {
     /// Records read by earlier views (`Vault.sharedRecords`), for views that judge nothing.
     private let shared: SharedRecordCache?
     private(set) var failure: (any Error)?
+    /// As the server sent it (judging a pull) or with this account's unpushed changes over it.
+    let layer: MirrorLayer
 
-    init(reader: StoreReader, cache: SharedRecordCache? = nil) {
+    init(reader: StoreReader, cache: SharedRecordCache? = nil, layer: MirrorLayer = .current) {
         self.reader = reader
-        self.shared = cache
+        self.shared = layer == .current ? cache : nil
+        self.layer = layer
     }
 
     func throwIfFailed() throws { if let failure { throw VaultError.io("\(failure)") } }
@@ -34,7 +37,7 @@ final class MirrorTree: TreeView {
         if let hit = shared?.record(id) { return hit }
         do {
             let generation = shared?.generation ?? 0
-            let m = try reader.sharedFile(id)?.effectiveMetadata
+            let m = try reader.sharedFile(id, layer)?.effectiveMetadata
             read[id] = m
             if let m { shared?.keep(m, readIn: generation) }
             return m
@@ -46,7 +49,7 @@ final class MirrorTree: TreeView {
 
     func childIDs(of id: FileID) -> [FileID] {
         var ids: [FileID]
-        do { ids = try reader.sharedChildIDs(of: id) } catch {
+        do { ids = try reader.sharedChildIDs(of: id, layer) } catch {
             if failure == nil { failure = error }
             ids = []
         }
@@ -58,7 +61,7 @@ final class MirrorTree: TreeView {
 
     func childIDs(of id: FileID, nameMAC: [UInt8]) -> [FileID] {
         var ids: [FileID]
-        do { ids = try reader.sharedChildIDs(of: id, nameMAC: nameMAC) } catch {
+        do { ids = try reader.sharedChildIDs(of: id, nameMAC: nameMAC, layer) } catch {
             if failure == nil { failure = error }
             ids = []
         }
@@ -168,7 +171,7 @@ extension Vault {
         try verifyFeedSignatures(files.map(\.signed))
         let me = accountID
         return try store.read { r in
-            let mirror = MirrorTree(reader: r)
+            let mirror = MirrorTree(reader: r, layer: .pulled)
             for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
             var pending = files.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
             var refused: [FeedRefusal] = []
@@ -180,7 +183,7 @@ extension Vault {
                 var refusedNow = false
                 for f in pending {
                     let m = f.signed.metadata
-                    let held = try r.sharedFile(m.id)
+                    let held = try r.sharedFile(m.id, .pulled)
                     var reason: String?
                     if let held, f.signed.revision < held.signed.revision {
                         reason = "older than the record this device holds (a rollback)"
@@ -250,10 +253,15 @@ extension Vault {
     @discardableResult
     public func applyFeed(_ files: [RemoteFile], gone: [FileID], cursor: Int64) throws -> Set<FileID> {
         var changed: Set<FileID> = []
+        var recovered: [RecoveredFile] = []
         try store.write { w in
+            // This account's unpushed changes, read before the pull changes what they stand on.
+            let intents = try captureSharedIntents(w)
             for f in files {
                 // Another process may have stored a newer one meanwhile.
-                if let held = try w.reader.sharedFile(f.signed.metadata.id), held.signed.revision > f.signed.revision {
+                if let held = try w.reader.sharedFile(f.signed.metadata.id, .pulled),
+                    held.signed.revision > f.signed.revision
+                {
                     continue
                 }
                 try w.putShared(f.stored)
@@ -262,9 +270,11 @@ extension Vault {
             for id in changed { try w.logChange(id) }
             let goneSet = Set(gone)
             for id in gone { changed.formUnion(try dropFromMirror(id, keepingSharesExcept: goneSet, w)) }
+            recovered = try replaySharedIntents(intents, touched: changed, w)
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
         forgetSharedReads()
+        try saveRecovered(recovered)
         return changed
     }
 
@@ -400,9 +410,8 @@ extension Vault {
 
     private func sharedNode(_ m: FileMetadata, name: String, _ view: inout KeyedTree<MirrorTree>) throws -> Node {
         var a = try view.openAttributes(m)
-        // What this account may not write shows no write bits (docs/SHARING.md); for now that
-        // is every shared file, as changes to shares are not made from this side yet.
-        a.mode.value &= ~0o222
+        // What this account may not write shows no write bits (docs/SHARING.md).
+        if view.tree.accessMode(of: accountID, on: m.id) != .write { a.mode.value &= ~0o222 }
         let subfolders =
             m.type == .folder
             ? view.tree.childIDs(of: m.id).filter {
@@ -549,8 +558,12 @@ extension Vault {
     /// removes this account's link to it, if any.
     public func forgetShare(_ id: FileID) throws {
         if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
-        try store.write { w in _ = try dropFromMirror(id, keepingSharesExcept: [], w) }
+        let recovered = try store.write { w -> [RecoveredFile] in
+            let intents = try captureSharedIntents(w)
+            return try replaySharedIntents(intents, touched: try dropFromMirror(id, keepingSharesExcept: [], w), w)
+        }
         forgetSharedReads()
+        try saveRecovered(recovered)
     }
 
     /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A
@@ -565,6 +578,7 @@ extension Vault {
         var seen: Set<FileID> = [id]
         while let next = queue.popLast() {
             try w.removeShared(next)
+            try w.removeSharedLocal(next)
             try w.logChange(next)
             dropped.insert(next)
             for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
@@ -674,27 +688,38 @@ extension Vault {
         return false
     }
 
-    /// Whether a change at `id` would change a share rather than this account's tree: `id` is a
-    /// link (what is made in it is made in the share) or a shared file.
-    public func isInShare(_ id: FileID) -> Bool {
-        let own = state.withLock { $0.view.tree.file(id)?.type }
-        if let own { return own == .link }
-        return (try? store.read { try $0.sharedFile(id) }) != nil
-    }
-
-    /// A shared document opened for reading (the vault's table of open documents is for this
-    /// account's own, whose writes it commits).
+    /// A shared document, opened for writing if this account may write it. A writable one
+    /// joins the vault's table of open documents, as the account's own do (its handles share
+    /// one buffer, and the last release flushes it into the mirror's local layer).
     func openSharedDocument(_ id: FileID) throws -> OpenDocument {
-        let (cipher, digest) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?) in
-            guard let m = view.tree.file(id), Self.isReachable(m, by: accountID, in: view.tree) else {
+        if let doc = openDocuments.withLock({ docs -> OpenDocument? in
+            guard let d = docs[id] else { return nil }
+            d.openCount.add(1, ordering: .relaxed)
+            return d
+        }) {
+            return doc
+        }
+        let me = accountID
+        let (cipher, digest, writable) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?, Bool) in
+            guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else {
                 throw VaultError.tree(.notFound(id.description))
             }
             if m.type == .folder { throw VaultError.tree(.isAFolder(id.description)) }
             guard m.type == .document else { throw VaultError.tree(.notADocument(id.description)) }
-            return (ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest)
+            return (
+                ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest,
+                view.tree.accessMode(of: me, on: id) == .write
+            )
         }
-        return OpenDocument(
+        let fresh = OpenDocument(
             id: id, vault: self, cipher: cipher, manifest: try loadManifest(digest, cipher: cipher), digest: digest,
-            readOnly: true)
+            readOnly: !writable, shared: true)
+        guard writable else { return fresh }
+        return openDocuments.withLock { docs in
+            let doc = docs[id] ?? fresh
+            docs[id] = doc
+            doc.openCount.add(1, ordering: .relaxed)
+            return doc
+        }
     }
 }

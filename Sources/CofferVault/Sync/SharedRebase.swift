@@ -1,0 +1,327 @@
+import CofferContent
+import CofferCrypto
+import CofferModel
+import CofferStore
+import Foundation
+
+/// Merging a write grantee's unpushed changes to shares with what the feed brings
+/// (docs/SHARING.md, "Writing in a share"). Each change is read, before the pull is applied,
+/// for what it meant (names, attributes and content in the clear, with the keys it was made
+/// under); changes the pull touched are then made again on top of the owner's new records, under
+/// whatever keys they now carry, as two devices' edits merge:
+///
+/// - a rename or move stands if its folder is still there and writable (a name taken meanwhile
+///   gets " (conflict)"); attributes merge field by field, the later stamp winning;
+/// - content changed on one side only is that side's (re-encrypted if the owner rotated the
+///   file's key); changed on both, the owner's stays and this account's is saved beside it as
+///   a copy named "NAME (conflict from USER)";
+/// - a deletion stands unless the owner changed the file's content meanwhile;
+/// - nothing written is dropped: a new file, or changed content, that can no longer be placed
+///   (its folder gone, the share revoked, access reduced to read) is saved in this account's own
+///   tree, in a folder named after the share (`Vault.saveRecovered`), and `coffer status` says so.
+struct SharedIntent {
+    let base: FileMetadata?
+    let local: FileMetadata
+    let key: SymmetricKey
+    let name: String
+    let attributes: PosixAttributes
+    let baseAttributes: PosixAttributes?
+    /// The share's name and the folders from it down to the file's, for a recovery.
+    let share: String
+    let folders: [String]
+
+    var id: FileID { local.id }
+    var isNew: Bool { base == nil }
+    var placementChanged: Bool { base.map { $0.parent != local.parent || $0.name != local.name } ?? true }
+    var contentChanged: Bool {
+        local.type == .document && !local.isDeleted && (base == nil || base?.contentDigest != local.contentDigest)
+    }
+    var attributesChanged: Bool { base?.sealedAttributes != local.sealedAttributes }
+    var deletes: Bool { local.isDeleted && base?.isDeleted == false }
+}
+
+/// Something written in a share that could not stay there, to be saved in the account's tree.
+public struct RecoveredFile: Sendable {
+    public let share: String
+    /// Folders below the share, then the file's name.
+    public let path: [String]
+    public let type: FileType
+    public let content: [UInt8]
+    public let attributes: PosixAttributes
+}
+
+extension Vault {
+    /// Reads every unpushed change to shares for what it meant (`SharedIntent`), in the store's
+    /// current state, before a pull changes it. Changes that no longer open (a damaged row) are
+    /// left as they are.
+    func captureSharedIntents(_ w: StoreWriter) throws -> [SharedIntent] {
+        let locals = try w.reader.sharedLocalFiles()
+        guard !locals.isEmpty else { return [] }
+        let me = accountID
+        var view = KeyedTree(tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: grantKeys)
+        var out: [SharedIntent] = []
+        for signed in locals {
+            let m = signed.metadata
+            guard let key = try? view.key(m.id), let name = try? view.openName(m),
+                let attributes = try? view.openAttributes(m)
+            else { continue }
+            let base = try w.reader.sharedFile(m.id, .pulled)?.signed.metadata
+            let baseAttributes = base.flatMap { b in
+                try? PosixAttributes(
+                    decoding: AEAD.open(
+                        b.sealedAttributes, key: key, purpose: .attributes, fileID: b.id.bytes, what: "attributes"))
+            }
+            // The folders from the share down to the file's, by name.
+            var folders: [String] = []
+            var share = "share"
+            var cursor = m.parent
+            for _ in 0...TreeLimits.maxDepth + 1 {
+                guard let f = view.tree.file(cursor) else { break }
+                if f.grant(to: me) != nil {
+                    share = (try? shareName(f, &view)) ?? f.id.description
+                    break
+                }
+                folders.append((try? view.openName(f)) ?? f.id.description)
+                if f.isRoot { break }
+                cursor = f.parent
+            }
+            out.append(
+                SharedIntent(
+                    base: base, local: m, key: key, name: name, attributes: attributes, baseAttributes: baseAttributes,
+                    share: share, folders: folders.reversed()))
+        }
+        return out
+    }
+
+    /// Makes again, over the mirror as the pull left it, each change the pull touched (`touched`:
+    /// ids it stored or dropped); the others stay as they were. Returns what must be saved in
+    /// the account's own tree.
+    func replaySharedIntents(
+        _ intents: [SharedIntent], touched: Set<FileID>, _ w: StoreWriter
+    ) throws -> [RecoveredFile] {
+        let redo = intents.filter { i in
+            touched.contains(i.id) || touched.contains(i.local.parent)
+                || i.base.map { touched.contains($0.parent) } == true
+        }
+        guard !redo.isEmpty else { return [] }
+        for i in redo { try w.removeSharedLocal(i.id) }
+        // Parents before children: a folder made here comes back before what was made in it.
+        let byID = Dictionary(redo.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        func depth(_ i: SharedIntent) -> Int {
+            var d = 0
+            var cursor = i.local.parent
+            while let p = byID[cursor], d < 10_000 {
+                d += 1
+                cursor = p.local.parent
+            }
+            return d
+        }
+        let ordered = redo.sorted { (depth($0), $0.id) < (depth($1), $1.id) }
+        let me = accountID
+        var view = KeyedTree(tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: grantKeys)
+        var recovered: [RecoveredFile] = []
+        func writable(_ folder: FileID, owner: AccountID) -> Bool {
+            guard let f = view.tree.file(folder), f.type == .folder, f.owner == owner else { return false }
+            return Self.isReachable(f, by: me, in: view.tree) && view.tree.accessMode(of: me, on: folder) == .write
+        }
+        func recover(_ i: SharedIntent) throws {
+            guard i.local.type != .folder else { return }  // its contents come with their own paths
+            let content =
+                i.local.type == .document
+                ? try Self.plaintext(i.local.contentDigest, ContentCipher(fileID: i.id, key: i.key), w) : []
+            recovered.append(
+                RecoveredFile(
+                    share: i.share, path: i.folders + [i.name], type: i.local.type, content: content,
+                    attributes: i.attributes))
+        }
+        func store(_ m: FileMetadata, _ view: inout KeyedTree<MirrorTree>) throws {
+            try w.putSharedLocal(unsigned(m))
+            try w.logChange(m.id)
+            // The view's memo holds the record as it was before this write.
+            view.tree.staged[m.id] = m
+            view.cache.forget(m.id)
+        }
+        for i in ordered {
+            if i.isNew {
+                if i.local.isDeleted { continue }
+                guard writable(i.local.parent, owner: i.local.owner) else {
+                    try recover(i)
+                    continue
+                }
+                var m = i.local
+                let name = try Self.freeName(i.name, in: m.parent, for: m.id, &view)
+                m.name = try view.sealName(name, in: m.parent, of: m.id)
+                m.wrappedKey = try view.wrap(i.key, of: m.id, in: m.parent)
+                m.lastModifiedBy = me
+                try store(m, &view)
+                continue
+            }
+            guard let now = view.tree.file(i.id), let base = i.base, Self.isReachable(now, by: me, in: view.tree),
+                view.tree.accessMode(of: me, on: i.id) == .write
+            else {
+                // Gone, deleted or no longer writable: what was written is saved; a rename or an
+                // attribute change of a file that is not there any more has nothing to keep.
+                if i.contentChanged { try recover(i) }
+                continue
+            }
+            let newKey = try view.key(i.id)
+            var m = now
+            m.lastModifiedBy = me
+            let ownerChangedContent = now.contentDigest != base.contentDigest
+            if i.deletes {
+                if !ownerChangedContent { m.isDeleted = true }
+            } else if !now.isDeleted {
+                if i.placementChanged, writable(i.local.parent, owner: now.owner) {
+                    let name = try Self.freeName(i.name, in: i.local.parent, for: i.id, &view)
+                    var moved = m
+                    moved.parent = i.local.parent
+                    moved.name = try view.sealName(name, in: moved.parent, of: i.id)
+                    moved.wrappedKey = try view.wrap(newKey, of: i.id, in: moved.parent)
+                    if moved.shareName != nil {
+                        moved.shareName = AEAD.seal(
+                            Array(name.utf8), key: newKey, purpose: .shareName, fileID: i.id.bytes)
+                    }
+                    if (try? Self.checkSharedPlacement(moved, old: now, in: view.tree, me: me)) != nil { m = moved }
+                }
+                var attributes = try view.openAttributes(now)
+                if i.attributesChanged { attributes = PosixAttributes.merge(i.attributes, attributes) }
+                if i.contentChanged {
+                    if !ownerChangedContent {
+                        if newKey == i.key {
+                            m.contentDigest = i.local.contentDigest
+                        } else {
+                            m.contentDigest = try w.resealContent(
+                                i.local.contentDigest, from: ContentCipher(fileID: i.id, key: i.key),
+                                to: ContentCipher(fileID: i.id, key: newKey)
+                            ).digest
+                        }
+                        attributes.size = i.attributes.size
+                        attributes.mtime = i.attributes.mtime
+                    } else if writable(now.parent, owner: now.owner) {
+                        let copy = try conflictCopy(of: i, in: now.parent, &view, w)
+                        try store(copy, &view)
+                    } else {
+                        try recover(i)
+                    }
+                }
+                m.sealedAttributes = attributes.sealed(key: newKey, of: i.id)
+            }
+            if !PullMerge.sameContent(m, now) { try store(m, &view) }
+        }
+        return recovered
+    }
+
+    /// This account's version of a document the owner changed too, saved beside it as a new
+    /// file under a fresh key: "NAME (conflict from USER)".
+    private func conflictCopy(
+        of i: SharedIntent, in folder: FileID, _ view: inout KeyedTree<MirrorTree>, _ w: StoreWriter
+    ) throws -> FileMetadata {
+        let id = try FileID(random: randomBytes(16))
+        let key = SymmetricKey.random()
+        let content = try w.resealContent(
+            i.local.contentDigest, from: ContentCipher(fileID: i.id, key: i.key),
+            to: ContentCipher(fileID: id, key: key))
+        let name = try Self.freeName(Self.conflictName(i.name, by: username), in: folder, for: id, &view)
+        var attributes = i.attributes
+        attributes.size = content.size
+        let m = FileMetadata(
+            id: id, type: .document, parent: folder, name: try view.sealName(name, in: folder, of: id),
+            owner: i.local.owner, wrappedKey: try view.wrap(key, of: id, in: folder),
+            sealedAttributes: attributes.sealed(key: key, of: id), contentDigest: content.digest,
+            lastModifiedBy: accountID)
+        return m
+    }
+
+    /// "NAME (conflict from USER)", the extension kept at the end ("a (conflict from bob).txt").
+    static func conflictName(_ name: String, by user: String) -> String {
+        let tag = " (conflict from \(user))"
+        if let dot = name.lastIndex(of: "."), dot != name.startIndex {
+            return String(name[..<dot]) + tag + String(name[dot...])
+        }
+        return name + tag
+    }
+
+    /// `name` if no other live file of `folder` has it, else the first free "NAME (conflict N)".
+    static func freeName(
+        _ name: String, in folder: FileID, for id: FileID, _ view: inout KeyedTree<MirrorTree>
+    ) throws -> String {
+        var candidate = name
+        for n in 1...1000 {
+            let taken = try sharedChild(folder, candidate, &view)
+            if taken == nil || taken?.id == id { return candidate }
+            candidate = n == 1 ? "\(name) (conflict)" : "\(name) (conflict \(n))"
+        }
+        throw VaultError.tree(.pathConflict(name))
+    }
+
+    /// A document version's plaintext, read in this transaction.
+    static func plaintext(_ digest: [UInt8]?, _ cipher: ContentCipher, _ w: StoreWriter) throws -> [UInt8] {
+        let manifest = try w.manifest(digest, cipher)
+        var out: [UInt8] = []
+        for ref in manifest.chunks {
+            guard let sealed = try w.reader.chunk(ref.id) else {
+                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            }
+            out += try cipher.openChunk(sealed, ref: ref)
+        }
+        return out
+    }
+
+    static let recoveredSetting = "recoveredFromShares"
+
+    /// Saves what could not stay in a share in this account's own tree, under
+    /// "/Recovered from SHARE" (a free name), and notes it for `coffer status`.
+    func saveRecovered(_ files: [RecoveredFile]) throws {
+        guard !files.isEmpty else { return }
+        var folders: [String: Node] = [:]
+        var saved: [String] = []
+        let root = try resolve("/")
+        for f in files {
+            let top: Node
+            if let known = folders[f.share] {
+                top = known
+            } else {
+                var name = "Recovered from \(f.share)"
+                var n = 1
+                while try lookup(root.id, name) != nil {
+                    n += 1
+                    name = "Recovered from \(f.share) (\(n))"
+                }
+                top = try create(in: root.id, name: name, type: .folder, mode: 0o755)
+                folders[f.share] = top
+            }
+            var folder = top
+            for part in f.path.dropLast() {
+                if let next = try lookup(folder.id, part), next.type == .folder {
+                    folder = next
+                } else {
+                    folder = try create(in: folder.id, name: part, type: .folder, mode: 0o755)
+                }
+            }
+            guard var name = f.path.last else { continue }
+            var n = 1
+            let original = name
+            while try lookup(folder.id, name) != nil {
+                n += 1
+                name = "\(original) (\(n))"
+            }
+            let node = try create(
+                in: folder.id, name: name, type: f.type == .symlink ? .symlink : .document,
+                mode: f.attributes.mode.value, symlinkTarget: f.attributes.symlinkTarget,
+                mtime: f.attributes.mtime.value)
+            if f.type == .document { try writeAll(node.id, f.content, mtime: f.attributes.mtime.value) }
+            saved.append(path(of: node.id))
+        }
+        let note = (try store.read { try $0.setting(Self.recoveredSetting) }).map {
+            String(decoding: $0, as: UTF8.self)
+        }
+        let lines = (note.map { [$0] } ?? []) + saved
+        try store.write { w in try w.setSetting(Self.recoveredSetting, Array(lines.joined(separator: "\n").utf8)) }
+    }
+
+    /// The paths of files saved from shares this account could no longer write to (newest last).
+    public var recoveredFromShares: [String] {
+        guard let bytes = try? store.read({ try $0.setting(Self.recoveredSetting) }) else { return [] }
+        return String(decoding: bytes, as: UTF8.self).split(separator: "\n").map(String.init)
+    }
+}

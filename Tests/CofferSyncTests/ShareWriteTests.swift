@@ -1,0 +1,138 @@
+import CofferCrypto
+import CofferModel
+import CofferProtocol
+import CofferSync
+import CofferTestSupport
+import Foundation
+import Testing
+
+@testable import CofferVault
+
+/// A write grantee's own changes in a share, from the command line through a real server
+/// (docs/SHARING.md, "Writing in a share"): made offline in the mirror's local layer, pushed
+/// into the owner's tree, merged with the owner's changes, and never dropped when access goes.
+@Suite(.serialized) struct ShareWriteTests {
+    /// Alice shares `projects` (notes.txt, old.txt) with bob at `mode`; bob accepts it at
+    /// `/shared`. Both synced.
+    static func world(_ label: String, write: Bool = true) throws -> AliceAndBob {
+        let w = try AliceAndBob(label)
+        for args in [["mkdir", "projects"], ["mkdir", "mine"]] { _ = coffer(w.alice, args) }
+        _ = coffer(w.alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
+        _ = coffer(w.alice, ["write", "projects/old.txt"], stdin: Array("old".utf8))
+        let added = coffer(w.alice, ["share", "add", "projects", "bob"] + (write ? ["--write"] : []))
+        guard added.status == 0 else { throw TestFailure("share add: \(added.err)") }
+        for dir in [w.alice, w.bob] where coffer(dir, ["sync"]).status != 0 { throw TestFailure("sync") }
+        let pending = coffer(w.bob, ["share", "pending"]).out
+        guard let id = pending.split(separator: "\t").first.map(String.init) else { throw TestFailure("no share") }
+        let accepted = coffer(w.bob, ["share", "accept", id, "/", "--name", "shared"])
+        guard accepted.status == 0 else { throw TestFailure("accept: \(accepted.err)") }
+        return w
+    }
+
+    func expectOneLineError(
+        _ r: ProcessResult, containing text: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        #expect(r.status == 1, sourceLocation: sourceLocation)
+        #expect(r.err.hasPrefix("coffer: ") && r.err.split(separator: "\n").count == 1, sourceLocation: sourceLocation)
+        #expect(r.err.contains(text), "\(r.err)", sourceLocation: sourceLocation)
+    }
+
+    @Test func aWriteGranteeEditsCreatesMovesAndDeletesInTheOwnersTree() async throws {
+        let w = try Self.world("coffer-share-write")
+        let (alice, bob) = (w.alice, w.bob)
+        // Offline: nothing reaches the server until bob syncs.
+        #expect(coffer(bob, ["write", "shared/notes.txt"], stdin: Array("plan v2".utf8)).status == 0)
+        #expect(coffer(bob, ["mkdir", "shared/docs"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/docs/a.txt"], stdin: Array("alpha".utf8)).status == 0)
+        #expect(coffer(bob, ["mv", "shared/old.txt", "shared/docs/older.txt"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/tmp.txt"], stdin: Array("tmp".utf8)).status == 0)
+        #expect(coffer(bob, ["rm", "shared/tmp.txt"]).status == 0)
+        #expect(coffer(bob, ["ls", "shared"]).out == "docs/\nnotes.txt\n")
+        #expect(coffer(bob, ["cat", "shared/docs/older.txt"]).out == "old")
+        // notes.txt, the share's folder (its times), docs/, a.txt, old.txt; tmp.txt never left.
+        #expect(coffer(bob, ["status"]).out.contains("shared:   5 changes in shares"))
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "plan")
+
+        // Moves across owners are refused: files keep their owner (the mount answers EXDEV).
+        expectOneLineError(coffer(bob, ["mv", "shared/notes.txt", "/mine.txt"]), containing: "copy instead")
+        #expect(coffer(bob, ["write", "own.txt"], stdin: Array("own".utf8)).status == 0)
+        expectOneLineError(coffer(bob, ["mv", "own.txt", "shared/own.txt"]), containing: "copy instead")
+
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(!coffer(bob, ["status"]).out.contains("shared:"))
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "plan v2")
+        #expect(coffer(alice, ["cat", "projects/docs/a.txt"]).out == "alpha")
+        #expect(coffer(alice, ["cat", "projects/docs/older.txt"]).out == "old")
+        #expect(coffer(alice, ["ls", "projects"]).out == "docs/\nnotes.txt\n")
+        #expect(coffer(alice, ["fsck"]).status == 0)
+        // The owner holds and pays for what bob made: alice's device adopted it as her own.
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["cat", "shared/docs/a.txt"]).out == "alpha")
+        #expect(w.server.audit().status == 0)
+    }
+
+    @Test func aReadOnlyShareRefusesEveryChangeWithOneLine() async throws {
+        let w = try Self.world("coffer-share-write-ro", write: false)
+        let bob = w.bob
+        expectOneLineError(
+            coffer(bob, ["write", "shared/notes.txt"], stdin: Array("x".utf8)), containing: "write access")
+        expectOneLineError(
+            coffer(bob, ["write", "shared/new.txt"], stdin: Array("x".utf8)), containing: "write access")
+        expectOneLineError(coffer(bob, ["mkdir", "shared/d"]), containing: "write access")
+        expectOneLineError(coffer(bob, ["rm", "shared/notes.txt"]), containing: "write access")
+        expectOneLineError(coffer(bob, ["mv", "shared/notes.txt", "shared/n.txt"]), containing: "write access")
+        #expect(coffer(bob, ["ls", "shared"]).out == "notes.txt\nold.txt\n")
+        #expect(!coffer(bob, ["status"]).out.contains("shared:"))
+    }
+
+    /// Both edit one document while apart: the owner's version stays, the grantee's is saved
+    /// beside it; a rename by one and an edit by the other both stand.
+    @Test func concurrentEditsInAShareMergeAndKeepBothVersions() async throws {
+        let w = try Self.world("coffer-share-write-merge")
+        let (alice, bob) = (w.alice, w.bob)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("alice's".utf8)).status == 0)
+        #expect(coffer(alice, ["write", "projects/old.txt"], stdin: Array("old, edited".utf8)).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/notes.txt"], stdin: Array("bob's".utf8)).status == 0)
+        #expect(coffer(bob, ["mv", "shared/old.txt", "shared/renamed.txt"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["ls", "projects"]).out == "notes (conflict from bob).txt\nnotes.txt\nrenamed.txt\n")
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "alice's")
+        #expect(coffer(alice, ["cat", "projects/notes (conflict from bob).txt"]).out == "bob's")
+        #expect(coffer(alice, ["cat", "projects/renamed.txt"]).out == "old, edited")
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["ls", "shared"]).out == "notes (conflict from bob).txt\nnotes.txt\nrenamed.txt\n")
+        #expect(coffer(alice, ["fsck"]).status == 0 && coffer(bob, ["fsck"]).status == 0)
+        #expect(w.server.audit().status == 0)
+    }
+
+    /// Alice revokes bob while bob holds unsynced work in the share: nothing of it is lost, it
+    /// is saved in bob's own tree, and `coffer status` says where.
+    @Test func aRevocationSavesTheGranteesUnsyncedWorkInItsOwnTree() async throws {
+        let w = try Self.world("coffer-share-write-revoke")
+        let (alice, bob) = (w.alice, w.bob)
+        #expect(coffer(bob, ["write", "shared/notes.txt"], stdin: Array("bob's unsynced".utf8)).status == 0)
+        #expect(coffer(bob, ["mkdir", "shared/drafts"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/drafts/new.txt"], stdin: Array("new".utf8)).status == 0)
+        #expect(coffer(alice, ["share", "remove", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(bob, ["cat", "Recovered from projects/notes.txt"]).out == "bob's unsynced")
+        #expect(coffer(bob, ["cat", "Recovered from projects/drafts/new.txt"]).out == "new")
+        let status = coffer(bob, ["status"]).out
+        #expect(status.contains("recovered: /Recovered from projects/notes.txt"), "\(status)")
+        #expect(!status.contains("shared:"))
+        // None of it reached alice's tree.
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "plan")
+        #expect(coffer(alice, ["ls", "projects"]).out == "notes.txt\nold.txt\n")
+        #expect(coffer(bob, ["fsck"]).status == 0)
+    }
+}
