@@ -80,4 +80,75 @@ import Testing
         #expect(coffer(bob.dataDir, ["share", "pending"]).out.hasPrefix(id + "\t"))
         #expect(coffer(bob.dataDir, ["fsck"]).status == 0)
     }
+
+    /// A write share in a real mount: every tool writes in it as in the account's own tree, the
+    /// daemon pushes into the owner's tree, and moves across owners answer EXDEV.
+    @Test func aWriteShareIsWrittenByOrdinaryToolsInTheMount() throws {
+        let tmp = TemporaryDirectory("coffer-share-mount-write")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let alice = tmp.sub("alice")
+        #expect(coffer(alice, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(alice, ["mkdir", "projects"]).status == 0)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan\n".utf8)).status == 0)
+        let bob = try MountFixture(
+            "coffer-share-mount-write-bob", mount: false, initArguments: ["init", "bob", "--server", server.url],
+            mountArguments: ["--sync-interval", "1", "--sync-quiet", "0.3"])
+        #expect(coffer(alice, ["share", "add", "projects", "bob", "--write"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob.dataDir, ["sync"]).status == 0)
+        let id = coffer(bob.dataDir, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob.dataDir, ["share", "accept", id, "/", "--name", "work"]).status == 0)
+        try bob.mount()
+        let share = bob.path("work")
+        var st = stat()
+        #expect(stat(share + "/notes.txt", &st) == 0 && st.st_mode & 0o200 != 0)
+
+        // Writes, appends, folders, moves, an editor's save-by-rename, attributes, links.
+        #expect(writeFile(share + "/new.txt", "new") == 0)
+        let fd = open(share + "/notes.txt", O_WRONLY | O_APPEND)
+        #expect(fd >= 0 && write(fd, "more\n", 5) == 5 && close(fd) == 0)
+        #expect(mkdir(share + "/dir", 0o755) == 0)
+        #expect(Glibc.rename(share + "/new.txt", share + "/dir/new.txt") == 0)
+        #expect(writeFile(share + "/.draft.swp", "saved by an editor\n") == 0)
+        #expect(Glibc.rename(share + "/.draft.swp", share + "/draft.txt") == 0)
+        #expect(chmod(share + "/draft.txt", 0o600) == 0)
+        #expect(symlink("draft.txt", share + "/latest") == 0)
+        #expect(writeFile(share + "/gone.txt", "x") == 0 && unlink(share + "/gone.txt") == 0)
+        // Tools: a copy in with rsync, a git repository made inside.
+        let source = tmp.sub("source")
+        try FileManager.default.createDirectory(atPath: source + "/sub", withIntermediateDirectories: true)
+        #expect(writeFile(source + "/sub/a.txt", "alpha") == 0)
+        #expect(run("/usr/bin/rsync", ["-a", source + "/", share + "/copied/"]).status == 0)
+        let gitEnv = ["GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t"]
+        let git = run("/usr/bin/env", gitEnv + ["git", "-C", share + "/copied", "init", "-q"])
+        #expect(git.status == 0, "\(git.err)")
+        let add = run("/usr/bin/env", gitEnv + ["git", "-C", share + "/copied", "add", "."])
+        let commit = run("/usr/bin/env", gitEnv + ["git", "-C", share + "/copied", "commit", "-qm", "first"])
+        #expect(add.status == 0 && commit.status == 0, "\(add.err) \(commit.err)")
+        #expect(run("/usr/bin/env", ["git", "-C", share + "/copied", "log", "--oneline"]).out.contains("first"))
+
+        // Across owners: EXDEV, which mv answers by copying.
+        #expect(writeFile(bob.path("mine.txt"), "mine") == 0)
+        #expect(Glibc.rename(bob.path("mine.txt"), share + "/mine.txt") == -1 && errno == EXDEV)
+        #expect(Glibc.rename(share + "/draft.txt", bob.path("draft.txt")) == -1 && errno == EXDEV)
+        #expect(run("/bin/mv", [bob.path("mine.txt"), share + "/mine.txt"]).status == 0)
+
+        // The daemon pushes it all into alice's tree.
+        #expect(
+            eventually(timeout: 20, interval: 0.5) {
+                _ = coffer(alice, ["sync"])
+                return coffer(alice, ["cat", "projects/copied/sub/a.txt"]).out == "alpha"
+                    && coffer(alice, ["cat", "projects/mine.txt"]).out == "mine"
+            }, "bob's mount did not push; log: \(bob.log)")
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "plan\nmore\n")
+        #expect(coffer(alice, ["cat", "projects/dir/new.txt"]).out == "new")
+        #expect(coffer(alice, ["cat", "projects/draft.txt"]).out == "saved by an editor\n")
+        #expect(coffer(alice, ["ls", "-l", "projects/draft.txt"]).out.hasPrefix("-rw------- "))
+        let listed = coffer(alice, ["ls", "projects"]).out
+        #expect(listed == "copied/\ndir/\ndraft.txt\nlatest\nmine.txt\nnotes.txt\n", "\(listed)")
+        #expect(coffer(alice, ["fsck"]).status == 0)
+        try bob.unmount()
+        #expect(coffer(bob.dataDir, ["fsck"]).status == 0)
+        #expect(server.audit().status == 0)
+    }
 }

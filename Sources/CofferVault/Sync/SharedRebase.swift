@@ -99,11 +99,20 @@ extension Vault {
     func replaySharedIntents(
         _ intents: [SharedIntent], touched: Set<FileID>, _ w: StoreWriter
     ) throws -> [RecoveredFile] {
-        let redo = intents.filter { i in
-            touched.contains(i.id) || touched.contains(i.local.parent)
-                || i.base.map { touched.contains($0.parent) } == true
+        var redoIDs = Set(
+            intents.filter { i in
+                touched.contains(i.id) || touched.contains(i.local.parent)
+                    || i.base.map { touched.contains($0.parent) } == true
+            }.map(\.id))
+        guard !redoIDs.isEmpty else { return [] }
+        // What was made or moved inside a change made again is made again too: its folder may
+        // not stay (saved in the account's tree instead), and nothing may be left inside it.
+        while true {
+            let more = intents.filter { !redoIDs.contains($0.id) && redoIDs.contains($0.local.parent) }
+            if more.isEmpty { break }
+            redoIDs.formUnion(more.map(\.id))
         }
-        guard !redo.isEmpty else { return [] }
+        let redo = intents.filter { redoIDs.contains($0.id) }
         for i in redo { try w.removeSharedLocal(i.id) }
         // Parents before children: a folder made here comes back before what was made in it.
         let byID = Dictionary(redo.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
@@ -125,7 +134,6 @@ extension Vault {
             return Self.isReachable(f, by: me, in: view.tree) && view.tree.accessMode(of: me, on: folder) == .write
         }
         func recover(_ i: SharedIntent) throws {
-            guard i.local.type != .folder else { return }  // its contents come with their own paths
             let content =
                 i.local.type == .document
                 ? try Self.plaintext(i.local.contentDigest, ContentCipher(fileID: i.id, key: i.key), w) : []
@@ -299,17 +307,19 @@ extension Vault {
                 }
             }
             guard var name = f.path.last else { continue }
+            // A folder saved with what was in it: the first of its files made it already.
+            if f.type == .folder, let existing = try lookup(folder.id, name), existing.type == .folder { continue }
             var n = 1
             let original = name
             while try lookup(folder.id, name) != nil {
                 n += 1
                 name = "\(original) (\(n))"
             }
+            let type: FileType = f.type == .folder || f.type == .symlink ? f.type : .document
             let node = try create(
-                in: folder.id, name: name, type: f.type == .symlink ? .symlink : .document,
-                mode: f.attributes.mode.value, symlinkTarget: f.attributes.symlinkTarget,
-                mtime: f.attributes.mtime.value)
-            if f.type == .document { try writeAll(node.id, f.content, mtime: f.attributes.mtime.value) }
+                in: folder.id, name: name, type: type, mode: f.attributes.mode.value,
+                symlinkTarget: type == .symlink ? f.attributes.symlinkTarget : nil, mtime: f.attributes.mtime.value)
+            if type == .document { try writeAll(node.id, f.content, mtime: f.attributes.mtime.value) }
             saved.append(path(of: node.id))
         }
         let note = (try store.read { try $0.setting(Self.recoveredSetting) }).map {
