@@ -339,9 +339,18 @@ extension Authorization {
     /// only write at or above the file is asked, and a grant given up cannot be told from a
     /// grant never held, so such a record is refused (the owner's devices re-sign what grantees
     /// write as they pull it, which closes that window; docs/SHARING.md, "What devices verify").
+    ///
+    /// `held`, when given, is the tree as the device held it before the pull: a writer whose
+    /// owner-signed grant the device saw there counts too, so a grantee's record still stands
+    /// when the same pull brings the grantee's own give-up (a tombstone it signed, which alone
+    /// proves nothing).
     public static func checkPulled<T: TreeView>(
-        _ m: FileMetadata, old: FileMetadata?, in tree: T, verify: Verify
+        _ m: FileMetadata, old: FileMetadata?, in tree: T, held: (any TreeView)? = nil, verify: Verify
     ) throws(AccessError) {
+        func wrote(_ actor: AccountID, atOrAbove id: FileID) -> Bool {
+            tree.heldWrite(by: actor, atOrAbove: id, verify: verify)
+                || held?.heldWrite(by: actor, atOrAbove: id, verify: verify) == true
+        }
         if let old, old == m { return }  // what the device holds already
         let actor = m.lastModifiedBy
         let name = m.id.description
@@ -354,7 +363,7 @@ extension Authorization {
         if m.isRoot { throw .denied("\(name) is another account's root") }
         let denied = AccessError.denied("\(name) was written by an account without write access to it")
         guard let old else {
-            if tree.heldWrite(by: actor, atOrAbove: m.id, verify: verify) { return }
+            if wrote(actor, atOrAbove: m.id) { return }
             throw denied
         }
         var grantsOnly = old
@@ -366,16 +375,23 @@ extension Authorization {
         {
             return
         }
+        // A new key generation wrapped under the same folder is the owner's rotation, which a
+        // writer's later change to the file carries along (the device never saw the owner's
+        // version in between). A writer cannot rotate (the server holds it to write on the
+        // folder above); one that forged it could make the file unreadable, no more than the
+        // write access it holds on the file already lets it do.
+        let rotationCarried =
+            old.wrappedKey != m.wrappedKey && m.keyGeneration > old.keyGeneration && old.parent == m.parent
         let placementChanged =
             old.parent != m.parent || old.name != m.name || old.isDeleted != m.isDeleted
-            || old.wrappedKey != m.wrappedKey
+            || (old.wrappedKey != m.wrappedKey && !rotationCarried)
         if placementChanged {
-            guard tree.heldWrite(by: actor, atOrAbove: old.parent, verify: verify) else { throw denied }
-            if old.parent != m.parent, !tree.heldWrite(by: actor, atOrAbove: m.parent, verify: verify) {
+            guard wrote(actor, atOrAbove: old.parent) else { throw denied }
+            if old.parent != m.parent, !wrote(actor, atOrAbove: m.parent) {
                 throw denied
             }
         }
-        guard tree.heldWrite(by: actor, atOrAbove: m.id, verify: verify) else { throw denied }
+        guard wrote(actor, atOrAbove: m.id) else { throw denied }
     }
 
     /// Grants of a pulled record, each judged by its own signature, whoever wrote the record: a

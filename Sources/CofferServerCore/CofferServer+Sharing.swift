@@ -85,7 +85,9 @@ extension CofferServer {
     ///   reported gone), and whose own grant on it the batch changed (so a revoked grantee
     ///   learns of its revocation);
     /// - a folder that comes into an account's view (a new grant, a move into a shared folder):
-    ///   its whole live subtree, which the account has never been sent.
+    ///   its whole subtree, deleted files included: an account that saw the folder before (a
+    ///   share revoked or given up, then granted again) may have a device that slept through
+    ///   the gap and still holds files deleted meanwhile, of which nothing else would tell it.
     static func feedPlan(
         changed: [FileMetadata], marked: Set<FileID>, batch: Batch<StorageTreeView>
     ) -> [Data:
@@ -118,7 +120,7 @@ extension CofferServer {
             sees.remove(m.owner)
             let newcomers = sees.subtracting(saw)
             if m.type == .folder, !m.isDeleted, !newcomers.isEmpty {
-                tell(newcomers, liveDescendants(of: m.id, in: batch))
+                tell(newcomers, descendants(of: m.id, in: batch))
             }
         }
         for id in marked where batch.changes[id] == nil {
@@ -131,14 +133,14 @@ extension CofferServer {
         return feed
     }
 
-    /// The live files below `id` (not `id` itself), breadth first.
-    static func liveDescendants<T: TreeView>(of id: FileID, in tree: T) -> [FileID] {
+    /// The files below `id` (not `id` itself), deleted ones included.
+    static func descendants<T: TreeView>(of id: FileID, in tree: T) -> [FileID] {
         var out: [FileID] = []
         var queue = [id]
         var seen: Set<FileID> = [id]
         while let next = queue.popLast() {
             for c in tree.childIDs(of: next) where seen.insert(c).inserted {
-                guard let m = tree.file(c), !m.isDeleted else { continue }
+                guard let m = tree.file(c) else { continue }
                 out.append(c)
                 if m.type == .folder { queue.append(c) }
             }

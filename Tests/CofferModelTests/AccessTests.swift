@@ -541,4 +541,51 @@ struct AccessTests {
         only.lastModifiedBy = dave
         #expect(throws: AccessError.self) { try check(only) }
     }
+
+    /// A write grantee's change that the same pull brings with its own give-up (a tombstone it
+    /// signed): the device saw the owner's grant in the tree it held, so the record stands; a
+    /// device that never held that grant still refuses it.
+    @Test func aWritersRecordStandsBesideItsGiveUpWhenTheDeviceHeldTheGrant() throws {
+        let held = sharedTree()
+        var staged = held
+        var shared = held.file(fid(2))!
+        shared.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)
+        shared.lastModifiedBy = bob
+        staged.insert(shared)
+        var doc = held.file(fid(3))!
+        doc.contentDigest = [0xAB]
+        doc.lastModifiedBy = bob
+        staged.insert(doc)
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(doc, old: held.file(fid(3)), in: staged, verify: fakeVerify)
+        }
+        try Authorization.checkPulled(doc, old: held.file(fid(3)), in: staged, held: held, verify: fakeVerify)
+        // What the device held shows no grant to carol's write: her record stays refused.
+        var byCarol = held.file(fid(3))!
+        byCarol.contentDigest = [0xCD]
+        byCarol.lastModifiedBy = carol
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(byCarol, old: held.file(fid(3)), in: staged, held: held, verify: fakeVerify)
+        }
+    }
+
+    /// The owner rotated the shared folder's key, then a write grantee changed the folder's
+    /// attributes on top: a device that held the version before the rotation sees the grantee
+    /// change the key wrapping, which it may not do itself, but with a new key generation under
+    /// the same folder it is the owner's rotation carried along. The same wrapping change
+    /// without a new generation is still refused.
+    @Test func aGranteesChangeMayCarryTheOwnersRotationOfTheSharedFolder() throws {
+        var shared = sharedTree().file(fid(2))!
+        shared.wrappedKey = [7, 7, 7]
+        shared.keyGeneration = 1
+        shared.sealedAttributes = [4, 5, 6]
+        shared.lastModifiedBy = bob
+        try check(shared)
+        shared.keyGeneration = 0
+        #expect(throws: AccessError.self) { try check(shared) }
+        // Nor does a new generation excuse a move.
+        shared.keyGeneration = 1
+        shared.parent = fid(6)
+        #expect(throws: AccessError.self) { try check(shared) }
+    }
 }

@@ -135,4 +135,83 @@ import Testing
         #expect(coffer(alice, ["ls", "projects"]).out == "notes.txt\nold.txt\n")
         #expect(coffer(bob, ["fsck"]).status == 0)
     }
+
+    /// Bob changes the top of the share (a new file there bumps the shared folder's times) while
+    /// alice removes carol, which gives the folder a new key: bob's change is made again under
+    /// it, and both see everything.
+    @Test func aGranteesChangeAtTheTopOfTheShareOutlivesTheOwnersRotation() async throws {
+        let w = try AliceAndBob("coffer-share-write-top", others: ["carol"])
+        let (alice, bob, carol) = (w.alice, w.bob, w.others["carol"] ?? "")
+        _ = coffer(alice, ["mkdir", "projects"])
+        _ = coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
+        #expect(coffer(alice, ["share", "add", "projects", "bob", "--write"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "carol"]).status == 0)
+        for dir in [alice, bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
+        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob, ["share", "accept", id, "/", "--name", "shared"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/top.txt"], stdin: Array("bob's".utf8)).status == 0)
+        #expect(coffer(alice, ["share", "remove", "projects", "carol"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["cat", "projects/top.txt"]).out == "bob's")
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["cat", "shared/notes.txt"]).out == "plan")
+        #expect(coffer(bob, ["ls", "shared"]).out == "notes.txt\ntop.txt\n")
+        #expect(coffer(alice, ["fsck"]).status == 0 && coffer(bob, ["fsck"]).status == 0)
+    }
+
+    /// Alice's device rotates the share's keys (removing carol) while bob, who has not heard of
+    /// it, writes a new document below: alice's next sync fetches bob's content under the key
+    /// bob wrote it with, seals it again under the new one, and loses nothing.
+    @Test func anOwnerRotatingWhileAGranteeWritesBelowKeepsTheGranteesContent() async throws {
+        let w = try AliceAndBob("coffer-share-write-rotate", others: ["carol"])
+        let (alice, bob, carol) = (w.alice, w.bob, w.others["carol"] ?? "")
+        _ = coffer(alice, ["mkdir", "-p", "g/p"])
+        _ = coffer(alice, ["write", "g/p/x.txt"], stdin: Array("x".utf8))
+        #expect(coffer(alice, ["share", "add", "g", "bob", "--write"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "g", "carol"]).status == 0)
+        for dir in [alice, bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
+        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob, ["share", "accept", id, "/", "--name", "g"]).status == 0)
+        #expect(coffer(alice, ["share", "remove", "g", "carol"]).status == 0)  // not synced yet
+        #expect(coffer(bob, ["write", "g/p/new.txt"], stdin: Array("from bob".utf8)).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        let synced = coffer(alice, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(alice, ["cat", "g/p/new.txt"]).out == "from bob")
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["cat", "g/p/new.txt"]).out == "from bob")
+        #expect(coffer(alice, ["fsck"]).status == 0 && coffer(bob, ["fsck"]).status == 0)
+        #expect(w.server.audit().status == 0)
+    }
+
+    /// Bob's laptop gives the share up; alice deletes a file and shares the folder again, all
+    /// while bob's desktop is away. A give-up changes no file below the folder, so nothing but
+    /// the share's second coming can tell the desktop of the deletion: it brings the folder's
+    /// deleted files too.
+    @Test func aShareGrantedAgainTellsADeviceThatWasAwayOfFilesDeletedMeanwhile() async throws {
+        let w = try Self.world("coffer-share-write-again", write: false)
+        let (alice, bob) = (w.alice, w.bob)
+        let desktop = w.tmp.sub("bob-desktop")
+        let export = coffer(bob, ["account", "export"]).out
+        #expect(
+            coffer(desktop, ["account", "import", "--server", w.server.url], stdin: Array(export.utf8)).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(desktop, ["sync"]).status == 0)
+        #expect(coffer(desktop, ["ls", "shared"]).out == "notes.txt\nold.txt\n")
+        let ids = try Vault.open(dataDirectory: bob).incomingShares().map(\.id)
+        #expect(ids.count == 1)
+        #expect(coffer(bob, ["share", "reject", ids.first?.description ?? ""]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["rm", "projects/old.txt"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let synced = coffer(desktop, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(desktop, ["ls", "shared"]).out == "notes.txt\n")
+        #expect(coffer(desktop, ["cat", "shared/notes.txt"]).out == "plan")
+    }
 }

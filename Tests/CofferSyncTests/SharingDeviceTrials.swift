@@ -9,7 +9,8 @@ import Testing
 /// Randomized trials of sharing between devices: three accounts with two devices each, on one
 /// real server, create, write, rename, move and delete in their own trees, share folders with
 /// each other (read or write), change modes and revoke, and accept, reject and drop shares, in a
-/// seeded random order. After each round every device syncs until quiet, and then:
+/// seeded random order, and write in the shares they accepted (refused in read shares). After
+/// each round every device syncs until quiet, and then:
 /// - each account's two devices hold the same tree, shares seen through links included;
 /// - each device's pending and accepted shares are exactly the folders other accounts share
 ///   with its account (a live grant, not inside another share to it), and each shows exactly
@@ -28,6 +29,7 @@ import Testing
     }
 
     static let names = ["a", "b", "c.txt", "d.txt"]
+    let debug = ProcessInfo.processInfo.environment["COFFER_TRIAL_DEBUG"] != nil
 
     /// Path → "type content" of the live files below `id`, through `children` (a folder of the
     /// account's own tree, a link, or a shared folder); links found are not followed.
@@ -72,8 +74,9 @@ import Testing
         let folders = (try? ownFolders(d)) ?? []
         let here = rng.int(3) == 0 || folders.isEmpty ? d.vault.rootID : rng.pick(folders)
         let name = rng.pick(Self.names)
+        let kind = rng.int(12)
         do {
-            switch rng.int(9) {
+            switch kind {
             case 0:
                 try d.vault.create(in: here, name: name, type: .folder, mode: 0o755)
             case 1, 2:
@@ -107,13 +110,49 @@ import Testing
                 } else {
                     try d.vault.acceptShare(s.id, in: d.vault.rootID, name: "s-\(s.id.description.prefix(8))")
                 }
-            default:  // give a share up
+            case 8:  // give a share up
                 let shares = try d.vault.incomingShares()
                 guard let s = shares.isEmpty ? nil : rng.pick(shares) else { return false }
                 try await d.engine.rejectShare(s.id)
+            default:  // write in an accepted share (refused unless it is a write share), or accept one
+                let all = try d.vault.incomingShares()
+                let shares = all.filter { $0.link != nil }
+                guard let s = shares.isEmpty ? nil : rng.pick(shares) else {
+                    guard let p = all.isEmpty ? nil : rng.pick(all) else { return false }
+                    try d.vault.acceptShare(p.id, in: d.vault.rootID, name: "s-\(p.id.description.prefix(8))")
+                    return true
+                }
+                var inside: [Node] = []
+                func walk(_ id: FileID) throws {
+                    for c in try d.vault.children(of: id) {
+                        inside.append(c)
+                        if c.type == .folder { try walk(c.id) }
+                    }
+                }
+                try walk(s.id)
+                let folders = [s.id] + inside.filter { $0.type == .folder }.map(\.id)
+                let there = rng.pick(folders)
+                switch rng.int(5) {
+                case 0:
+                    try d.vault.create(in: there, name: name, type: .folder, mode: 0o755)
+                case 1, 2:
+                    let node =
+                        try d.vault.lookup(there, name)
+                        ?? d.vault.create(in: there, name: name, type: .document, mode: 0o644)
+                    guard node.type == .document else { return false }
+                    try d.vault.writeAll(node.id, Array("\(account.name).\(d.name) \(rng.next())".utf8))
+                case 3:
+                    guard let f = inside.isEmpty ? nil : rng.pick(inside) else { return false }
+                    try d.vault.rename(f.id, to: there, name: rng.pick(Self.names), mode: .noReplace)
+                default:
+                    guard let f = inside.isEmpty ? nil : rng.pick(inside) else { return false }
+                    try d.vault.remove(f.id, recursive: true)
+                }
             }
+            if debug { print("step ok: \(account.name).\(d.name) kind \(kind)") }
             return true
         } catch {
+            if debug { print("step refused: \(account.name).\(d.name) kind \(kind): \(error)") }
             return false
         }
     }
@@ -195,7 +234,9 @@ import Testing
                     // Devices sync at random between steps too, so changes cross mid-flight.
                     if rng.int(3) == 0 {
                         let a = rng.pick(accounts)
-                        try await rng.pick(a.devices).sync()
+                        let dev = rng.pick(a.devices)
+                        if debug { print("sync \(a.name).\(dev.name) \(dev.vault.accountID)") }
+                        try await dev.sync()
                     }
                 }
                 try await check(accounts, seed: seed, round: round)

@@ -108,7 +108,8 @@ final class Device: @unchecked Sendable {
         return out
     }
 
-    var pending: Int { (try? vault.pendingRecords().count) ?? -1 }
+    /// Changes not pushed yet: to the account's own tree and, as a grantee, to shares.
+    var pending: Int { (try? vault.pendingRecords().count + vault.pendingSharedChanges()) ?? -1 }
 }
 
 /// A server and some devices of one account.

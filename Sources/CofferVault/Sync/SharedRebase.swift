@@ -62,9 +62,14 @@ extension Vault {
         var out: [SharedIntent] = []
         for signed in locals {
             let m = signed.metadata
-            guard let key = try? view.key(m.id), let name = try? view.openName(m),
-                let attributes = try? view.openAttributes(m)
-            else { continue }
+            // A share's own folder is named under a key this account never holds: by its
+            // shared name (its place and name are its owner's; only its times and attributes
+            // change here).
+            let name =
+                m.grant(to: me) != nil ? (try? shareName(m, &view)) ?? m.id.description : try? view.openName(m)
+            guard let key = try? view.key(m.id), let name, let attributes = try? view.openAttributes(m) else {
+                continue
+            }
             let base = try w.reader.sharedFile(m.id, .pulled)?.signed.metadata
             let baseAttributes = base.flatMap { b in
                 try? PosixAttributes(

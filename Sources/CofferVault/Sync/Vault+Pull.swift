@@ -175,11 +175,14 @@ extension Vault {
             var staged: [FileID: FileMetadata] = [:]
             for f in files { staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
             let base = LookupTree { id in try staged[id] ?? r.file(id, .base)?.effectiveMetadata }
+            // The tree as this device held it: a writer's grant seen there counts too (its
+            // give-up may come in this same pull).
+            let held = LookupTree { id in try r.file(id, .base)?.effectiveMetadata }
             for f in others {
                 let m = f.signed.metadata
                 do {
                     try Authorization.checkPulled(
-                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base,
+                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base, held: held,
                         verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                 } catch {
                     throw VaultError.corrupt(
@@ -188,6 +191,7 @@ extension Vault {
                 }
             }
             try base.throwIfFailed()
+            try held.throwIfFailed()
         }
     }
 
@@ -219,10 +223,11 @@ extension Vault {
                         if m == nil { missed = true }
                         return m
                     }
+                    let held = LookupTree { id in try r.file(id, .base)?.effectiveMetadata }
                     do {
                         try Authorization.checkPulled(
                             f.signed.metadata, old: try r.file(f.signed.metadata.id, .base)?.signed.metadata, in: tree,
-                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                            held: held, verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                     } catch {
                         try tree.throwIfFailed()
                         guard missed else {
@@ -256,11 +261,54 @@ extension Vault {
             {
                 guard let digest = f.signed.metadata.contentDigest else { continue }
                 if try store.read({ try $0.manifest(digest) }) != nil { continue }
-                // An orphan: dropped at apply.
-                guard let k = try? view.key(f.signed.metadata.id) else { continue }
-                out.append(ContentNeed(fileID: f.signed.metadata.id, digest: digest, key: k))
+                // Under a key of its folder that a rotation on this device replaced (pushed by
+                // another writer before it learned of the rotation): the merge seals it again
+                // (`settleKeys`), opening its content with the key it was written under, which
+                // must therefore be fetched. An orphan has no key at all: dropped at apply.
+                let id = f.signed.metadata.id
+                let current = try? view.key(id)
+                guard let k = try current ?? keyUnderEarlierKeys(id, pulled: files, view.access) else { continue }
+                out.append(ContentNeed(fileID: id, digest: digest, key: k))
             }
             return out
+        }
+    }
+
+    /// A pulled file's key through any version of its ancestors this device holds or pulls
+    /// (base, unpushed local, pulled), for a file written under a key since replaced. Nil if
+    /// none opens it.
+    func keyUnderEarlierKeys(
+        _ id: FileID, pulled files: [RemoteFile], _ access: any KeyAccess
+    ) throws
+        -> SymmetricKey?
+    {
+        let pulled = Dictionary(
+            files.map { ($0.signed.metadata.id, $0.signed.metadata) }, uniquingKeysWith: { a, _ in a })
+        return try store.read { r in
+            var memo: [FileID: [SymmetricKey]] = [:]
+            func keys(_ id: FileID, _ depth: Int) throws -> [SymmetricKey] {
+                if let k = memo[id] { return k }
+                memo[id] = []
+                var out: [SymmetricKey] = []
+                let versions = [pulled[id], try r.file(id, .local)?.metadata, try r.file(id, .base)?.metadata]
+                for case let v? in versions {
+                    if let k = try? access.directKey(of: v) {
+                        if !out.contains(k) { out.append(k) }
+                        continue
+                    }
+                    guard !v.isRoot, depth <= TreeLimits.maxDepth else { continue }
+                    for parentKey in try keys(v.parent, depth + 1) {
+                        if let k = try? KeyWrap.unwrap(v.wrappedKey, with: parentKey, fileID: id.bytes),
+                            !out.contains(k)
+                        {
+                            out.append(k)
+                        }
+                    }
+                }
+                memo[id] = out
+                return out
+            }
+            return try keys(id, 0).first
         }
     }
 

@@ -70,7 +70,8 @@ extension Vault {
                     do {
                         try Authorization.check(
                             changed: ids, before: before, after: view.tree,
-                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) }, describe: view.describe)
+                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
+                            describe: sharedDescribe(view.tree))
                     } catch {
                         if case AccessError.crossOwner(let why) = error { throw VaultError.crossOwner(why) }
                         throw VaultError.denied("\(error)")
@@ -95,6 +96,28 @@ extension Vault {
             forgetSharedReads()
             return result
         } catch { throw VaultError.wrap(error) }
+    }
+
+    /// A shared file's path for messages: the share's name, then the folders below it (a
+    /// share's parent is its owner's, which this account never sees).
+    func sharedDescribe(_ tree: MirrorTree) -> Validator.Describe {
+        let me = accountID
+        let access = grantKeys
+        return { [self] id in
+            var view = KeyedTree(tree: tree, access: access)
+            var parts: [String] = []
+            var cursor = id
+            while let m = view.tree.file(cursor), parts.count < 4096 {
+                if m.grant(to: me) != nil {
+                    parts.append((try? shareName(m, &view)) ?? m.id.description)
+                    break
+                }
+                parts.append((try? view.name(cursor)) ?? cursor.description)
+                if m.isRoot { break }
+                cursor = m.parent
+            }
+            return parts.reversed().joined(separator: "/")
+        }
     }
 
     /// The tree's invariants for one changed record of a share, as far as the mirror shows the

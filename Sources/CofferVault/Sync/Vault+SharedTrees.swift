@@ -172,6 +172,7 @@ extension Vault {
         let me = accountID
         return try store.read { r in
             let mirror = MirrorTree(reader: r, layer: .pulled)
+            let before = MirrorTree(reader: r, layer: .pulled)
             for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
             var pending = files.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
             var refused: [FeedRefusal] = []
@@ -194,7 +195,7 @@ extension Vault {
                     } else {
                         do {
                             try Authorization.checkPulled(
-                                m, old: held?.signed.metadata, in: mirror,
+                                m, old: held?.signed.metadata, in: mirror, held: before,
                                 verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                         } catch { reason = "\(error)" }
                     }
