@@ -11,6 +11,9 @@ public enum SealPurpose: UInt8, Sendable {
     case accountKey = 6
     /// A shared file's name under its own key, for its grantees (`FileMetadata.shareName`).
     case shareName = 7
+    /// Work saved from a share this account can no longer write to, queued until it is in the
+    /// account's own tree (`recovery_queue`), under the account's root key.
+    case recovery = 8
 
     /// Names and attributes (which hold symlink targets and xattr values) are padded before
     /// sealing (`Padding`), so the server does not learn their exact lengths.

@@ -344,8 +344,14 @@ extension Authorization {
     /// owner-signed grant the device saw there counts too, so a grantee's record still stands
     /// when the same pull brings the grantee's own give-up (a tombstone it signed, which alone
     /// proves nothing).
+    ///
+    /// `keyOpens`, when given (a device that holds the keys above the file: the owner's), says
+    /// whether a record's key unwraps under its folder's key there; a rotation carried by a
+    /// writer's change counts only if it does, so a forged wrapping is refused where it can be
+    /// told.
     public static func checkPulled<T: TreeView>(
-        _ m: FileMetadata, old: FileMetadata?, in tree: T, held: (any TreeView)? = nil, verify: Verify
+        _ m: FileMetadata, old: FileMetadata?, in tree: T, held: (any TreeView)? = nil,
+        keyOpens: ((FileMetadata) -> Bool)? = nil, verify: Verify
     ) throws(AccessError) {
         func wrote(_ actor: AccountID, atOrAbove id: FileID) -> Bool {
             tree.heldWrite(by: actor, atOrAbove: id, verify: verify)
@@ -378,10 +384,11 @@ extension Authorization {
         // A new key generation wrapped under the same folder is the owner's rotation, which a
         // writer's later change to the file carries along (the device never saw the owner's
         // version in between). A writer cannot rotate (the server holds it to write on the
-        // folder above); one that forged it could make the file unreadable, no more than the
-        // write access it holds on the file already lets it do.
+        // folder above); the owner's devices check the new wrapping opens (`keyOpens`), and a
+        // grantee's device, which cannot, never uses it (its key comes from its grant).
         let rotationCarried =
             old.wrappedKey != m.wrappedKey && m.keyGeneration > old.keyGeneration && old.parent == m.parent
+            && keyOpens?(m) != false
         let placementChanged =
             old.parent != m.parent || old.name != m.name || old.isDeleted != m.isDeleted
             || (old.wrappedKey != m.wrappedKey && !rotationCarried)

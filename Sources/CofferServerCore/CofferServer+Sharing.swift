@@ -85,9 +85,9 @@ extension CofferServer {
     ///   reported gone), and whose own grant on it the batch changed (so a revoked grantee
     ///   learns of its revocation);
     /// - a folder that comes into an account's view (a new grant, a move into a shared folder):
-    ///   its whole subtree, deleted files included: an account that saw the folder before (a
-    ///   share revoked or given up, then granted again) may have a device that slept through
-    ///   the gap and still holds files deleted meanwhile, of which nothing else would tell it.
+    ///   its whole live subtree; and, to an account granted there before (a share revoked or
+    ///   given up, then granted again), its deleted files too: a device of it that slept through
+    ///   the gap may still hold files deleted meanwhile, of which nothing else would tell it.
     static func feedPlan(
         changed: [FileMetadata], marked: Set<FileID>, batch: Batch<StorageTreeView>
     ) -> [Data:
@@ -120,7 +120,12 @@ extension CofferServer {
             sees.remove(m.owner)
             let newcomers = sees.subtracting(saw)
             if m.type == .folder, !m.isDeleted, !newcomers.isEmpty {
-                tell(newcomers, descendants(of: m.id, in: batch))
+                let below = descendants(of: m.id, in: batch)
+                tell(newcomers, below.live)
+                // Deleted files only to accounts granted here before: a new grantee is never
+                // sent what was deleted before it was invited.
+                let returning = newcomers.filter { heldGrant($0, atOrAbove: m.id, in: view) }
+                if !returning.isEmpty { tell(returning, below.deleted) }
             }
         }
         for id in marked where batch.changes[id] == nil {
@@ -133,19 +138,34 @@ extension CofferServer {
         return feed
     }
 
-    /// The files below `id` (not `id` itself), deleted ones included.
-    static func descendants<T: TreeView>(of id: FileID, in tree: T) -> [FileID] {
-        var out: [FileID] = []
-        var queue = [id]
+    /// The files below `id` (not `id` itself): live, and deleted (explicitly or below a
+    /// deleted folder).
+    static func descendants<T: TreeView>(of id: FileID, in tree: T) -> (live: [FileID], deleted: [FileID]) {
+        var live: [FileID] = []
+        var deleted: [FileID] = []
+        var queue = [(id, false)]
         var seen: Set<FileID> = [id]
-        while let next = queue.popLast() {
+        while let (next, gone) = queue.popLast() {
             for c in tree.childIDs(of: next) where seen.insert(c).inserted {
                 guard let m = tree.file(c) else { continue }
-                out.append(c)
-                if m.type == .folder { queue.append(c) }
+                let isGone = gone || m.isDeleted
+                if isGone { deleted.append(c) } else { live.append(c) }
+                if m.type == .folder { queue.append((c, isGone)) }
             }
         }
-        return out
+        return (live, deleted)
+    }
+
+    /// Whether `account` held a grant, live or revoked, on `id` or a folder above it.
+    static func heldGrant<T: TreeView>(_ account: AccountID, atOrAbove id: FileID, in tree: T) -> Bool {
+        var cursor = id
+        for _ in 0...TreeLimits.maxDepth + 1 {
+            guard let m = tree.file(cursor) else { return false }
+            if m.access.contains(where: { $0.account == account }) { return true }
+            if m.isRoot { return false }
+            cursor = m.parent
+        }
+        return false
     }
 }
 

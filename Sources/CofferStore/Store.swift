@@ -271,6 +271,8 @@ public final class Store: Sendable {
         // A write grantee's own changes to shared files, not pushed yet (docs/SHARING.md,
         // "Writing in a share"): laid over the mirror as `local_files` is over `base_files`,
         // so what the feed sends stays what the server holds, the ground a merge starts from.
+        // And the queue of work saved from shares this account can no longer write to, sealed,
+        // kept until it is in the account's own tree.
         m.registerMigration("v7") { db in
             try db.execute(
                 sql: """
@@ -283,6 +285,11 @@ public final class Store: Sendable {
                     ) WITHOUT ROWID;
                     CREATE INDEX shared_local_parent ON shared_local(parent, name_mac);
                     CREATE INDEX shared_local_digest ON shared_local(content_digest);
+                    CREATE TABLE recovery_queue (
+                        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                        item BLOB NOT NULL,
+                        content_digest BLOB
+                    );
                     """)
         }
         return m
@@ -819,7 +826,8 @@ public final class Store: Sendable {
                             SELECT content_digest FROM base_files WHERE content_digest IS NOT NULL
                             UNION SELECT content_digest FROM local_files WHERE content_digest IS NOT NULL
                             UNION SELECT content_digest FROM shared_files WHERE content_digest IS NOT NULL
-                            UNION SELECT content_digest FROM shared_local WHERE content_digest IS NOT NULL)
+                            UNION SELECT content_digest FROM shared_local WHERE content_digest IS NOT NULL
+                            UNION SELECT content_digest FROM recovery_queue WHERE content_digest IS NOT NULL)
                         """)
                 result.manifests = db.changesCount
                 try db.execute(sql: "DELETE FROM manifest_chunks WHERE digest NOT IN (SELECT digest FROM manifests)")

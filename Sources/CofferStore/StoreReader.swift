@@ -189,6 +189,15 @@ public struct StoreReader {
         }
     }
 
+    /// The recovery queue, oldest first: (seq, sealed item).
+    public func recoveryQueue() throws -> [(seq: Int64, item: [UInt8])] {
+        try with { db in
+            try Row.fetchAll(db.cachedStatement(sql: "SELECT seq, item FROM recovery_queue ORDER BY seq")).map {
+                (($0["seq"] as Int64), [UInt8]($0["item"] as Data))
+            }
+        }
+    }
+
     /// Whether any change to shared files waits to be pushed.
     public func hasSharedLocal() throws -> Bool {
         try with { db in

@@ -138,6 +138,7 @@ public struct StoreWriter {
                             OR EXISTS (SELECT 1 FROM local_files WHERE content_digest = ?1)
                             OR EXISTS (SELECT 1 FROM shared_files WHERE content_digest = ?1)
                             OR EXISTS (SELECT 1 FROM shared_local WHERE content_digest = ?1)
+                            OR EXISTS (SELECT 1 FROM recovery_queue WHERE content_digest = ?1)
                         """), arguments: [digest]) ?? true
         guard !used else { return }
         try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [digest])
@@ -295,6 +296,23 @@ public struct StoreWriter {
                     VALUES (?, ?, ?, ?, ?)
                     """
             ).execute(arguments: args)
+        }
+    }
+
+    /// Queues a sealed item of work saved from a share (its content's manifest, if any, is kept
+    /// until the item is taken off).
+    public func enqueueRecovery(_ item: [UInt8], contentDigest: [UInt8]?) throws {
+        let args: StatementArguments = [Data(item), contentDigest.map { Data($0) }]
+        try session.run { db in
+            try db.cachedStatement(sql: "INSERT INTO recovery_queue (item, content_digest) VALUES (?, ?)")
+                .execute(arguments: args)
+        }
+    }
+
+    /// Takes an item off the recovery queue (saved, or found damaged).
+    public func removeRecovery(_ seq: Int64) throws {
+        try session.run { db in
+            try db.cachedStatement(sql: "DELETE FROM recovery_queue WHERE seq = ?").execute(arguments: [seq])
         }
     }
 

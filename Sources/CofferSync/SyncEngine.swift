@@ -92,6 +92,8 @@ public final class SyncEngine: Sendable {
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
             let gone = try await pullFeed(&report)
+            // Work saved from shares that an interrupted sync left queued.
+            try vault.drainRecovery()
             if gone != nil || linkNote != nil {
                 report.removedLinks = try vault.removeBrokenLinks(gone: gone ?? [])
             }

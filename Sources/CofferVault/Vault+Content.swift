@@ -121,28 +121,10 @@ extension Vault {
                 // Deleted meanwhile (another process's deletion, caught up inside this write).
                 guard s.view.tree.isLive(id) else { return }
                 committed = true
-                let current = try s.view.key(id)
-                // The chunks as the document sealed them: it reads them back by these ids.
-                try w.putChunks(chunks.map { ($0.key, $0.value) })
-                for (chunkID, plain) in unsealed {
-                    try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
-                }
-                if current == cipher.key {
-                    try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
-                } else {
-                    // Another process rotated the file's key while it was open here (a revocation:
-                    // docs/SHARING.md, "Revocation"): what was written goes under the new key too,
-                    // and the document takes the new key. The chunks under the old key stay
-                    // local (no manifest names them; GC takes them).
-                    let rotated = ContentCipher(fileID: id, key: current)
-                    // Its new chunks, sealed or still plain, are read from the buffers it handed over.
-                    let (d, m) = try w.reseal(manifest, from: cipher, to: rotated) { ref in
-                        if let plain = unsealed[ref.id] { return plain }
-                        return try chunks[ref.id].map { try cipher.openChunk($0, ref: ref) }
-                    }
-                    digest = d
-                    resealed = (rotated, m)
-                }
+                (digest, resealed) = try w.storeFlush(
+                    manifest, sealed: sealed, digest: digest, cipher: cipher, current: try s.view.key(id),
+                    chunks: chunks,
+                    unsealed: unsealed)
                 var a = try attributes(id, &s)
                 a.size = manifest.size
                 let stamp = nextStamp(&s)
@@ -176,13 +158,19 @@ extension Vault {
         for id in ids {
             guard let doc = openDocuments.withLock({ $0[id] }) else { continue }
             let seen = doc.committedDigest
-            // Under the file's current key, which a rotation elsewhere may have replaced.
-            guard
-                let (digest, cipher) = try? state.withLock({ s -> ([UInt8], ContentCipher)? in
+            // Under the file's current key, which a rotation elsewhere may have replaced; a
+            // shared document's from the mirror (an owner's change the feed brought).
+            let current =
+                doc.isShared
+                ? try? withSharedView { view, _ -> ([UInt8], ContentCipher)? in
+                    guard let digest = view.tree.file(id)?.contentDigest else { return nil }
+                    return (digest, ContentCipher(fileID: id, key: try view.key(id)))
+                }
+                : try? state.withLock({ s -> ([UInt8], ContentCipher)? in
                     guard let digest = s.view.tree.file(id)?.contentDigest else { return nil }
                     return (digest, ContentCipher(fileID: id, key: try s.view.key(id)))
                 })
-            else { continue }
+            guard let (digest, cipher) = current ?? nil else { continue }
             if let manifest = try? loadManifest(digest, cipher: cipher) {
                 doc.adopt(manifest: manifest, digest: digest, cipher: cipher, seen: seen)
             }
@@ -283,5 +271,34 @@ extension Vault {
         // Open documents may hold chunks no manifest names yet (spilled writes, unlinked files).
         guard openDocuments.withLock({ $0.isEmpty }) else { return nil }
         return try locks.exclusively { try store.collectGarbage() }
+    }
+}
+
+extension StoreWriter {
+    /// Stores what a document's flush hands over, in this transaction: its chunks as it sealed
+    /// them (it reads them back by these ids; small ones still plain, sealed as the statement
+    /// runs), then the manifest. If the file's key is no longer the one it was opened with
+    /// (`current`: another process rotated it, a revocation, docs/SHARING.md), what was written
+    /// goes under the new key too and the document takes it: returned with the new digest. The
+    /// chunks under the old key stay local (no manifest names them; GC takes them).
+    func storeFlush(
+        _ manifest: Manifest, sealed: [UInt8], digest: [UInt8], cipher: ContentCipher, current: SymmetricKey,
+        chunks: [[UInt8]: [UInt8]], unsealed: [[UInt8]: [UInt8]]
+    ) throws -> (digest: [UInt8], resealed: (ContentCipher, Manifest)?) {
+        try putChunks(chunks.map { ($0.key, $0.value) })
+        for (chunkID, plain) in unsealed {
+            try putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
+        }
+        if current == cipher.key {
+            try putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
+            return (digest, nil)
+        }
+        let rotated = ContentCipher(fileID: cipher.fileID, key: current)
+        // Its new chunks, sealed or still plain, are read from the buffers it handed over.
+        let (d, m) = try reseal(manifest, from: cipher, to: rotated) { ref in
+            if let plain = unsealed[ref.id] { return plain }
+            return try chunks[ref.id].map { try cipher.openChunk($0, ref: ref) }
+        }
+        return (d, (rotated, m))
     }
 }

@@ -19,6 +19,16 @@ public struct AttributeChanges: Sendable {
     public var gid: UInt32?
     public var mtime: Timespec?
     public var atime: Timespec?
+    /// Makes these changes to `a`, stamped `stamp`; ctime is `now`.
+    func apply(to a: inout PosixAttributes, at stamp: HybridTimestamp, now: Timespec) {
+        if let mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
+        if let uid { a.uid = Stamped(uid, at: stamp) }
+        if let gid { a.gid = Stamped(gid, at: stamp) }
+        if let mtime { a.mtime = Stamped(mtime, at: stamp) }
+        if let atime { a.atime = Stamped(atime, at: stamp) }
+        a.ctime = now
+    }
+
     public init(
         mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, mtime: Timespec? = nil, atime: Timespec? = nil
     ) {
@@ -443,7 +453,9 @@ extension Vault {
 
     /// RENAME_EXCHANGE: atomically swaps two entries.
     public func exchange(_ a: FileID, _ b: FileID) throws {
-        if isSharedFile(a) || isSharedFile(b) { throw VaultError.notSupported("exchanging files in a share") }
+        if isSharedFile(a) || isSharedFile(b) {
+            throw VaultError.crossOwner("exchanging a shared file with another")
+        }
         try commit { batch, s, _ in
             guard let ma = s.view.tree.file(a), let mb = s.view.tree.file(b) else {
                 throw TreeError.notFound("exchange target")
@@ -535,13 +547,7 @@ extension Vault {
         if let shared = sharedTarget(id) { return try setAttributesInShare(shared, changes) }
         return try commit { batch, s, _ in
             var a = try attributes(id, &s)
-            let stamp = nextStamp(&s)
-            if let mode = changes.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
-            if let uid = changes.uid { a.uid = Stamped(uid, at: stamp) }
-            if let gid = changes.gid { a.gid = Stamped(gid, at: stamp) }
-            if let mt = changes.mtime { a.mtime = Stamped(mt, at: stamp) }
-            if let at = changes.atime { a.atime = Stamped(at, at: stamp) }
-            a.ctime = now()
+            changes.apply(to: &a, at: nextStamp(&s), now: now())
             try setSealedAttributes(id, a, &batch, &s)
             return try node(id, &s)
         }

@@ -421,6 +421,35 @@ public final class Vault: Sendable {
 
     // MARK: Committing
 
+    /// A group commit failed and took this vault's recent writes with it: what is in memory is
+    /// ahead of the store. Start over from the store.
+    func recoverLostGroup(_ s: inout VaultState) throws {
+        guard store.takeLostGroup() else { return }
+        lostGroups.add(1, ordering: .relaxed)
+        try reloadAll(&s, lost: true)
+        for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
+    }
+
+    /// Catches up with other writers inside a write transaction (nobody can commit in between):
+    /// what they changed is forgotten here and kept for `refresh`. Returns the last change
+    /// logged before this transaction's own.
+    func catchUp(_ s: inout VaultState, in w: StoreWriter) throws -> Int64 {
+        // Usually nobody did, and the cheap check spares reading the log. Inside the group
+        // transaction this vault last committed in, with no change logged in this process
+        // since, the log cannot have moved: skip the query.
+        let unmoved =
+            w.groupGeneration != nil && w.groupGeneration == s.checkedGroup && w.lastLoggedInProcess == s.lastSeq
+        let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
+        let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
+        if !ids.isEmpty {
+            s.view.invalidate(ids)
+            s.externalChanges.formUnion(ids)
+            forgetSharedReads()
+        }
+        s.lastSeq = last
+        return latest
+    }
+
     /// Builds a batch under the state lock inside one store write transaction, validates it as a
     /// whole, signs and stores every changed record, and only then updates memory.
     @discardableResult
@@ -430,30 +459,10 @@ public final class Vault: Sendable {
                 let pendingBefore = s.pendingFolderTimes
                 let leaseBefore = s.clockLease
                 do {
-                    if store.takeLostGroup() {
-                        // A group commit failed and took this vault's recent writes with it: what is
-                        // in memory is ahead of the store. Start over from the store.
-                        lostGroups.add(1, ordering: .relaxed)
-                        try reloadAll(&s, lost: true)
-                        for doc in openDocuments.withLock({ Array($0.values) }) { doc.poison() }
-                    }
+                    try recoverLostGroup(&s)
                     let (result, written, lastSeq, group) = try store.write {
                         w -> (R, [(id: FileID, before: FileMetadata?, after: TreeEntry?)], Int64, UInt64?) in
-                        // Catch up with other writers inside this transaction: nobody can commit in between.
-                        // Usually nobody did, and the cheap check spares reading the log.
-                        // Inside the group transaction this vault last committed in, with no change
-                        // logged in this process since, the log cannot have moved: skip the query.
-                        let unmoved =
-                            w.groupGeneration != nil && w.groupGeneration == s.checkedGroup
-                            && w.lastLoggedInProcess == s.lastSeq
-                        let latest = unmoved ? s.lastSeq : try w.reader.lastChange()
-                        let (ids, last) = latest == s.lastSeq ? ([], latest) : try w.reader.changes(after: s.lastSeq)
-                        if !ids.isEmpty {
-                            s.view.invalidate(ids)
-                            s.externalChanges.formUnion(ids)
-                            forgetSharedReads()
-                        }
-                        s.lastSeq = last
+                        let latest = try catchUp(&s, in: w)
                         var batch = Batch(base: s.view.tree)
                         let result = try body(&batch, &s, w)
                         try writeDueFolderTimes(&batch, &s, force: false)

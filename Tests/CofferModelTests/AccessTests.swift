@@ -583,6 +583,16 @@ struct AccessTests {
         try check(shared)
         shared.keyGeneration = 0
         #expect(throws: AccessError.self) { try check(shared) }
+        // A device that holds the keys above (the owner's) refuses a wrapping that does not open.
+        shared.keyGeneration = 1
+        var staged = sharedTree()
+        staged.insert(shared)
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(
+                shared, old: sharedTree().file(fid(2)), in: staged, keyOpens: { _ in false }, verify: fakeVerify)
+        }
+        try Authorization.checkPulled(
+            shared, old: sharedTree().file(fid(2)), in: staged, keyOpens: { _ in true }, verify: fakeVerify)
         // Nor does a new generation excuse a move.
         shared.keyGeneration = 1
         shared.parent = fid(6)

@@ -214,4 +214,84 @@ import Testing
         #expect(coffer(desktop, ["ls", "shared"]).out == "notes.txt\n")
         #expect(coffer(desktop, ["cat", "shared/notes.txt"]).out == "plan")
     }
+
+    /// A folder made in a share and removed with what was made in it, before any push, leaves
+    /// nothing behind that could block the next sync.
+    @Test func aFolderMadeAndRemovedInAShareLeavesNothingBehind() async throws {
+        let w = try Self.world("coffer-share-write-rmr")
+        let bob = w.bob
+        #expect(coffer(bob, ["mkdir", "-p", "shared/n/m"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/n/m/a.txt"], stdin: Array("a".utf8)).status == 0)
+        #expect(coffer(bob, ["rm", "-r", "shared/n"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(!coffer(bob, ["status"]).out.contains("shared:"))
+        #expect(coffer(w.alice, ["sync"]).status == 0)
+        #expect(coffer(w.alice, ["ls", "projects"]).out == "notes.txt\nold.txt\n")
+    }
+
+    /// Alice turns bob's write share into a read share while bob holds unsynced work two levels
+    /// down: the next sync saves it in bob's own tree rather than failing for ever.
+    @Test func writeTakenAwayAboveUnsyncedWorkSavesIt() async throws {
+        let w = try Self.world("coffer-share-write-downgrade")
+        let (alice, bob) = (w.alice, w.bob)
+        #expect(coffer(alice, ["mkdir", "-p", "projects/a/b"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["write", "shared/a/b/deep.txt"], stdin: Array("deep".utf8)).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)  // read now
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(bob, ["cat", "Recovered from projects/a/b/deep.txt"]).out == "deep")
+        #expect(!coffer(bob, ["status"]).out.contains("shared:"))
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["ls", "projects/a/b"]).out.isEmpty)
+    }
+
+    /// A new grantee is sent a shared folder's live files only, never what was deleted in it
+    /// before it was invited.
+    @Test func aNewGranteeIsNotSentWhatWasDeletedBeforeItsInvitation() async throws {
+        let w = try AliceAndBob("coffer-share-write-newcomer")
+        let (alice, bob) = (w.alice, w.bob)
+        _ = coffer(alice, ["mkdir", "projects"])
+        _ = coffer(alice, ["write", "projects/kept.txt"], stdin: Array("k".utf8))
+        _ = coffer(alice, ["write", "projects/secret-draft.txt"], stdin: Array("s".utf8))
+        let draft = try Vault.open(dataDirectory: alice).resolve("projects/secret-draft.txt").id
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["rm", "projects/secret-draft.txt"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        let engine = try SyncEngine.forStore(try Vault.open(dataDirectory: bob))
+        let page = try await engine.client.updates(since: 0, feedOnly: true)
+        let ids = try page.files.map { try SignedMetadata(decoding: Array($0.record)).metadata.id }
+        #expect(ids.count == 2)
+        #expect(!ids.contains(draft))
+    }
+
+    /// The mount daemon's vault writes in a share after the command line rewrote one of the
+    /// account's own files: the write takes the other process's commit in first, so the next
+    /// open reads the command line's version (before, it read the one before).
+    @Test func aShareWriteTakesInWhatAnotherProcessCommittedFirst() async throws {
+        let w = try Self.world("coffer-share-write-catchup")
+        #expect(coffer(w.bob, ["write", "mine.txt"], stdin: Array("v1".utf8)).status == 0)
+        let daemon = try Vault.open(dataDirectory: w.bob)
+        let mine = try daemon.resolve("mine.txt").id
+        #expect(try daemon.readAll(mine) == Array("v1".utf8))
+        #expect(coffer(w.bob, ["write", "mine.txt"], stdin: Array("v2".utf8)).status == 0)
+        _ = try daemon.setAttributes(
+            try daemon.resolveAcrossShares("shared/notes.txt").id, AttributeChanges(mode: 0o600))
+        #expect(try daemon.readAll(mine) == Array("v2".utf8))
+    }
+
+    @Test func namesMadeUpForCopiesFitAFileName() {
+        let long = String(repeating: "é", count: 127)  // 254 bytes
+        let copy = Vault.conflictName(long + ".txt", by: "bob")
+        #expect(copy.utf8.count <= 255 && copy.hasSuffix(" (conflict from bob).txt"))
+        #expect(Vault.conflictName("notes.txt", by: "bob") == "notes (conflict from bob).txt")
+        #expect(Vault.fitted(long, suffix: " (2)").utf8.count <= 255)
+        #expect(Vault.fitted("short", suffix: " (2)") == "short (2)")
+    }
 }

@@ -41,13 +41,62 @@ struct SharedIntent {
 }
 
 /// Something written in a share that could not stay there, to be saved in the account's tree.
-public struct RecoveredFile: Sendable {
-    public let share: String
+/// It waits in the store's recovery queue, sealed under the account's root key, from the
+/// transaction that took it out of the share until it is saved (`Vault.drainRecovery`): no crash
+/// in between loses it.
+struct RecoveredFile: Sendable, Equatable {
+    let share: String
     /// Folders below the share, then the file's name.
-    public let path: [String]
-    public let type: FileType
-    public let content: [UInt8]
-    public let attributes: PosixAttributes
+    let path: [String]
+    let type: FileType
+    let attributes: PosixAttributes
+    /// A document's content as the store keeps it: its manifest, under the file's key.
+    let fileID: FileID
+    let key: SymmetricKey
+    let contentDigest: [UInt8]?
+
+    func encoded() -> [UInt8] {
+        var w = ByteWriter()
+        w.u8(1)
+        w.string(share)
+        w.u32(UInt32(path.count))
+        for p in path { w.string(p) }
+        w.u8(type.rawValue)
+        w.data(attributes.encoded())
+        w.raw(fileID.bytes)
+        w.raw(key.bytes)
+        w.optionalData(contentDigest)
+        return w.bytes
+    }
+
+    init(decoding bytes: [UInt8]) throws {
+        var r = ByteReader(bytes)
+        guard try r.u8() == 1 else { throw DecodingError("unknown saved-work format") }
+        share = try r.string(max: 4096)
+        let count = try r.u32()
+        guard count <= UInt32(TreeLimits.maxDepth) + 1 else { throw DecodingError("saved work nested too deep") }
+        path = try (0..<count).map { _ in try r.string(max: 4096) }
+        guard let t = FileType(rawValue: try r.u8()) else { throw DecodingError("unknown file type") }
+        type = t
+        attributes = try PosixAttributes(decoding: try r.data(max: 1 << 20))
+        fileID = try FileID(bytes: try r.raw(16))
+        key = try SymmetricKey(bytes: try r.raw(32))
+        contentDigest = try r.optionalData(max: 64)
+        try r.expectEnd()
+    }
+
+    init(
+        share: String, path: [String], type: FileType, attributes: PosixAttributes, fileID: FileID,
+        key: SymmetricKey, contentDigest: [UInt8]?
+    ) {
+        self.share = share
+        self.path = path
+        self.type = type
+        self.attributes = attributes
+        self.fileID = fileID
+        self.key = key
+        self.contentDigest = contentDigest
+    }
 }
 
 extension Vault {
@@ -101,14 +150,31 @@ extension Vault {
     /// Makes again, over the mirror as the pull left it, each change the pull touched (`touched`:
     /// ids it stored or dropped); the others stay as they were. Returns what must be saved in
     /// the account's own tree.
+    /// `user` names this account in conflict copies; it is read before the store's write
+    /// transaction (`username` takes the state lock, which is taken before the store's).
     func replaySharedIntents(
-        _ intents: [SharedIntent], touched: Set<FileID>, _ w: StoreWriter
+        _ intents: [SharedIntent], touched: Set<FileID>, user: String, _ w: StoreWriter
     ) throws -> [RecoveredFile] {
         var redoIDs = Set(
             intents.filter { i in
                 touched.contains(i.id) || touched.contains(i.local.parent)
                     || i.base.map { touched.contains($0.parent) } == true
             }.map(\.id))
+        // And every change this account may no longer make where it stands (write taken away
+        // above it, or its folder moved where this account only reads): the pull may have
+        // touched nothing but a folder far above.
+        let me = accountID
+        let probe = MirrorTree(reader: w.reader)
+        for i in intents where !redoIDs.contains(i.id) {
+            let place = i.local.isDeleted ? (i.base?.parent ?? i.local.parent) : i.local.parent
+            guard let folder = probe.file(place), Self.isReachable(folder, by: me, in: probe),
+                probe.accessMode(of: me, on: place) == .write
+            else {
+                redoIDs.insert(i.id)
+                continue
+            }
+        }
+        try probe.throwIfFailed()
         guard !redoIDs.isEmpty else { return [] }
         // What was made or moved inside a change made again is made again too: its folder may
         // not stay (saved in the account's tree instead), and nothing may be left inside it.
@@ -131,7 +197,6 @@ extension Vault {
             return d
         }
         let ordered = redo.sorted { (depth($0), $0.id) < (depth($1), $1.id) }
-        let me = accountID
         var view = KeyedTree(tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: grantKeys)
         var recovered: [RecoveredFile] = []
         func writable(_ folder: FileID, owner: AccountID) -> Bool {
@@ -139,13 +204,10 @@ extension Vault {
             return Self.isReachable(f, by: me, in: view.tree) && view.tree.accessMode(of: me, on: folder) == .write
         }
         func recover(_ i: SharedIntent) throws {
-            let content =
-                i.local.type == .document
-                ? try Self.plaintext(i.local.contentDigest, ContentCipher(fileID: i.id, key: i.key), w) : []
             recovered.append(
                 RecoveredFile(
-                    share: i.share, path: i.folders + [i.name], type: i.local.type, content: content,
-                    attributes: i.attributes))
+                    share: i.share, path: i.folders + [i.name], type: i.local.type, attributes: i.attributes,
+                    fileID: i.id, key: i.key, contentDigest: i.local.type == .document ? i.local.contentDigest : nil))
         }
         func store(_ m: FileMetadata, _ view: inout KeyedTree<MirrorTree>) throws {
             try w.putSharedLocal(unsigned(m))
@@ -211,7 +273,7 @@ extension Vault {
                         attributes.size = i.attributes.size
                         attributes.mtime = i.attributes.mtime
                     } else if writable(now.parent, owner: now.owner) {
-                        let copy = try conflictCopy(of: i, in: now.parent, &view, w)
+                        let copy = try conflictCopy(of: i, in: now.parent, by: user, &view, w)
                         try store(copy, &view)
                     } else {
                         try recover(i)
@@ -227,14 +289,14 @@ extension Vault {
     /// This account's version of a document the owner changed too, saved beside it as a new
     /// file under a fresh key: "NAME (conflict from USER)".
     private func conflictCopy(
-        of i: SharedIntent, in folder: FileID, _ view: inout KeyedTree<MirrorTree>, _ w: StoreWriter
+        of i: SharedIntent, in folder: FileID, by user: String, _ view: inout KeyedTree<MirrorTree>, _ w: StoreWriter
     ) throws -> FileMetadata {
         let id = try FileID(random: randomBytes(16))
         let key = SymmetricKey.random()
         let content = try w.resealContent(
             i.local.contentDigest, from: ContentCipher(fileID: i.id, key: i.key),
             to: ContentCipher(fileID: id, key: key))
-        let name = try Self.freeName(Self.conflictName(i.name, by: username), in: folder, for: id, &view)
+        let name = try Self.freeName(Self.conflictName(i.name, by: user), in: folder, for: id, &view)
         var attributes = i.attributes
         attributes.size = content.size
         let m = FileMetadata(
@@ -249,9 +311,9 @@ extension Vault {
     static func conflictName(_ name: String, by user: String) -> String {
         let tag = " (conflict from \(user))"
         if let dot = name.lastIndex(of: "."), dot != name.startIndex {
-            return String(name[..<dot]) + tag + String(name[dot...])
+            return fitted(String(name[..<dot]), suffix: fitted(tag + String(name[dot...]), suffix: ""))
         }
-        return name + tag
+        return fitted(name, suffix: fitted(tag, suffix: ""))
     }
 
     /// `name` if no other live file of `folder` has it, else the first free "NAME (conflict N)".
@@ -262,76 +324,142 @@ extension Vault {
         for n in 1...1000 {
             let taken = try sharedChild(folder, candidate, &view)
             if taken == nil || taken?.id == id { return candidate }
-            candidate = n == 1 ? "\(name) (conflict)" : "\(name) (conflict \(n))"
+            candidate = fitted(name, suffix: n == 1 ? " (conflict)" : " (conflict \(n))")
         }
         throw VaultError.tree(.pathConflict(name))
     }
 
-    /// A document version's plaintext, read in this transaction.
-    static func plaintext(_ digest: [UInt8]?, _ cipher: ContentCipher, _ w: StoreWriter) throws -> [UInt8] {
-        let manifest = try w.manifest(digest, cipher)
-        var out: [UInt8] = []
-        for ref in manifest.chunks {
-            guard let sealed = try w.reader.chunk(ref.id) else {
-                throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
-            }
-            out += try cipher.openChunk(sealed, ref: ref)
-        }
-        return out
-    }
-
     static let recoveredSetting = "recoveredFromShares"
 
-    /// Saves what could not stay in a share in this account's own tree, under
-    /// "/Recovered from SHARE" (a free name), and notes it for `coffer status`.
-    func saveRecovered(_ files: [RecoveredFile]) throws {
-        guard !files.isEmpty else { return }
-        var folders: [String: Node] = [:]
-        var saved: [String] = []
-        let root = try resolve("/")
+    /// The key saved work is sealed under in the recovery queue: the account's root folder's,
+    /// which only this account holds. Read before a store write (it takes the state lock).
+    func recoveryKey() throws -> (root: FileID, key: SymmetricKey) {
+        try state.withLock { s in
+            guard let root = s.view.tree.rootID else { throw VaultError.tree(.noRoot) }
+            return (root, try s.view.key(root))
+        }
+    }
+
+    /// Queues `files` in this transaction (`drainRecovery` saves them afterwards).
+    func enqueueRecovered(
+        _ files: [RecoveredFile], under key: (root: FileID, key: SymmetricKey), _ w: StoreWriter
+    )
+        throws
+    {
         for f in files {
-            let top: Node
-            if let known = folders[f.share] {
-                top = known
+            let sealed = AEAD.seal(f.encoded(), key: key.key, purpose: .recovery, fileID: key.root.bytes)
+            try w.enqueueRecovery(sealed, contentDigest: f.contentDigest)
+        }
+    }
+
+    /// Saves the queued work from shares in this account's own tree, under "/Recovered from
+    /// SHARE" (a free name), notes each path for `coffer status`, and takes each item off the
+    /// queue once saved. An item that fails stays queued for the next sync (a crash between
+    /// saving and taking it off saves it twice, never loses it); one that no longer opens is
+    /// dropped and reported.
+    public func drainRecovery() throws {
+        let items = try store.read { try $0.recoveryQueue() }
+        guard !items.isEmpty else { return }
+        let key = try recoveryKey()
+        var failure: (any Error)?
+        var folders: [String: FileID] = [:]
+        var saved: [String] = []
+        for (seq, sealed) in items {
+            let f: RecoveredFile
+            do {
+                f = try RecoveredFile(
+                    decoding: AEAD.open(
+                        sealed, key: key.key, purpose: .recovery, fileID: key.root.bytes, what: "saved work"))
+            } catch {
+                try store.write { try $0.removeRecovery(seq) }
+                failure = failure ?? VaultError.corrupt("an item of work saved from a share was damaged and dropped")
+                continue
+            }
+            do {
+                saved.append(try save(f, &folders))
+                try store.write { try $0.removeRecovery(seq) }
+            } catch {
+                failure = failure ?? error
+            }
+        }
+        if !saved.isEmpty {
+            let note = try store.read { try $0.setting(Self.recoveredSetting) }.map {
+                String(decoding: $0, as: UTF8.self)
+            }
+            let lines = (note.map { [$0] } ?? []) + saved
+            try store.write { w in try w.setSetting(Self.recoveredSetting, Array(lines.joined(separator: "\n").utf8)) }
+        }
+        if let failure { throw failure }
+    }
+
+    /// Saves one item; returns its path.
+    private func save(_ f: RecoveredFile, _ folders: inout [String: FileID]) throws -> String {
+        let root = try resolve("/")
+        let top: FileID
+        if let known = folders[f.share], isLive(known) {
+            top = known
+        } else {
+            top = try create(
+                in: root.id, name: try freeOwnName(Self.fitted("Recovered from \(f.share)", suffix: ""), in: root.id),
+                type: .folder, mode: 0o755
+            ).id
+            folders[f.share] = top
+        }
+        var folder = top
+        for part in f.path.dropLast() {
+            let name = Self.fitted(part, suffix: "")
+            if let next = try lookup(folder, name), next.type == .folder {
+                folder = next.id
             } else {
-                var name = "Recovered from \(f.share)"
-                var n = 1
-                while try lookup(root.id, name) != nil {
-                    n += 1
-                    name = "Recovered from \(f.share) (\(n))"
-                }
-                top = try create(in: root.id, name: name, type: .folder, mode: 0o755)
-                folders[f.share] = top
+                folder = try create(in: folder, name: try freeOwnName(name, in: folder), type: .folder, mode: 0o755).id
             }
-            var folder = top
-            for part in f.path.dropLast() {
-                if let next = try lookup(folder.id, part), next.type == .folder {
-                    folder = next
-                } else {
-                    folder = try create(in: folder.id, name: part, type: .folder, mode: 0o755)
-                }
-            }
-            guard var name = f.path.last else { continue }
-            // A folder saved with what was in it: the first of its files made it already.
-            if f.type == .folder, let existing = try lookup(folder.id, name), existing.type == .folder { continue }
-            var n = 1
-            let original = name
-            while try lookup(folder.id, name) != nil {
-                n += 1
-                name = "\(original) (\(n))"
-            }
-            let type: FileType = f.type == .folder || f.type == .symlink ? f.type : .document
-            let node = try create(
-                in: folder.id, name: name, type: type, mode: f.attributes.mode.value,
-                symlinkTarget: type == .symlink ? f.attributes.symlinkTarget : nil, mtime: f.attributes.mtime.value)
-            if type == .document { try writeAll(node.id, f.content, mtime: f.attributes.mtime.value) }
-            saved.append(path(of: node.id))
         }
-        let note = (try store.read { try $0.setting(Self.recoveredSetting) }).map {
-            String(decoding: $0, as: UTF8.self)
+        let last = Self.fitted(f.path.last ?? f.fileID.description, suffix: "")
+        // A folder saved with what was in it: the first of its files made it already.
+        if f.type == .folder, let existing = try lookup(folder, last), existing.type == .folder {
+            return path(of: existing.id)
         }
-        let lines = (note.map { [$0] } ?? []) + saved
-        try store.write { w in try w.setSetting(Self.recoveredSetting, Array(lines.joined(separator: "\n").utf8)) }
+        let type: FileType = f.type == .folder || f.type == .symlink ? f.type : .document
+        let node = try create(
+            in: folder, name: try freeOwnName(last, in: folder), type: type, mode: f.attributes.mode.value,
+            symlinkTarget: type == .symlink ? f.attributes.symlinkTarget : nil, mtime: f.attributes.mtime.value)
+        if type == .document {
+            let cipher = ContentCipher(fileID: f.fileID, key: f.key)
+            let manifest = try loadManifest(f.contentDigest, cipher: cipher)
+            var next = 0
+            try writeContents(node.id, mtime: f.attributes.mtime.value) {
+                guard next < manifest.chunks.count else { return nil }
+                let ref = manifest.chunks[next]
+                next += 1
+                guard let sealed = try store.chunk(ref.id) else {
+                    throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+                }
+                return try cipher.openChunk(sealed, ref: ref)
+            }
+        }
+        return path(of: node.id)
+    }
+
+    /// `name`, or the first free "NAME (N)", in a folder of this account's own tree.
+    private func freeOwnName(_ name: String, in folder: FileID) throws -> String {
+        var candidate = name
+        for n in 2...1001 where try lookup(folder, candidate) != nil {
+            candidate = Self.fitted(name, suffix: " (\(n))")
+        }
+        return candidate
+    }
+
+    /// `base` cut at a character boundary so that, with `suffix`, it fits a file name's 255
+    /// bytes (names this code makes up: conflict copies, saved work).
+    static func fitted(_ base: String, suffix: String) -> String {
+        let budget = FileName.maxBytes - suffix.utf8.count
+        guard base.utf8.count > budget else { return base + suffix }
+        var out = ""
+        for ch in base {
+            if out.utf8.count + String(ch).utf8.count > budget { break }
+            out.append(ch)
+        }
+        return out + suffix
     }
 
     /// The paths of files saved from shares this account could no longer write to (newest last).

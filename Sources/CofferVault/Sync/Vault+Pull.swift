@@ -164,6 +164,16 @@ extension Vault {
         }
     }
 
+    /// Whether a record's key unwraps down this account's own tree as `tree` holds it (the pull
+    /// staged over the base): what `checkPulled` asks of a rotation a writer's change carries.
+    func keyOpens(in tree: LookupTree) -> (FileMetadata) -> Bool {
+        let access = AccountKeyAccess(account: accountID, box: box)
+        return { m in
+            var view = KeyedTree(tree: tree, access: access)
+            return (try? view.key(m.id)) != nil
+        }
+    }
+
     /// Records of this account's tree written by another account must be what the sharing rules
     /// let that account write (`Authorization.checkPulled`), judged against this device's base
     /// with the pull staged over it: a server cannot place a record signed by an account it
@@ -183,7 +193,7 @@ extension Vault {
                 do {
                     try Authorization.checkPulled(
                         m, old: try r.file(m.id, .base)?.signed.metadata, in: base, held: held,
-                        verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                        keyOpens: keyOpens(in: base), verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                 } catch {
                     throw VaultError.corrupt(
                         "the server sent file \(m.id) written by another account against the sharing rules "
@@ -227,7 +237,8 @@ extension Vault {
                     do {
                         try Authorization.checkPulled(
                             f.signed.metadata, old: try r.file(f.signed.metadata.id, .base)?.signed.metadata, in: tree,
-                            held: held, verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                            held: held, keyOpens: vault.keyOpens(in: tree),
+                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                     } catch {
                         try tree.throwIfFailed()
                         guard missed else {

@@ -55,42 +55,55 @@ extension Vault {
         let me = accountID
         do {
             let result = try state.withLock { s in
-                try store.write { w -> R in
-                    var access = grantKeys
-                    access.known = sharedKeys
-                    var view = KeyedTree(
-                        tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: access)
-                    let result = try body(&view, &s, w)
-                    let before = MirrorTree(reader: w.reader)
-                    let ids = view.tree.staged.keys.sorted()
-                    for id in ids {
-                        guard let m = view.tree.staged[id] else { continue }
-                        try Self.checkSharedPlacement(m, old: before.file(id), in: view.tree, me: me)
-                    }
-                    do {
-                        try Authorization.check(
-                            changed: ids, before: before, after: view.tree,
-                            verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
-                            describe: sharedDescribe(view.tree))
-                    } catch {
-                        if case AccessError.crossOwner(let why) = error { throw VaultError.crossOwner(why) }
-                        throw VaultError.denied("\(error)")
-                    }
-                    try view.tree.throwIfFailed()
-                    try before.throwIfFailed()
-                    for id in ids {
-                        guard let m = view.tree.staged[id] else { continue }
-                        // Made here and deleted before the server saw it: nothing to push.
-                        if m.isDeleted, try w.reader.sharedFile(id, .pulled) == nil {
-                            try w.removeSharedLocal(id)
-                        } else {
-                            try w.putSharedLocal(unsigned(m))
+                let leaseBefore = s.clockLease
+                do {
+                    try recoverLostGroup(&s)
+                    let (result, lastSeq, group) = try store.write { w -> (R, Int64, UInt64?) in
+                        // Other processes' commits are taken in first, as for the own tree: an
+                        // open after this write must not build on a version they replaced.
+                        let latest = try catchUp(&s, in: w)
+                        var access = grantKeys
+                        access.known = sharedKeys
+                        var view = KeyedTree(
+                            tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: access)
+                        let result = try body(&view, &s, w)
+                        let before = MirrorTree(reader: w.reader)
+                        let ids = view.tree.staged.keys.sorted()
+                        for id in ids {
+                            guard let m = view.tree.staged[id] else { continue }
+                            try Self.checkSharedPlacement(m, old: before.file(id), in: view.tree, me: me)
                         }
-                        try w.logChange(id)
+                        do {
+                            try Authorization.check(
+                                changed: ids, before: before, after: view.tree,
+                                verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
+                                describe: sharedDescribe(view.tree))
+                        } catch {
+                            if case AccessError.crossOwner(let why) = error { throw VaultError.crossOwner(why) }
+                            throw VaultError.denied("\(error)")
+                        }
+                        try view.tree.throwIfFailed()
+                        try before.throwIfFailed()
+                        for id in ids {
+                            guard let m = view.tree.staged[id] else { continue }
+                            // Made here and deleted before the server saw it: nothing to push.
+                            if m.isDeleted, try w.reader.sharedFile(id, .pulled) == nil {
+                                try w.removeSharedLocal(id)
+                            } else {
+                                try w.putSharedLocal(unsigned(m))
+                            }
+                            try w.logChange(id)
+                        }
+                        try renewClockLease(&s, w)
+                        return (result, w.lastLogged ?? latest, w.groupGeneration)
                     }
-                    try renewClockLease(&s, w)
-                    s.lastSeq = try w.reader.lastChange()
+                    s.checkedGroup = group
+                    s.lastSeq = lastSeq
                     return result
+                } catch {
+                    s.checkedGroup = nil
+                    s.clockLease = leaseBefore  // the write that stored a new one did not land
+                    throw error
                 }
             }
             forgetSharedReads()
@@ -270,7 +283,7 @@ extension Vault {
     /// server knows (a file this account made and never pushed is dropped outright).
     func removeInShare(_ id: FileID, recursive: Bool, expectFolder: Bool?) throws {
         let me = accountID
-        try commitShared { view, s, _ in
+        try commitShared { view, s, w in
             guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else {
                 throw VaultError.tree(.notFound(id.description))
             }
@@ -284,6 +297,19 @@ extension Vault {
             var gone = try Self.staged(id, &view, me: me)
             gone.isDeleted = true
             view.put(gone)
+            // What was made below it here and never pushed goes with it (the server knows none
+            // of it; left behind, it would name a folder that is not there).
+            var queue = m.type == .folder ? [id] : []
+            while let next = queue.popLast() {
+                for c in view.tree.childIDs(of: next) where c != next {
+                    guard let cm = view.tree.file(c), try w.reader.sharedFile(c, .pulled) == nil else { continue }
+                    var dropped = cm
+                    dropped.isDeleted = true
+                    dropped.lastModifiedBy = me
+                    view.put(dropped)
+                    if cm.type == .folder { queue.append(c) }
+                }
+            }
             try touchSharedFolder(m.parent, &view, &s)
         }
     }
@@ -296,14 +322,8 @@ extension Vault {
                 throw VaultError.tree(.notFound(id.description))
             }
             let stamp = nextStamp(&s)
-            let a = try changeSharedAttributes(id, &view) { a in
-                if let mode = changes.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
-                if let uid = changes.uid { a.uid = Stamped(uid, at: stamp) }
-                if let gid = changes.gid { a.gid = Stamped(gid, at: stamp) }
-                if let mt = changes.mtime { a.mtime = Stamped(mt, at: stamp) }
-                if let at = changes.atime { a.atime = Stamped(at, at: stamp) }
-                a.ctime = now()
-            }
+            let time = now()
+            let a = try changeSharedAttributes(id, &view) { changes.apply(to: &$0, at: stamp, now: time) }
             let name = m.grant(to: me) != nil ? (try? shareName(m, &view)) ?? "" : try view.openName(m)
             return Node(id: id, type: m.type, parent: m.parent, name: name, attributes: a)
         }
@@ -316,7 +336,11 @@ extension Vault {
         -> XattrError?
     {
         var refusal: XattrError?
+        let me = accountID
         try commitShared { view, s, _ in
+            guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else {
+                throw VaultError.tree(.notFound(id.description))
+            }
             let stamp = nextStamp(&s)
             _ = try changeSharedAttributes(id, &view) { a in
                 let exists = a.xattrs[name]?.value != nil
@@ -347,27 +371,34 @@ extension Vault {
         var digest = ContentCipher.digest(ofSealedManifest: sealed)
         var resealed: (ContentCipher, Manifest)?
         var committed = false
+        var queued = false
         try commitShared { view, s, w in
             guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree),
                 view.tree.accessMode(of: me, on: id) == .write
-            else { return }
+            else {
+                // Access went (or the file) while it was open here: what was written is saved in
+                // the account's own tree, as for unpushed work (docs/SHARING.md).
+                guard let root = s.view.tree.rootID, let rootKey = try? s.view.key(root) else { return }
+                _ = try w.storeFlush(
+                    manifest, sealed: sealed, digest: digest, cipher: cipher, current: cipher.key, chunks: chunks,
+                    unsealed: unsealed)
+                let parts = sharedDescribe(view.tree)(id).split(separator: "/").map(String.init)
+                var attributes = PosixAttributes(
+                    mode: ownership.mode ?? 0o644, uid: ownership.uid ?? getuid(), gid: ownership.gid ?? getgid(),
+                    mtime: mtime, stamp: nextStamp(&s))
+                attributes.size = manifest.size
+                let saved = RecoveredFile(
+                    share: parts.count > 1 ? parts[0] : "a share",
+                    path: parts.count > 1 ? Array(parts.dropFirst()) : parts,
+                    type: .document, attributes: attributes, fileID: id, key: cipher.key, contentDigest: digest)
+                try enqueueRecovered([saved], under: (root, rootKey), w)
+                queued = true
+                return
+            }
             committed = true
-            let current = try view.key(id)
-            try w.putChunks(chunks.map { ($0.key, $0.value) })
-            for (chunkID, plain) in unsealed {
-                try w.putChunk(id: chunkID, sealing: { cipher.sealChunk(plain, id: chunkID).1 })
-            }
-            if current == cipher.key {
-                try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id))
-            } else {
-                let rotated = ContentCipher(fileID: id, key: current)
-                let (d, m) = try w.reseal(manifest, from: cipher, to: rotated) { ref in
-                    if let plain = unsealed[ref.id] { return plain }
-                    return try chunks[ref.id].map { try cipher.openChunk($0, ref: ref) }
-                }
-                digest = d
-                resealed = (rotated, m)
-            }
+            (digest, resealed) = try w.storeFlush(
+                manifest, sealed: sealed, digest: digest, cipher: cipher, current: try view.key(id), chunks: chunks,
+                unsealed: unsealed)
             let stamp = nextStamp(&s)
             _ = try changeSharedAttributes(id, &view) { a in
                 a.size = manifest.size
@@ -382,6 +413,7 @@ extension Vault {
             changed.contentDigest = digest
             view.put(changed)
         }
+        if queued { try drainRecovery() }
         guard committed else { return nil }
         return (digest, resealed)
     }

@@ -254,7 +254,8 @@ extension Vault {
     @discardableResult
     public func applyFeed(_ files: [RemoteFile], gone: [FileID], cursor: Int64) throws -> Set<FileID> {
         var changed: Set<FileID> = []
-        var recovered: [RecoveredFile] = []
+        let user = username
+        let key = try recoveryKey()
         try store.write { w in
             // This account's unpushed changes, read before the pull changes what they stand on.
             let intents = try captureSharedIntents(w)
@@ -271,11 +272,11 @@ extension Vault {
             for id in changed { try w.logChange(id) }
             let goneSet = Set(gone)
             for id in gone { changed.formUnion(try dropFromMirror(id, keepingSharesExcept: goneSet, w)) }
-            recovered = try replaySharedIntents(intents, touched: changed, w)
+            try enqueueRecovered(try replaySharedIntents(intents, touched: changed, user: user, w), under: key, w)
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
         forgetSharedReads()
-        try saveRecovered(recovered)
+        try drainRecovery()
         return changed
     }
 
@@ -559,12 +560,15 @@ extension Vault {
     /// removes this account's link to it, if any.
     public func forgetShare(_ id: FileID) throws {
         if let link = try liveLinks().first(where: { $0.target == id })?.link { try remove(link) }
-        let recovered = try store.write { w -> [RecoveredFile] in
+        let user = username
+        let key = try recoveryKey()
+        try store.write { w in
             let intents = try captureSharedIntents(w)
-            return try replaySharedIntents(intents, touched: try dropFromMirror(id, keepingSharesExcept: [], w), w)
+            let dropped = try dropFromMirror(id, keepingSharesExcept: [], w)
+            try enqueueRecovered(try replaySharedIntents(intents, touched: dropped, user: user, w), under: key, w)
         }
         forgetSharedReads()
-        try saveRecovered(recovered)
+        try drainRecovery()
     }
 
     /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A
