@@ -306,9 +306,18 @@ public final class Vault: Sendable {
     /// Stores a new clock lease in this write if the clock has come near the stored one: a stamp
     /// is never issued past the stored lease, so a reopened vault starting from the lease issues
     /// only later stamps, without reading every record's attributes to find the latest.
+    ///
+    /// A vault that started from a lease still ahead of the wall clock (a command run within
+    /// seconds of another's write) issues stamps at the lease, counting up, until the wall clock
+    /// passes it: its lease then needs to lie only just past them. Set 10 s ahead each time
+    /// instead, every short-lived process would start 10 s further ahead than the one before,
+    /// and a burst of commands on one device would win every later merge against devices whose
+    /// changes really came after (`ShareWriteTests` found it).
     func renewClockLease(_ s: inout VaultState, _ w: StoreWriter) throws {
         guard s.clock.wallMillis &+ 1000 >= s.clockLease else { return }
-        let lease = s.clock.wallMillis &+ Self.clockLeaseMillis
+        let ahead = s.clock.wallMillis > nowMillis
+        let lease = s.clock.wallMillis &+ (ahead ? 1 : Self.clockLeaseMillis)
+        guard lease > s.clockLease else { return }
         try w.setSetting("clock", Self.bytes(Int64(clamping: lease)))
         s.clockLease = lease
     }

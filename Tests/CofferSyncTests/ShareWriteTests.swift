@@ -294,4 +294,34 @@ import Testing
         #expect(Vault.fitted(long, suffix: " (2)").utf8.count <= 255)
         #expect(Vault.fitted("short", suffix: " (2)") == "short (2)")
     }
+
+    /// Alice rewrites a document; bob, not having heard of it, sets its mtime later: bob's mtime
+    /// wins the merge, but the size stays the content's (alice's), so nobody's fsck finds a
+    /// document whose size says something else. Found by `ShareWriteTrials`.
+    @Test func aGranteesTouchAgainstAnOwnersRewriteKeepsTheContentsSize() async throws {
+        let w = try Self.world("coffer-share-write-touch")
+        let (alice, bob) = (w.alice, w.bob)
+        #expect(coffer(alice, ["write", "projects/notes.txt"], stdin: Array("a longer plan".utf8)).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        // Bob's clock runs a minute ahead, so his change is the later one whatever the leases.
+        let ahead: @Sendable () -> Timespec = {
+            let t = Vault.systemNow()
+            return Timespec(seconds: t.seconds + 60, nanoseconds: t.nanoseconds)
+        }
+        let vault = try Vault.open(dataDirectory: bob, now: ahead)
+        let notes = try vault.resolveAcrossShares("shared/notes.txt").id
+        let later = Timespec(seconds: Int64(Date().timeIntervalSince1970) + 60)
+        _ = try vault.setAttributes(notes, AttributeChanges(mtime: later))
+        let synced = coffer(bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(coffer(alice, ["sync"]).status == 0)
+        #expect(coffer(alice, ["cat", "projects/notes.txt"]).out == "a longer plan")
+        let fsck = coffer(alice, ["fsck"])
+        #expect(fsck.status == 0, "\(fsck.out)")
+        #expect(coffer(bob, ["sync"]).status == 0)
+        #expect(coffer(bob, ["fsck"]).status == 0)
+        _ = try vault.refresh()
+        let merged = try vault.resolveAcrossShares("shared/notes.txt").attributes
+        #expect(merged.size == 13 && merged.mtime.value == later)
+    }
 }

@@ -164,4 +164,25 @@ import Testing
         try reopened.setAttributes(untouched.id, AttributeChanges(mode: 0o600))
         #expect(try reopened.node(untouched.id).attributes.mode.stamp > latest)
     }
+
+    /// Short-lived processes one after another (commands within seconds of each other) keep
+    /// their stamps ordered without running ahead of the wall clock: each starts from the lease
+    /// the last one left, which lies just past its stamps, not 10 s further. Before, ten
+    /// commands in a row stamped 100 s into the future, and their device won every merge
+    /// against devices that really wrote later.
+    @Test func commandsInARowDoNotRunTheClockAhead() throws {
+        let f = try VaultFixture()
+        let d = try f.document("d.txt")
+        var last = try f.vault.node(d.id).attributes.mode.stamp
+        for mode in UInt32(0o600)..<0o612 {
+            let process = try Vault.open(dataDirectory: f.dataDir)
+            try process.setAttributes(d.id, AttributeChanges(mode: mode))
+            let stamp = try process.node(d.id).attributes.mode.stamp
+            #expect(stamp > last)
+            last = stamp
+        }
+        let now = Vault.systemNow()
+        let wall = UInt64(now.seconds) * 1000 + UInt64(now.nanoseconds) / 1_000_000
+        #expect(last.wallMillis <= wall + Vault.clockLeaseMillis + 1000, "\(last.wallMillis - wall) ms ahead")
+    }
 }

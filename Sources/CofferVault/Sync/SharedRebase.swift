@@ -258,8 +258,12 @@ extension Vault {
                     }
                     if (try? Self.checkSharedPlacement(moved, old: now, in: view.tree, me: me)) != nil { m = moved }
                 }
-                var attributes = try view.openAttributes(now)
+                let owners = try view.openAttributes(now)
+                var attributes = owners
                 if i.attributesChanged { attributes = PosixAttributes.merge(i.attributes, attributes) }
+                // The size is the content's: the owner's unless this account's content is taken
+                // below (the merge gives it with the later mtime, which may be the other side's).
+                attributes.size = owners.size
                 if i.contentChanged {
                     if !ownerChangedContent {
                         if newKey == i.key {
