@@ -151,4 +151,63 @@ import Testing
         #expect(coffer(bob.dataDir, ["fsck"]).status == 0)
         #expect(server.audit().status == 0)
     }
+
+    /// Two accounts' mounts on one real server edit one shared folder, each seeing the other's
+    /// files; then the owner revokes the other while its mount writes: nothing the grantee's
+    /// mount wrote is lost (what the server had taken stays in the owner's tree, the rest is
+    /// saved in the grantee's own tree), and the share leaves the grantee's mount.
+    @Test func twoAccountsMountsEditOneSharedFolderAndARevocationLosesNothing() throws {
+        let tmp = TemporaryDirectory("coffer-share-two-mounts")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let daemon = ["--sync-interval", "1", "--sync-quiet", "0.3"]
+        let alice = try MountFixture(
+            "coffer-share-two-alice", mount: false, initArguments: ["init", "alice", "--server", server.url],
+            mountArguments: daemon)
+        let bob = try MountFixture(
+            "coffer-share-two-bob", mount: false, initArguments: ["init", "bob", "--server", server.url],
+            mountArguments: daemon)
+        #expect(coffer(alice.dataDir, ["mkdir", "team"]).status == 0)
+        #expect(coffer(alice.dataDir, ["share", "add", "team", "bob", "--write"]).status == 0)
+        #expect(coffer(alice.dataDir, ["sync"]).status == 0)
+        #expect(coffer(bob.dataDir, ["sync"]).status == 0)
+        let id = coffer(bob.dataDir, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(bob.dataDir, ["share", "accept", id, "/", "--name", "team"]).status == 0)
+        try alice.mount()
+        try bob.mount()
+        defer {
+            try? alice.unmount()
+            try? bob.unmount()
+        }
+        // Both write; each mount shows the other's file.
+        #expect(writeFile(alice.path("team/from-alice.txt"), "alice\n") == 0)
+        #expect(writeFile(bob.path("team/from-bob.txt"), "bob\n") == 0)
+        #expect(
+            eventually(timeout: 20, interval: 0.2) {
+                text(alice.path("team/from-bob.txt")) == "bob\n" && text(bob.path("team/from-alice.txt")) == "alice\n"
+            }, "the mounts did not meet; logs:\n\(alice.log)\n\(bob.log)")
+        // Bob writes on while alice revokes him.
+        var wrote: [Int] = []
+        for i in 0..<5 where writeFile(bob.path("team/bob-\(i).txt"), "bob \(i)\n") == 0 { wrote.append(i) }
+        #expect(wrote.count == 5)
+        #expect(coffer(alice.dataDir, ["share", "remove", "team", "bob"]).status == 0)
+        // Refused once the share has left bob's mount (its folder is gone): those were never written.
+        for i in 5..<10 where writeFile(bob.path("team/bob-\(i).txt"), "bob \(i)\n") == 0 { wrote.append(i) }
+        // Each of bob's files ends in alice's tree or in bob's own "Recovered from team".
+        #expect(
+            eventually(timeout: 30, interval: 0.5) {
+                !FileManager.default.fileExists(atPath: bob.path("team/from-alice.txt"))
+            }, "the share did not leave bob's mount; log:\n\(bob.log)")
+        #expect(
+            eventually(timeout: 10, interval: 0.5) { coffer(bob.dataDir, ["status"]).out.contains("shared:") == false })
+        for i in wrote {
+            let name = "bob-\(i).txt"
+            let kept = eventually(timeout: 10, interval: 0.5) {
+                text(alice.path("team/" + name)) == "bob \(i)\n"
+                    || text(bob.path("Recovered from team/" + name)) == "bob \(i)\n"
+            }
+            #expect(kept, "\(name) was lost; logs:\n\(alice.log)\n\(bob.log)")
+        }
+        #expect(coffer(alice.dataDir, ["fsck"]).status == 0)
+        #expect(coffer(bob.dataDir, ["fsck"]).status == 0)
+    }
 }
