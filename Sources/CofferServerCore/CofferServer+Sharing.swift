@@ -124,7 +124,9 @@ extension CofferServer {
                 tell(newcomers, below.live)
                 // Deleted files only to accounts granted here before: a new grantee is never
                 // sent what was deleted before it was invited.
-                let returning = newcomers.filter { heldGrant($0, atOrAbove: m.id, in: view) }
+                let returning = newcomers.filter {
+                    below.granted.contains($0) || heldGrant($0, atOrAbove: m.id, in: view)
+                }
                 if !returning.isEmpty { tell(returning, below.deleted) }
             }
         }
@@ -139,21 +141,26 @@ extension CofferServer {
     }
 
     /// The files below `id` (not `id` itself): live, and deleted (explicitly or below a
-    /// deleted folder).
-    static func descendants<T: TreeView>(of id: FileID, in tree: T) -> (live: [FileID], deleted: [FileID]) {
+    /// deleted folder); and the accounts holding any grant below it.
+    static func descendants<T: TreeView>(
+        of id: FileID, in tree: T
+    ) -> (live: [FileID], deleted: [FileID], granted: Set<AccountID>) {
         var live: [FileID] = []
         var deleted: [FileID] = []
+        // Accounts granted (live or revoked) on a folder below: granted there before.
+        var granted: Set<AccountID> = []
         var queue = [(id, false)]
         var seen: Set<FileID> = [id]
         while let (next, gone) = queue.popLast() {
             for c in tree.childIDs(of: next) where seen.insert(c).inserted {
                 guard let m = tree.file(c) else { continue }
+                for e in m.access { granted.insert(e.account) }
                 let isGone = gone || m.isDeleted
                 if isGone { deleted.append(c) } else { live.append(c) }
                 if m.type == .folder { queue.append((c, isGone)) }
             }
         }
-        return (live, deleted)
+        return (live, deleted, granted)
     }
 
     /// Whether `account` held a grant, live or revoked, on `id` or a folder above it.

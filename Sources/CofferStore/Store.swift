@@ -287,6 +287,7 @@ public final class Store: Sendable {
                     CREATE INDEX shared_local_digest ON shared_local(content_digest);
                     CREATE TABLE recovery_queue (
                         seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                        file_id BLOB NOT NULL,
                         item BLOB NOT NULL,
                         content_digest BLOB
                     );

@@ -189,6 +189,11 @@ public struct StoreReader {
         }
     }
 
+    /// How many items wait in the recovery queue.
+    public func recoveryQueueCount() throws -> Int {
+        try with { db in try Int.fetchOne(db.cachedStatement(sql: "SELECT COUNT(*) FROM recovery_queue")) ?? 0 }
+    }
+
     /// The recovery queue, oldest first: (seq, sealed item).
     public func recoveryQueue() throws -> [(seq: Int64, item: [UInt8])] {
         try with { db in

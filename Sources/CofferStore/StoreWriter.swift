@@ -300,11 +300,14 @@ public struct StoreWriter {
     }
 
     /// Queues a sealed item of work saved from a share (its content's manifest, if any, is kept
-    /// until the item is taken off).
-    public func enqueueRecovery(_ item: [UInt8], contentDigest: [UInt8]?) throws {
-        let args: StatementArguments = [Data(item), contentDigest.map { Data($0) }]
+    /// until the item is taken off), replacing one queued for the same file (a document flushed
+    /// again after its share went: the later content holds the earlier).
+    public func enqueueRecovery(_ item: [UInt8], file: FileID, contentDigest: [UInt8]?) throws {
+        let id = Data(file.bytes)
+        let args: StatementArguments = [id, Data(item), contentDigest.map { Data($0) }]
         try session.run { db in
-            try db.cachedStatement(sql: "INSERT INTO recovery_queue (item, content_digest) VALUES (?, ?)")
+            try db.cachedStatement(sql: "DELETE FROM recovery_queue WHERE file_id = ?").execute(arguments: [id])
+            try db.cachedStatement(sql: "INSERT INTO recovery_queue (file_id, item, content_digest) VALUES (?, ?, ?)")
                 .execute(arguments: args)
         }
     }

@@ -21,6 +21,8 @@ public struct SyncReport: Sendable {
     public var refusedShared: [FeedRefusal] = []
     /// Links removed because the share they placed is gone (revoked, given up or deleted).
     public var removedLinks = 0
+    /// Why work saved from shares could not be put in the account's tree yet (it stays queued).
+    public var recoveryFailure: String?
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -92,8 +94,11 @@ public final class SyncEngine: Sendable {
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
             let gone = try await pullFeed(&report)
-            // Work saved from shares that an interrupted sync left queued.
-            try vault.drainRecovery()
+            // Work saved from shares that an earlier sync could not save yet. A failure here
+            // keeps it queued (`coffer status` counts it) and stops nothing else.
+            do { try vault.drainRecovery() } catch {
+                report.recoveryFailure = ServerText.sanitized("\(error)", limit: 300)
+            }
             if gone != nil || linkNote != nil {
                 report.removedLinks = try vault.removeBrokenLinks(gone: gone ?? [])
             }

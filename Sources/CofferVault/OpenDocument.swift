@@ -68,7 +68,6 @@ public final class OpenDocument: Sendable {
         var digest: [UInt8]?
         /// Set when a failed group commit took chunks this handle's buffers refer to: every
         /// later read, write or flush fails (EIO) instead of committing a manifest with holes.
-        var poisoned = false
         /// Full chunks a background spill is sealing and storing, by index. Until it swaps in
         /// their refs they are still the file's content (reads look here after `dirty`); a write
         /// or truncate that touches one takes it back into `dirty`, and the spill then drops
@@ -169,20 +168,28 @@ public final class OpenDocument: Sendable {
         "permission denied: writing this file needs write access; it is shared read-only")
     static let lostWrites = VaultError.io("the store lost this file's unsaved writes (a commit failed); reopen it")
 
-    func poison() { state.withLock { $0.poisoned = true } }
+    /// Set when a failed group commit took this document's writes with it. An atomic of its own:
+    /// a vault commit made inside this document's flush (under its lock) may poison it.
+    private let poisonedAtomic = Atomic<Bool>(false)
+    func poison() { poisonedAtomic.store(true, ordering: .relaxed) }
+    var isPoisoned: Bool { poisonedAtomic.load(ordering: .relaxed) }
 
     /// Another account's document read through a read share: every write is refused (EACCES).
     public let isReadOnly: Bool
     /// Another account's document: its flush commits to the mirror's local layer.
     let isShared: Bool
+    /// Where a shared document was when opened (the share's name, the folders below it, its
+    /// name): where what it flushes is saved if its share goes while it is open.
+    let sharedPlace: [String]
 
     init(
         id: FileID, vault: Vault, cipher: ContentCipher, manifest: Manifest, digest: [UInt8]?, readOnly: Bool = false,
-        shared: Bool = false
+        shared: Bool = false, sharedPlace: [String] = []
     ) {
         self.id = id
         self.isReadOnly = readOnly
         self.isShared = shared
+        self.sharedPlace = sharedPlace
         self.vault = vault
         let size = manifest.size
         state = Mutex(
@@ -279,7 +286,7 @@ public final class OpenDocument: Sendable {
         var cipher: ContentCipher?
         try state.withLock { s in
             cipher = s.cipher
-            if s.poisoned { throw Self.lostWrites }
+            if isPoisoned { throw Self.lostWrites }
             guard offset < s.size, count > 0 else { return }
             let end = min(s.size, offset + UInt64(count))
             for (index, within, take) in ChunkSpans(from: offset, to: end, chunkSize: s.chunkSize) {
@@ -364,7 +371,7 @@ public final class OpenDocument: Sendable {
         guard bytes.count > 0 else { return }
         try Self.checkSize(offset, plus: UInt64(bytes.count))
         try state.withLock { s in
-            if s.poisoned { throw Self.lostWrites }
+            if isPoisoned { throw Self.lostWrites }
             if let e = s.spillError {
                 s.spillError = nil
                 throw e
@@ -407,7 +414,7 @@ public final class OpenDocument: Sendable {
         if isReadOnly { throw Self.readOnly }
         try Self.checkSize(newSize, plus: 0)
         try state.withLock { s in
-            if s.poisoned { throw Self.lostWrites }
+            if isPoisoned { throw Self.lostWrites }
             guard newSize != s.size || touchingTimes else { return }
             if newSize < s.size {
                 let keep = Int((newSize + UInt64(s.chunkSize) - 1) / UInt64(s.chunkSize))
@@ -437,7 +444,7 @@ public final class OpenDocument: Sendable {
         if isReadOnly { throw Self.readOnly }
         try Self.checkSize(end, plus: 0)
         try state.withLock { s in
-            if s.poisoned { throw Self.lostWrites }
+            if isPoisoned { throw Self.lostWrites }
             s.size = max(s.size, end)
             contentChanged(&s)
         }
@@ -573,7 +580,7 @@ public final class OpenDocument: Sendable {
         // handle writing) is taken back by `commit`, which seals its chunks itself.
         spills.wait()
         try state.withLock { s in
-            if s.poisoned { throw Self.lostWrites }
+            if isPoisoned { throw Self.lostWrites }
             if let e = s.spillError {
                 s.spillError = nil
                 throw e
@@ -683,7 +690,8 @@ public final class OpenDocument: Sendable {
             isShared
             ? try vault.commitSharedContent(
                 id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
-                chunks: pending, unsealed: unsealed, ownership: pendingOwnership, atime: pendingAtime)
+                chunks: pending, unsealed: unsealed, ownership: pendingOwnership, atime: pendingAtime,
+                place: sharedPlace)
             : try vault.commitContent(
                 id: id, cipher: cipher, manifest: manifest, mtime: mtime, ctime: pendingCtime ?? now,
                 chunks: pending, unsealed: unsealed,
@@ -742,7 +750,7 @@ public final class OpenDocument: Sendable {
     /// carry them; returns false (and changes nothing) otherwise.
     public func setPendingOwnership(mode: UInt32?, uid: UInt32?, gid: UInt32?) -> Bool {
         state.withLock { s in
-            guard s.modified, !s.poisoned else { return false }
+            guard s.modified, !isPoisoned else { return false }
             if let mode { pendingModeAtomic.store(Int64(mode & 0o7777), ordering: .relaxed) }
             if let uid { pendingUIDAtomic.store(Int64(uid), ordering: .relaxed) }
             if let gid { pendingGIDAtomic.store(Int64(gid), ordering: .relaxed) }
@@ -766,7 +774,7 @@ public final class OpenDocument: Sendable {
             a = n
         }
         return state.withLock { s in
-            guard s.modified, !s.poisoned else { return false }
+            guard s.modified, !isPoisoned else { return false }
             if let m { mtimeAtomic.store(m, ordering: .relaxed) }
             if let a { atimeAtomic.store(a, ordering: .relaxed) }
             changedNow()

@@ -45,6 +45,8 @@ public final class Vault: Sendable {
     /// Records of shared files read so far, dropped when a pull (here or in another process,
     /// through the change log) changes them.
     let sharedRecords = SharedRecordCache()
+    /// Held while saved work from shares is drained into the own tree (`drainRecovery`).
+    let draining = Mutex<Void>(())
     /// The links shown so far as the shared file each places (`presented(link:)`), by target: a
     /// change to the shared file is a change to what the mount shows at the link.
     let shownLinks = Mutex<[FileID: FileID]>([:])

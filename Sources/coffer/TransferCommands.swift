@@ -238,6 +238,8 @@ struct Status: ParsableCommand {
             )
             let shared = try vault.pendingSharedChanges()
             if shared > 0 { print("shared:   \(shared) changes in shares not yet synced") }
+            let waiting = vault.recoveryWaiting
+            if waiting > 0 { print("saving:   \(waiting) files from shares wait to be saved in your tree (next sync)") }
             for path in vault.recoveredFromShares {
                 print("recovered: \(path) (written in a share this account can no longer write to)")
             }

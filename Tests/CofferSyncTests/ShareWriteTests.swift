@@ -324,4 +324,33 @@ import Testing
         let merged = try vault.resolveAcrossShares("shared/notes.txt").attributes
         #expect(merged.size == 13 && merged.mtime.value == later)
     }
+
+    /// A document of a write share open in the mount when its share goes: what it flushes then
+    /// is saved in the account's own tree. One deleted while open (here, or by the owner) is
+    /// dropped, as for the account's own files, and saves nothing.
+    @Test func anOpenSharedDocumentKeepsWhatItWritesWhenAccessGoesButNotWhenDeleted() async throws {
+        let w = try Self.world("coffer-share-write-open")
+        let (alice, bob) = (w.alice, w.bob)
+        let vault = try Vault.open(dataDirectory: bob)
+        // Deleted while open: nothing saved.
+        let old = try vault.resolveAcrossShares("shared/old.txt").id
+        let gone = try vault.openDocument(old)
+        try gone.write(offset: 0, bytes: Array("scratch".utf8))
+        try vault.remove(old)
+        try vault.release(gone)
+        #expect(vault.recoveryWaiting == 0)
+        #expect(try vault.lookup(vault.rootID, "Recovered from projects") == nil)
+        // Access gone while open: what it flushes is saved.
+        let notes = try vault.resolveAcrossShares("shared/notes.txt").id
+        let open = try vault.openDocument(notes)
+        try open.write(offset: 0, bytes: Array("written while open".utf8))
+        #expect(coffer(alice, ["share", "remove", "projects", "bob"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
+        try await SyncEngine.forStore(vault).sync()
+        try vault.release(open)
+        #expect(vault.recoveryWaiting == 0)
+        let saved = try vault.resolve("Recovered from projects/notes.txt")
+        #expect(try vault.readAll(saved.id) == Array("written while open".utf8))
+        #expect(coffer(bob, ["fsck"]).status == 0)
+    }
 }

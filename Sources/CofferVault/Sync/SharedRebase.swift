@@ -352,7 +352,7 @@ extension Vault {
     {
         for f in files {
             let sealed = AEAD.seal(f.encoded(), key: key.key, purpose: .recovery, fileID: key.root.bytes)
-            try w.enqueueRecovery(sealed, contentDigest: f.contentDigest)
+            try w.enqueueRecovery(sealed, file: f.fileID, contentDigest: f.contentDigest)
         }
     }
 
@@ -361,7 +361,17 @@ extension Vault {
     /// queue once saved. An item that fails stays queued for the next sync (a crash between
     /// saving and taking it off saves it twice, never loses it); one that no longer opens is
     /// dropped and reported.
+    ///
+    /// Drains are one at a time in a process (a sync and a mount's flush may both drain); two
+    /// processes draining at the very same moment may save an item twice.
     public func drainRecovery() throws {
+        try draining.withLock { _ in try drainRecoveryQueue() }
+    }
+
+    /// How many items of saved work wait to be saved (`coffer status`).
+    public var recoveryWaiting: Int { (try? store.read { try $0.recoveryQueueCount() }) ?? 0 }
+
+    private func drainRecoveryQueue() throws {
         let items = try store.read { try $0.recoveryQueue() }
         guard !items.isEmpty else { return }
         let key = try recoveryKey()
@@ -400,13 +410,15 @@ extension Vault {
     private func save(_ f: RecoveredFile, _ folders: inout [String: FileID]) throws -> String {
         let root = try resolve("/")
         let top: FileID
+        let topName = Self.fitted("Recovered from \(f.share)", suffix: "")
         if let known = folders[f.share], isLive(known) {
             top = known
+        } else if let existing = try lookup(root.id, topName), existing.type == .folder {
+            // What earlier syncs saved from this share is there already: one folder per share.
+            top = existing.id
+            folders[f.share] = top
         } else {
-            top = try create(
-                in: root.id, name: try freeOwnName(Self.fitted("Recovered from \(f.share)", suffix: ""), in: root.id),
-                type: .folder, mode: 0o755
-            ).id
+            top = try create(in: root.id, name: try freeOwnName(topName, in: root.id), type: .folder, mode: 0o755).id
             folders[f.share] = top
         }
         var folder = top
@@ -428,17 +440,23 @@ extension Vault {
             in: folder, name: try freeOwnName(last, in: folder), type: type, mode: f.attributes.mode.value,
             symlinkTarget: type == .symlink ? f.attributes.symlinkTarget : nil, mtime: f.attributes.mtime.value)
         if type == .document {
-            let cipher = ContentCipher(fileID: f.fileID, key: f.key)
-            let manifest = try loadManifest(f.contentDigest, cipher: cipher)
-            var next = 0
-            try writeContents(node.id, mtime: f.attributes.mtime.value) {
-                guard next < manifest.chunks.count else { return nil }
-                let ref = manifest.chunks[next]
-                next += 1
-                guard let sealed = try store.chunk(ref.id) else {
-                    throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+            do {
+                let cipher = ContentCipher(fileID: f.fileID, key: f.key)
+                let manifest = try loadManifest(f.contentDigest, cipher: cipher)
+                var next = 0
+                try writeContents(node.id, mtime: f.attributes.mtime.value) {
+                    guard next < manifest.chunks.count else { return nil }
+                    let ref = manifest.chunks[next]
+                    next += 1
+                    guard let sealed = try store.chunk(ref.id) else {
+                        throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
+                    }
+                    return try cipher.openChunk(sealed, ref: ref)
                 }
-                return try cipher.openChunk(sealed, ref: ref)
+            } catch {
+                // No empty copy left behind: the item stays queued for the next attempt.
+                try? remove(node.id)
+                throw error
             }
         }
         return path(of: node.id)
@@ -447,10 +465,11 @@ extension Vault {
     /// `name`, or the first free "NAME (N)", in a folder of this account's own tree.
     private func freeOwnName(_ name: String, in folder: FileID) throws -> String {
         var candidate = name
-        for n in 2...1001 where try lookup(folder, candidate) != nil {
+        for n in 2...1001 {
+            if try lookup(folder, candidate) == nil { return candidate }
             candidate = Self.fitted(name, suffix: " (\(n))")
         }
-        return candidate
+        throw VaultError.tree(.pathConflict(name))
     }
 
     /// `base` cut at a character boundary so that, with `suffix`, it fits a file name's 255

@@ -364,7 +364,7 @@ extension Vault {
     func commitSharedContent(
         id: FileID, cipher: ContentCipher, manifest: Manifest, mtime: Timespec, ctime: Timespec,
         chunks: [[UInt8]: [UInt8]], unsealed: [[UInt8]: [UInt8]],
-        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?), atime: Timespec?
+        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?), atime: Timespec?, place: [String]
     ) throws -> (digest: [UInt8], resealed: (ContentCipher, Manifest)?)? {
         let me = accountID
         let sealed = cipher.sealManifest(manifest)
@@ -373,16 +373,21 @@ extension Vault {
         var committed = false
         var queued = false
         try commitShared { view, s, w in
-            guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree),
-                view.tree.accessMode(of: me, on: id) == .write
+            let m = view.tree.file(id)
+            guard let m, Self.isReachable(m, by: me, in: view.tree), view.tree.accessMode(of: me, on: id) == .write
             else {
-                // Access went (or the file) while it was open here: what was written is saved in
-                // the account's own tree, as for unpushed work (docs/SHARING.md).
+                // Deleted meanwhile (here or by the owner): dropped, as for the account's own.
+                if let m, m.isDeleted || view.tree.accessMode(of: me, on: id) == .write { return }
+                // Access went while it was open here (the share left the mirror, or write was
+                // taken away): what was written is saved in the account's own tree, as for
+                // unpushed work (docs/SHARING.md).
                 guard let root = s.view.tree.rootID, let rootKey = try? s.view.key(root) else { return }
                 _ = try w.storeFlush(
                     manifest, sealed: sealed, digest: digest, cipher: cipher, current: cipher.key, chunks: chunks,
                     unsealed: unsealed)
-                let parts = sharedDescribe(view.tree)(id).split(separator: "/").map(String.init)
+                // Where it is now if the mirror still holds it, else where it was when opened.
+                let now = m.map { _ in sharedDescribe(view.tree)(id).split(separator: "/").map(String.init) }
+                let parts = now ?? (place.isEmpty ? [id.description] : place)
                 var attributes = PosixAttributes(
                     mode: ownership.mode ?? 0o644, uid: ownership.uid ?? getuid(), gid: ownership.gid ?? getgid(),
                     mtime: mtime, stamp: nextStamp(&s))
@@ -413,7 +418,8 @@ extension Vault {
             changed.contentDigest = digest
             view.put(changed)
         }
-        if queued { try drainRecovery() }
+        // Saved in the own tree now if it can be; else the next sync does it (it stays queued).
+        if queued { try? drainRecovery() }
         guard committed else { return nil }
         return (digest, resealed)
     }

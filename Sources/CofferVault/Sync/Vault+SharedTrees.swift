@@ -276,7 +276,8 @@ extension Vault {
             try w.setSetting("feedCursor", Self.bytes(cursor))
         }
         forgetSharedReads()
-        try drainRecovery()
+        // What it queued stays queued if it cannot be saved now: the pull itself is done.
+        try? drainRecovery()
         return changed
     }
 
@@ -568,7 +569,7 @@ extension Vault {
             try enqueueRecovered(try replaySharedIntents(intents, touched: dropped, user: user, w), under: key, w)
         }
         forgetSharedReads()
-        try drainRecovery()
+        try? drainRecovery()
     }
 
     /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A
@@ -705,20 +706,22 @@ extension Vault {
             return doc
         }
         let me = accountID
-        let (cipher, digest, writable) = try withSharedView { view, _ -> (ContentCipher, [UInt8]?, Bool) in
+        let (cipher, digest, writable, place) = try withSharedView {
+            view, _ -> (ContentCipher, [UInt8]?, Bool, [String]) in
             guard let m = view.tree.file(id), Self.isReachable(m, by: me, in: view.tree) else {
                 throw VaultError.tree(.notFound(id.description))
             }
             if m.type == .folder { throw VaultError.tree(.isAFolder(id.description)) }
             guard m.type == .document else { throw VaultError.tree(.notADocument(id.description)) }
+            let writable = view.tree.accessMode(of: me, on: id) == .write
             return (
-                ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest,
-                view.tree.accessMode(of: me, on: id) == .write
+                ContentCipher(fileID: id, key: try view.key(id)), m.contentDigest, writable,
+                writable ? sharedDescribe(view.tree)(id).split(separator: "/").map(String.init) : []
             )
         }
         let fresh = OpenDocument(
             id: id, vault: self, cipher: cipher, manifest: try loadManifest(digest, cipher: cipher), digest: digest,
-            readOnly: !writable, shared: true)
+            readOnly: !writable, shared: true, sharedPlace: place)
         guard writable else { return fresh }
         return openDocuments.withLock { docs in
             let doc = docs[id] ?? fresh
