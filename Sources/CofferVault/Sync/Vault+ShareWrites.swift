@@ -54,11 +54,11 @@ extension Vault {
     ) throws -> R {
         let me = accountID
         do {
-            let result = try state.withLock { s in
+            let result = try state.withLock { s -> (R, [FileID]) in
                 let leaseBefore = s.clockLease
                 do {
                     try recoverLostGroup(&s)
-                    let (result, lastSeq, group) = try store.write { w -> (R, Int64, UInt64?) in
+                    let (result, lastSeq, group, changed) = try store.write { w -> (R, Int64, UInt64?, [FileID]) in
                         // Other processes' commits are taken in first, as for the own tree: an
                         // open after this write must not build on a version they replaced.
                         let latest = try catchUp(&s, in: w)
@@ -95,19 +95,22 @@ extension Vault {
                             try w.logChange(id)
                         }
                         try renewClockLease(&s, w)
-                        return (result, w.lastLogged ?? latest, w.groupGeneration)
+                        return (result, w.lastLogged ?? latest, w.groupGeneration, ids)
                     }
                     s.checkedGroup = group
                     s.lastSeq = lastSeq
-                    return result
+                    return (result, changed)
                 } catch {
                     s.checkedGroup = nil
                     s.clockLease = leaseBefore  // the write that stored a new one did not land
                     throw error
                 }
             }
-            forgetSharedReads()
-            return result
+            // Only the records written: a grantee's change never changes a file's key (moves
+            // re-wrap the same key; rotations are the owner's and come with the feed, which
+            // forgets everything), so the keys opened so far stay good.
+            sharedRecords.forget(result.1)
+            return result.0
         } catch { throw VaultError.wrap(error) }
     }
 

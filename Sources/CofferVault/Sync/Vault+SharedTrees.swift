@@ -97,6 +97,14 @@ final class SharedRecordCache: Sendable {
             s.generation &+= 1
         }
     }
+
+    /// Forgets these records only (a read that started before stays unkept all the same).
+    func forget(_ ids: some Sequence<FileID>) {
+        state.withLock { s in
+            for id in ids { s.records[id] = nil }
+            s.generation &+= 1
+        }
+    }
 }
 
 /// Keys of shared files opened so far (`Vault.sharedKeys`), forgotten with the records
