@@ -126,16 +126,9 @@ extension Vault {
                     chunks: chunks,
                     unsealed: unsealed)
                 var a = try attributes(id, &s)
-                a.size = manifest.size
-                let stamp = nextStamp(&s)
-                a.mtime = Stamped(mtime, at: stamp)
-                if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
-                if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
-                if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
-                if let atime { a.atime = Stamped(atime, at: stamp) }
-                // When the content changed, not the commit's time nor mtime (which may be set
-                // anywhere); never before a change already recorded.
-                a.ctime = max(a.ctime, ctime)
+                Self.applyFlush(
+                    to: &a, size: manifest.size, mtime: mtime, ctime: ctime, ownership: ownership, atime: atime,
+                    at: nextStamp(&s))
                 let sealedAttrs = try s.view.sealAttributes(a, of: id)
                 try batch.update(id, describe: s.view.describe) {
                     $0.contentDigest = digest
@@ -271,6 +264,24 @@ extension Vault {
         // Open documents may hold chunks no manifest names yet (spilled writes, unlinked files).
         guard openDocuments.withLock({ $0.isEmpty }) else { return nil }
         return try locks.exclusively { try store.collectGarbage() }
+    }
+}
+
+extension Vault {
+    /// What a document's flush changes in its attributes: size and mtime, the ownership and
+    /// atime set while it was open, stamped `stamp`; ctime is when the content changed (not
+    /// the commit's time nor mtime, which may be set anywhere), never before one recorded.
+    static func applyFlush(
+        to a: inout PosixAttributes, size: UInt64, mtime: Timespec, ctime: Timespec,
+        ownership: (mode: UInt32?, uid: UInt32?, gid: UInt32?), atime: Timespec?, at stamp: HybridTimestamp
+    ) {
+        a.size = size
+        a.mtime = Stamped(mtime, at: stamp)
+        if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
+        if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
+        if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
+        if let atime { a.atime = Stamped(atime, at: stamp) }
+        a.ctime = max(a.ctime, ctime)
     }
 }
 

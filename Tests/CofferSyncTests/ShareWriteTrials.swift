@@ -118,12 +118,8 @@ import Testing
     }
 
     @Test func ownersAndGranteesWriteInSharedFoldersAtRandom() async throws {
-        let env = ProcessInfo.processInfo.environment
-        let seeds: [UInt64] =
-            env["COFFER_TRIAL_SEED"].flatMap(UInt64.init).map { [$0] }
-            ?? (0..<UInt64(env["COFFER_TRIALS"].flatMap(Int.init) ?? 2)).map { 0x5EA7 + $0 }
         let trials = SharingDeviceTrials()
-        for seed in seeds {
+        for seed in SharingDeviceTrials.seeds(from: 0x5EA7) {
             let tmp = TemporaryDirectory("coffer-share-write-trial")
             let server = try ServerProcess(dataDirectory: tmp.sub("server"))
             var worlds: [SyncWorld] = []

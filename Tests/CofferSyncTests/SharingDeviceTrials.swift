@@ -206,16 +206,19 @@ import Testing
         }
     }
 
+    /// The seeds a trial runs: COFFER_TRIAL_SEED alone, else COFFER_TRIALS of them (2) from `base`.
+    static func seeds(from base: UInt64) -> [UInt64] {
+        let env = ProcessInfo.processInfo.environment
+        return env["COFFER_TRIAL_SEED"].flatMap(UInt64.init).map { [$0] }
+            ?? (0..<UInt64(env["COFFER_TRIALS"].flatMap(Int.init) ?? 2)).map { base + $0 }
+    }
+
     func liveLinks(_ d: Device) throws -> [(FileID, FileID)] {
         try d.vault.children(of: d.vault.rootID).compactMap { c in d.vault.linkTarget(of: c.id).map { (c.id, $0) } }
     }
 
     @Test func accountsShareAcceptEditAndRevokeAtRandom() async throws {
-        let env = ProcessInfo.processInfo.environment
-        let seeds: [UInt64] =
-            env["COFFER_TRIAL_SEED"].flatMap(UInt64.init).map { [$0] }
-            ?? (0..<UInt64(env["COFFER_TRIALS"].flatMap(Int.init) ?? 2)).map { 0x5AFE + $0 }
-        for seed in seeds {
+        for seed in Self.seeds(from: 0x5AFE) {
             let tmp = TemporaryDirectory("coffer-share-trial")
             let server = try ServerProcess(dataDirectory: tmp.sub("server"))
             // The worlds own their devices' folders: they live as long as the trial.

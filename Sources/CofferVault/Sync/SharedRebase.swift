@@ -114,8 +114,7 @@ extension Vault {
             // A share's own folder is named under a key this account never holds: by its
             // shared name (its place and name are its owner's; only its times and attributes
             // change here).
-            let name =
-                m.grant(to: me) != nil ? (try? shareName(m, &view)) ?? m.id.description : try? view.openName(m)
+            let name = m.grant(to: me) != nil ? sharedName(m, &view) ?? m.id.description : sharedName(m, &view)
             guard let key = try? view.key(m.id), let name, let attributes = try? view.openAttributes(m) else {
                 continue
             }
@@ -131,11 +130,12 @@ extension Vault {
             var cursor = m.parent
             for _ in 0...TreeLimits.maxDepth + 1 {
                 guard let f = view.tree.file(cursor) else { break }
+                let name = sharedName(f, &view) ?? f.id.description
                 if f.grant(to: me) != nil {
-                    share = (try? shareName(f, &view)) ?? f.id.description
+                    share = name
                     break
                 }
-                folders.append((try? view.openName(f)) ?? f.id.description)
+                folders.append(name)
                 if f.isRoot { break }
                 cursor = f.parent
             }
@@ -252,10 +252,7 @@ extension Vault {
                     moved.parent = i.local.parent
                     moved.name = try view.sealName(name, in: moved.parent, of: i.id)
                     moved.wrappedKey = try view.wrap(newKey, of: i.id, in: moved.parent)
-                    if moved.shareName != nil {
-                        moved.shareName = AEAD.seal(
-                            Array(name.utf8), key: newKey, purpose: .shareName, fileID: i.id.bytes)
-                    }
+                    if moved.shareName != nil { moved.shareName = try view.sealShareName(name, of: i.id) }
                     if (try? Self.checkSharedPlacement(moved, old: now, in: view.tree, me: me)) != nil { m = moved }
                 }
                 let owners = try view.openAttributes(now)

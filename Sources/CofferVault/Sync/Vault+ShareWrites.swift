@@ -26,8 +26,7 @@ extension Vault {
     /// Whether `id` is a file of the mirror (another account's, shared with this one), not of
     /// this account's own tree.
     func isSharedFile(_ id: FileID) -> Bool {
-        if state.withLock({ $0.view.tree.file(id) }) != nil { return false }
-        return (try? store.readOne { try $0.sharedFile(id) }) != nil
+        sharedTarget(id) == id  // a link's target is never the link itself
     }
 
     /// Whether a change at `id` would change a share this account may not write (read access,
@@ -124,11 +123,8 @@ extension Vault {
             var parts: [String] = []
             var cursor = id
             while let m = view.tree.file(cursor), parts.count < 4096 {
-                if m.grant(to: me) != nil {
-                    parts.append((try? shareName(m, &view)) ?? m.id.description)
-                    break
-                }
-                parts.append((try? view.name(cursor)) ?? cursor.description)
+                parts.append(sharedName(m, &view) ?? cursor.description)
+                if m.grant(to: me) != nil { break }
                 if m.isRoot { break }
                 cursor = m.parent
             }
@@ -160,6 +156,13 @@ extension Vault {
                 cursor = c.parent
             }
         }
+    }
+
+    /// A shared file's name as this account reads it: a share's own folder by its shared name
+    /// (its real name is sealed under a folder of the owner's this account never sees), any
+    /// other by its sealed name. Nil if it does not open.
+    func sharedName(_ m: FileMetadata, _ view: inout KeyedTree<MirrorTree>) -> String? {
+        m.grant(to: accountID) != nil ? try? shareName(m, &view) : try? view.openName(m)
     }
 
     /// The live child called `name` of a shared folder in `view`, if any.
@@ -327,8 +330,7 @@ extension Vault {
             let stamp = nextStamp(&s)
             let time = now()
             let a = try changeSharedAttributes(id, &view) { changes.apply(to: &$0, at: stamp, now: time) }
-            let name = m.grant(to: me) != nil ? (try? shareName(m, &view)) ?? "" : try view.openName(m)
-            return Node(id: id, type: m.type, parent: m.parent, name: name, attributes: a)
+            return Node(id: id, type: m.type, parent: m.parent, name: sharedName(m, &view) ?? "", attributes: a)
         }
     }
 
@@ -409,13 +411,9 @@ extension Vault {
                 unsealed: unsealed)
             let stamp = nextStamp(&s)
             _ = try changeSharedAttributes(id, &view) { a in
-                a.size = manifest.size
-                a.mtime = Stamped(mtime, at: stamp)
-                if let mode = ownership.mode { a.mode = Stamped(mode & 0o7777, at: stamp) }
-                if let uid = ownership.uid { a.uid = Stamped(uid, at: stamp) }
-                if let gid = ownership.gid { a.gid = Stamped(gid, at: stamp) }
-                if let atime { a.atime = Stamped(atime, at: stamp) }
-                a.ctime = max(a.ctime, ctime)
+                Self.applyFlush(
+                    to: &a, size: manifest.size, mtime: mtime, ctime: ctime, ownership: ownership, atime: atime,
+                    at: stamp)
             }
             guard var changed = view.tree.staged[id] else { return }
             changed.contentDigest = digest
