@@ -122,13 +122,7 @@ import Testing
         for seed in SharingDeviceTrials.seeds(from: 0x5EA7) {
             let tmp = TemporaryDirectory("coffer-share-write-trial")
             let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-            var worlds: [SyncWorld] = []
-            var accounts: [Account] = []
-            for name in ["ann", "ben", "cat"] {
-                let world = try await SyncWorld(devices: 2, server: server, username: name)
-                worlds.append(world)
-                accounts.append(Account(name: name, devices: world.devices))
-            }
+            let (worlds, accounts) = try await SharingDeviceTrials.accounts(on: server)
             var rng = SplitMix(seed: seed)
             func syncAll(_ times: Int = 2) async throws {
                 for _ in 0..<times { for a in accounts { for d in a.devices { try await d.sync() } } }

@@ -206,6 +206,19 @@ import Testing
         }
     }
 
+    /// Ann, ben and cat, two devices each, on `server`. The worlds own the devices' folders:
+    /// keep them as long as the trial.
+    static func accounts(on server: ServerProcess) async throws -> ([SyncWorld], [Account]) {
+        var worlds: [SyncWorld] = []
+        var accounts: [Account] = []
+        for name in ["ann", "ben", "cat"] {
+            let world = try await SyncWorld(devices: 2, server: server, username: name)
+            worlds.append(world)
+            accounts.append(Account(name: name, devices: world.devices))
+        }
+        return (worlds, accounts)
+    }
+
     /// The seeds a trial runs: COFFER_TRIAL_SEED alone, else COFFER_TRIALS of them (2) from `base`.
     static func seeds(from base: UInt64) -> [UInt64] {
         let env = ProcessInfo.processInfo.environment
@@ -221,14 +234,7 @@ import Testing
         for seed in Self.seeds(from: 0x5AFE) {
             let tmp = TemporaryDirectory("coffer-share-trial")
             let server = try ServerProcess(dataDirectory: tmp.sub("server"))
-            // The worlds own their devices' folders: they live as long as the trial.
-            var worlds: [SyncWorld] = []
-            var accounts: [Account] = []
-            for name in ["ann", "ben", "cat"] {
-                let world = try await SyncWorld(devices: 2, server: server, username: name)
-                worlds.append(world)
-                accounts.append(Account(name: name, devices: world.devices))
-            }
+            let (worlds, accounts) = try await Self.accounts(on: server)
             var rng = SplitMix(seed: seed)
             var done = 0
             for round in 0..<6 {
