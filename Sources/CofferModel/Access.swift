@@ -235,10 +235,11 @@ public enum Authorization {
                 throw .invalidGrant("\(name): a grant is not signed")
             }
             let message = e.grantMessage(fileID: m.id)
-            if actor == m.owner, verify(m.owner, message, e.signature) { continue }
-            // A grantee may give its own grant up (reject, leave), and nothing else.
+            if actor == m.owner, e.ownerSignature == nil, verify(m.owner, message, e.signature) { continue }
+            // A grantee may give its own grant up (reject, leave), and nothing else; the give-up
+            // keeps the owner's signature of the grant it ends (`AccessEntry.ownerSignature`).
             if actor == e.account, e.isDeleted, let previous, !previous.isDeleted, previous.mode == e.mode,
-                previous.sealedKey == e.sealedKey, verify(e.account, message, e.signature)
+                previous.sealedKey == e.sealedKey, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify)
             {
                 continue
             }
@@ -328,34 +329,28 @@ extension Authorization {
     ///   signed it (a server could otherwise plant files of an account it made up in a share).
     /// - Grants are judged on their own signatures, whoever carried them (`checkPulledGrants`).
     /// - A record written by someone other than its owner needs write, by a grant the owner
-    ///   signed, live or since revoked (a device pulling from scratch sees a revoked writer's
-    ///   grant only as a tombstone, and what it wrote while it held it stands): on the file or
+    ///   signed that is live or that the writer gave up itself (`TreeView.heldWrite`; never one
+    ///   the owner revoked or lowered, since the owner's change signs what the writer wrote as
+    ///   the owner's own, and the server takes no such change before it does): on the file or
     ///   a folder above for content and attributes; when the device holds the record before,
     ///   and its name, place, deletion or key wrapping changed, on the folder it left and the
     ///   one it entered (so a grantee cannot rename, move, delete or re-key the shared folder
     ///   itself); or it only gives up the writer's own grant.
     ///
     /// Without the record before (a device new to the file), a change's kind cannot be told:
-    /// only write at or above the file is asked, and a grant given up cannot be told from a
-    /// grant never held, so such a record is refused (the owner's devices re-sign what grantees
+    /// only write at or above the file is asked (the owner's devices re-sign what grantees
     /// write as they pull it, which closes that window; docs/SHARING.md, "What devices verify").
-    ///
-    /// `held`, when given, is the tree as the device held it before the pull: a writer whose
-    /// owner-signed grant the device saw there counts too, so a grantee's record still stands
-    /// when the same pull brings the grantee's own give-up (a tombstone it signed, which alone
-    /// proves nothing).
     ///
     /// `keyOpens`, when given (a device that holds the keys above the file: the owner's), says
     /// whether a record's key unwraps under its folder's key there; a rotation carried by a
     /// writer's change counts only if it does, so a forged wrapping is refused where it can be
     /// told.
     public static func checkPulled<T: TreeView>(
-        _ m: FileMetadata, old: FileMetadata?, in tree: T, held: (any TreeView)? = nil,
-        keyOpens: ((FileMetadata) -> Bool)? = nil, verify: Verify
+        _ m: FileMetadata, old: FileMetadata?, in tree: T, keyOpens: ((FileMetadata) -> Bool)? = nil,
+        verify: Verify
     ) throws(AccessError) {
         func wrote(_ actor: AccountID, atOrAbove id: FileID) -> Bool {
             tree.heldWrite(by: actor, atOrAbove: id, verify: verify)
-                || held?.heldWrite(by: actor, atOrAbove: id, verify: verify) == true
         }
         if let old, old == m { return }  // what the device holds already
         let actor = m.lastModifiedBy
@@ -403,9 +398,9 @@ extension Authorization {
 
     /// Grants of a pulled record, each judged by its own signature, whoever wrote the record: a
     /// grant the device held unchanged stands; any other is the owner's, signed by it, or a
-    /// tombstone its grantee signed (giving it up, at the mode and key it had when the device
-    /// knows them; one it cannot compare grants nothing, as `heldWrite` counts only what the
-    /// owner signed). None removed, one per account, none to the owner or on a link.
+    /// tombstone its grantee signed giving up a grant the owner made (the owner's signature of
+    /// it kept, at the mode and key it had when the device knows them). None removed, one per
+    /// account, none to the owner or on a link.
     static func checkPulledGrants(
         _ m: FileMetadata, old: FileMetadata?, verify: Verify, name: String
     ) throws(AccessError) {
@@ -418,10 +413,11 @@ extension Authorization {
                 e.signature.count == 64
             else { throw .invalidGrant("\(name) carries a grant no owner could make") }
             let message = e.grantMessage(fileID: m.id)
-            if verify(m.owner, message, e.signature) { continue }
-            // A grantee gives up only a grant it held: when the device knows the record before,
-            // the grant must be in it, at the same mode and key.
-            if e.isDeleted, verify(e.account, message, e.signature),
+            if e.ownerSignature == nil, verify(m.owner, message, e.signature) { continue }
+            // A grantee gives up only a grant the owner made, whose signature the give-up keeps;
+            // when the device knows the record before, the grant must be in it, at the same
+            // mode and key.
+            if e.isDeleted, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify),
                 old == nil || previous.map({ $0.mode == e.mode && $0.sealedKey == e.sealedKey }) == true
             {
                 continue
@@ -431,19 +427,37 @@ extension Authorization {
     }
 }
 
+extension AccessEntry {
+    /// Whether this give-up carries the owner's signature of the live grant it ends.
+    func endsOwnersGrant(_ m: FileMetadata, _ verify: Authorization.Verify) -> Bool {
+        guard let ownerSignature else { return false }
+        return verify(m.owner, liveGrant.grantMessage(fileID: m.id), ownerSignature)
+    }
+
+    /// Whether this entry vouches, by the owner's signature, for what its grantee writes at
+    /// `mode` or above: a live grant the owner signed, or one the grantee gave up (the owner's
+    /// signature of it kept). A grant the owner revoked or lowered does not: the owner's device
+    /// signs what the grantee wrote as its own in the same change, and the server refuses the
+    /// change until it has (`CofferServer`'s orphaned-writes rule).
+    func vouches(for mode: AccessMode, in m: FileMetadata, _ verify: Authorization.Verify) -> Bool {
+        guard self.mode >= mode else { return false }
+        if isDeleted { return endsOwnersGrant(m, verify) }
+        return ownerSignature == nil && verify(m.owner, grantMessage(fileID: m.id), signature)
+    }
+}
+
 extension TreeView {
-    /// Whether `account` holds, or held, write on `id` or a folder above it: a grant of write
-    /// mode, live or revoked, signed by the owner, on the way up. A tombstone the grantee signed
-    /// itself proves nothing of the grant it replaced (anyone can sign one for itself).
-    func heldWrite(by account: AccountID, atOrAbove id: FileID, verify: Authorization.Verify) -> Bool {
+    /// Whether `account` may have written what it wrote on `id`: it owns it, or a grant of
+    /// write the owner signed, live or given up by the grantee itself, sits on it or a folder
+    /// above (`AccessEntry.vouches`). What a grantee wrote under a grant the owner later revoked
+    /// or lowered is not covered: the owner's devices sign all of it as their own with the
+    /// change, so none is left in the tree once the change is in.
+    public func heldWrite(by account: AccountID, atOrAbove id: FileID, verify: Authorization.Verify) -> Bool {
         var cursor = id
         for _ in 0...TreeLimits.maxDepth + 1 {
             guard let m = file(cursor) else { return false }
             if m.owner == account { return true }
-            let written = m.access.contains {
-                $0.account == account && $0.mode >= .write
-                    && verify(m.owner, $0.grantMessage(fileID: m.id), $0.signature)
-            }
+            let written = m.access.contains { $0.account == account && $0.vouches(for: .write, in: m, verify) }
             if written { return true }
             if m.isRoot { return false }
             cursor = m.parent

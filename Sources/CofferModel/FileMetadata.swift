@@ -36,6 +36,10 @@ public enum AccessMode: UInt8, Sendable, Comparable {
 /// signed by any account with write access, so the record's signature alone would let a writer
 /// hand out access; the grant's own signature does not. The owner's entry on its own root is
 /// the one entry without a signature: only the owner ever signs a root record.
+///
+/// A grant its holder gave up also keeps the owner's signature of the live grant it ends
+/// (`ownerSignature`), so any device, one new to the file included, can tell a give-up from a
+/// grant never made, and what the holder wrote while it held the grant stays checkable.
 public struct AccessEntry: Hashable, Sendable {
     public var account: AccountID
     public var mode: AccessMode
@@ -45,15 +49,25 @@ public struct AccessEntry: Hashable, Sendable {
     public var isDeleted: Bool
     /// Ed25519 over `grantMessage(fileID:)`; empty for the owner's entry on its root.
     public var signature: [UInt8]
+    /// On a grant its grantee gave up: the owner's signature of the same grant live
+    /// (`liveGrant`), which the give-up ends. Nil on every other entry.
+    public var ownerSignature: [UInt8]?
 
     public init(
-        account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false, signature: [UInt8] = []
+        account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false, signature: [UInt8] = [],
+        ownerSignature: [UInt8]? = nil
     ) {
         self.account = account
         self.mode = mode
         self.sealedKey = sealedKey
         self.isDeleted = isDeleted
         self.signature = signature
+        self.ownerSignature = ownerSignature
+    }
+
+    /// The live grant a give-up ends: the same grant, not deleted, as its owner signed it.
+    public var liveGrant: AccessEntry {
+        AccessEntry(account: account, mode: mode, sealedKey: sealedKey, signature: ownerSignature ?? [])
     }
 
     static let grantTag: [UInt8] = Array("CFGR".utf8)
@@ -152,8 +166,10 @@ public struct FileMetadata: Hashable, Sendable {
     /// written as version 1, byte for byte as before, so stored signatures stay valid and the
     /// same value always has one encoding; a version 2 record that could have been version 1 is
     /// refused as not canonical. Version 3 adds the share name, and is written only with one.
-    /// Version 4 adds the key generation, and is written only when it is not 0.
+    /// Version 4 adds the key generation, and is written only when it is not 0. Version 5 adds
+    /// each grant's `ownerSignature`, and is written only when a grant carries one.
     var formatVersion: UInt8 {
+        if access.contains(where: { $0.ownerSignature != nil }) { return 5 }
         if keyGeneration != 0 { return 4 }
         if shareName != nil { return 3 }
         return linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
@@ -180,6 +196,7 @@ public struct FileMetadata: Hashable, Sendable {
             w.data(a.sealedKey)
             w.bool(a.isDeleted)
             if version >= 2 { w.data(a.signature) }
+            if version >= 5 { w.optionalData(a.ownerSignature) }
         }
         w.data(sealedAttributes)
         w.optionalData(contentDigest)
@@ -199,7 +216,7 @@ public struct FileMetadata: Hashable, Sendable {
     init(reading r: inout ByteReader) throws {
         guard try r.raw(4) == Self.tag else { throw DecodingError("not a metadata record") }
         let v = try r.u8()
-        guard (1...4).contains(v) else { throw DecodingError("unsupported metadata version \(v)") }
+        guard (1...5).contains(v) else { throw DecodingError("unsupported metadata version \(v)") }
         id = try FileID(bytes: r.raw(16))
         guard let t = FileType(rawValue: try r.u8()) else { throw DecodingError("unknown file type") }
         type = t
@@ -217,9 +234,11 @@ public struct FileMetadata: Hashable, Sendable {
             let sealedKey = try r.data(max: 256)
             let deleted = try r.bool()
             let signature = v >= 2 ? try r.data(max: 64) : []
+            let ownerSignature = v >= 5 ? try r.optionalData(max: 64) : nil
             access.append(
                 AccessEntry(
-                    account: account, mode: mode, sealedKey: sealedKey, isDeleted: deleted, signature: signature))
+                    account: account, mode: mode, sealedKey: sealedKey, isDeleted: deleted, signature: signature,
+                    ownerSignature: ownerSignature))
         }
         sealedAttributes = try r.data(max: 1 << 20)
         contentDigest = try r.optionalData(max: 64)

@@ -138,7 +138,7 @@ extension CofferServer {
                     id: Data(m.id.bytes), account: owner, record: raw, version: v, contentVersion: cv,
                     serverDeleted: serverDeleted, deleted: m.isDeleted || serverDeleted,
                     digest: m.contentDigest.map { Data($0) }, parent: placement.parent, nameMAC: placement.nameMAC,
-                    linkTarget: m.linkTarget.map { Data($0.bytes) }))
+                    linkTarget: m.linkTarget.map { Data($0.bytes) }, writer: StoredFile.writer(of: m)))
         }
         for (grantee, files) in plan.feed {
             for id in files { try tx.putFeed(account: grantee, fileID: Data(id.bytes), version: v) }
@@ -222,6 +222,15 @@ extension CofferServer {
                 verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
                 linkTarget: { links.facts(of: $0, forLinksOf: owner, batch: batch) })
         } catch { throw ServerError.forbidden(error.description) }
+        let endsWrites = changed.contains { m in
+            guard let old = view.file(m.id) else { return false }
+            return old.access != m.access || (m.type == .folder && old.parent != m.parent)
+        }
+        if endsWrites {
+            // Every record of a batch is its caller's (checked on decoding).
+            let byOwner = decoded.allSatisfy { Data($0.signed.metadata.lastModifiedBy.bytes) == owner }
+            try checkNoOrphanedWrites(owner: owner, byOwner: byOwner, view: view, batch: batch)
+        }
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
         // subtree of a folder that became deleted.
@@ -283,6 +292,34 @@ extension CofferServer {
         plan.marked = marked
         plan.feed = Self.feedPlan(changed: changed, marked: marked, batch: batch)
         return plan
+    }
+
+    /// Refuses a batch that would leave a record another account wrote where that account holds
+    /// no write a device can check (`TreeView.heldWrite`: a live grant, or one it gave up
+    /// itself): a revocation, a mode lowered, a folder moved out of a share, while the
+    /// grantee's records are still below. The owner's device signs what grantees write as its
+    /// own as it pulls it, so its answer is to sync and try again (409); another writer moving
+    /// such a folder is refused (403) until the owner's device has. So the tree never holds a
+    /// grantee's record that no grant covers, and devices need no history of grants to judge
+    /// one: a record a revoked grantee signed after its revocation is refused by every device
+    /// (docs/SHARING.md, "What devices verify").
+    ///
+    /// Runs only for batches that change grants or move folders, and reads the records
+    /// grantees wrote that the owner's devices have not signed yet (an index), each walked up
+    /// to the root.
+    func checkNoOrphanedWrites(
+        owner: Data, byOwner: Bool, view: StorageTreeView, batch: Batch<StorageTreeView>
+    ) throws {
+        let verify: Authorization.Verify = { PublicSigningKey.isValid($0.bytes, $1, $2) }
+        for raw in try view.reader.writtenByOthers(account: owner) {
+            guard let id = view.fileID(raw), let m = batch.file(id), m.lastModifiedBy != m.owner else { continue }
+            if batch.heldWrite(by: m.lastModifiedBy, atOrAbove: id, verify: verify) { continue }
+            let why = "file \(id), written by another account, would be left where that account cannot write"
+            if byOwner {
+                throw ServerError.getUpdatesRequired("\(why); sync first, so this device signs it as its own")
+            }
+            throw ServerError.forbidden("\(why); its owner's device must sync first")
+        }
     }
 
     /// Marks what a newly deleted folder deletes with it: every file below it that is live in the

@@ -120,6 +120,17 @@ public final class SQLiteMetadataStorage: MetadataStorage {
             // served with them; NULL until the account publishes one.
             try db.execute(sql: "ALTER TABLE account ADD COLUMN card BLOB")
         }
+        m.registerMigration("v5") { db in
+            // Who wrote a record when it is not the tree's owner, indexed: an upsert that ends a
+            // grantee's write (a revocation, a mode lowered, a folder moved away) finds the
+            // records that grantee left in the tree without reading the tree (docs/SHARING.md).
+            try db.execute(
+                sql: """
+                    ALTER TABLE file ADD COLUMN writer BLOB;
+                    CREATE INDEX file_by_writer ON file (account, writer) WHERE writer IS NOT NULL;
+                    """)
+            try SQLiteMetadataStorage.backfillWriters(db)
+        }
         return m
     }
 
@@ -149,6 +160,26 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     try update.execute(arguments: [placement.parent, placement.nameMAC, id])
                 } else {
                     try damaged.execute(arguments: [id])
+                }
+            }
+            after = last["id"]
+        }
+    }
+
+    /// Fills `writer` of every stored file another account wrote, from its record, a page of
+    /// rows at a time. A record that does not decode keeps none (the audit reports it).
+    static func backfillWriters(_ db: Database) throws {
+        let update = try db.makeStatement(sql: "UPDATE file SET writer = ? WHERE id = ?")
+        var after = Data()
+        while true {
+            let rows = try Row.fetchAll(
+                db, sql: "SELECT id, record FROM file WHERE id > ? ORDER BY id LIMIT 1000", arguments: [after])
+            guard let last = rows.last else { return }
+            for row in rows {
+                let record: Data = row["record"]
+                if let m = try? SignedMetadata(decoding: Array(record)).metadata, let writer = StoredFile.writer(of: m) {
+                    let id: Data = row["id"]
+                    try update.execute(arguments: [writer, id])
                 }
             }
             after = last["id"]
@@ -201,7 +232,8 @@ struct SQLiteTransaction: MetadataWriter {
     // still names the old ones, so a row would lack a column a migration added. A named column
     // missing from a stale schema makes SQLite reload the schema and prepare again instead.
     static let fileColumns =
-        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, link_target"
+        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, link_target, "
+        + "writer"
     static let accountColumns = "key, username, box_key, version, bytes_used, live_files, card"
 
     private func accountRow(_ row: Row?) -> AccountRecord? {
@@ -218,7 +250,7 @@ struct SQLiteTransaction: MetadataWriter {
             id: row["id"], account: row["account"], record: row["record"], version: row["version"],
             contentVersion: row["content_version"], serverDeleted: row["server_deleted"],
             deleted: row["deleted"], digest: row["digest"], parent: row["parent"], nameMAC: nameMAC ?? Data(),
-            linkTarget: row["link_target"])
+            linkTarget: row["link_target"], writer: row["writer"])
     }
 
     func accountKeys() throws -> [Data] {
@@ -293,6 +325,12 @@ struct SQLiteTransaction: MetadataWriter {
         try Data.fetchAll(
             db.cachedStatement(sql: "SELECT id FROM file WHERE account = ? AND link_target = ? AND deleted = 0"),
             arguments: [account, target])
+    }
+
+    func writtenByOthers(account: Data) throws -> [Data] {
+        try Data.fetchAll(
+            db.cachedStatement(sql: "SELECT id FROM file WHERE account = ? AND writer IS NOT NULL"),
+            arguments: [account])
     }
 
     func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
@@ -423,16 +461,17 @@ struct SQLiteTransaction: MetadataWriter {
         try db.execute(
             sql: """
                 INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest,
-                    parent, name_mac, link_target)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, X''), ?)
+                    parent, name_mac, link_target, writer)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(?, X''), ?, ?)
                 ON CONFLICT (id) DO UPDATE SET account = excluded.account, record = excluded.record,
                     version = excluded.version, content_version = excluded.content_version,
                     server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest,
-                    parent = excluded.parent, name_mac = excluded.name_mac, link_target = excluded.link_target
+                    parent = excluded.parent, name_mac = excluded.name_mac, link_target = excluded.link_target,
+                    writer = excluded.writer
                 """,
             arguments: [
                 f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest,
-                f.parent, f.nameMAC, f.linkTarget,
+                f.parent, f.nameMAC, f.linkTarget, f.writer,
             ])
         if let old {
             let account: Data = old["account"]

@@ -47,9 +47,14 @@ public struct StoredFile: Sendable, Equatable {
     /// A link's target (the record's `linkTarget`), kept apart so an account's links to one
     /// target are found through an index (`liveLinks`).
     public var linkTarget: Data?
+    /// The account that wrote the record when it is not the tree's owner (a grantee), kept apart
+    /// so the records grantees wrote in one tree are found through an index
+    /// (`writtenByOthers`); nil for the owner's own records.
+    public var writer: Data?
     public init(
         id: Data, account: Data, record: Data, version: Int64, contentVersion: Int64,
-        serverDeleted: Bool, deleted: Bool, digest: Data?, parent: Data?, nameMAC: Data, linkTarget: Data? = nil
+        serverDeleted: Bool, deleted: Bool, digest: Data?, parent: Data?, nameMAC: Data, linkTarget: Data? = nil,
+        writer: Data? = nil
     ) {
         self.id = id
         self.account = account
@@ -62,6 +67,7 @@ public struct StoredFile: Sendable, Equatable {
         self.parent = parent
         self.nameMAC = nameMAC
         self.linkTarget = linkTarget
+        self.writer = writer
     }
 
     public var wire: ServerFile {
@@ -171,6 +177,9 @@ public protocol MetadataReader {
     func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data]
     /// The live links of `account` whose target is `target` (read from the index alone).
     func liveLinks(account: Data, target: Data) throws -> [Data]
+    /// The files of `account`'s tree whose record another account wrote (read from the index
+    /// alone): few, as the owner's devices sign what grantees write as their own once they pull it.
+    func writtenByOthers(account: Data) throws -> [Data]
     /// Visits the rows of `account`'s share feed after the cursor, in (version, file id) order,
     /// as `visitFiles` does its own files: each row names a file of another account's tree that
     /// changed, or came into or went out of view, at that version. `body` returns false to stop.

@@ -7,6 +7,12 @@ extension StoredFile {
     static func placement(of m: FileMetadata) -> (parent: Data?, nameMAC: Data) {
         (m.isRoot ? nil : Data(m.parent.bytes), Data(m.name.mac))
     }
+
+    /// The column kept for a record another account wrote (`writer`): that account; nil for
+    /// the owner's own.
+    static func writer(of m: FileMetadata) -> Data? {
+        m.lastModifiedBy == m.owner ? nil : Data(m.lastModifiedBy.bytes)
+    }
 }
 
 /// One account's tree as stored, read through the storage's indexes inside one transaction (an

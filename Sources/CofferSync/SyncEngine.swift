@@ -325,7 +325,9 @@ public final class SyncEngine: Sendable {
     }
 
     /// Upsert batches of at most `batchSize` records, parents before children when there is more
-    /// than one batch, so each batch is valid on its own.
+    /// than one batch, so each batch is valid on its own; grant changes to files the server has
+    /// go last, after what the same change re-signed below them (a revocation is refused while
+    /// the revoked account's records are left under it).
     static func parentsFirst(_ all: [PendingRecord]) -> [[PendingRecord]] {
         let batches: [[PendingRecord]]
         if all.count <= Self.batchSize {
@@ -340,7 +342,10 @@ public final class SyncEngine: Sendable {
                 depth[id] = d
                 return d
             }
-            let sorted = all.sorted { depthOf($0.stored.metadata.id) < depthOf($1.stored.metadata.id) }
+            let sorted = all.sorted {
+                ($0.changesGrants ? 1 : 0, depthOf($0.stored.metadata.id))
+                    < ($1.changesGrants ? 1 : 0, depthOf($1.stored.metadata.id))
+            }
             batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map {
                 Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)])
             }

@@ -94,22 +94,19 @@ extension Vault {
     /// lowered to read, a folder moved out of a share), then has nothing it cannot check
     /// (docs/SHARING.md, "What devices verify").
     ///
-    /// A tombstone its grantee signed becomes the owner's only over a live grant `base` (what
-    /// this device held) shows the owner signed at the same mode and key: the owner never
-    /// vouches for a grant it did not make.
-    func adopted(_ m: FileMetadata, base: FileMetadata?) -> FileMetadata {
+    /// A tombstone its grantee signed becomes the owner's only if it carries this account's
+    /// signature of the live grant it ends: the owner never vouches for a grant it did not make.
+    func adopted(_ m: FileMetadata) -> FileMetadata {
         guard m.owner == accountID else { return m }
         var out = m
         out.lastModifiedBy = accountID
         for i in out.access.indices where out.access[i].account != accountID && out.access[i].isDeleted {
             let e = out.access[i]
-            let message = e.grantMessage(fileID: m.id)
-            guard !PublicSigningKey.isValid(accountID.bytes, message, e.signature),
-                let held = base?.access.first(where: { $0.account == e.account }), !held.isDeleted,
-                held.mode == e.mode, held.sealedKey == e.sealedKey,
-                PublicSigningKey.isValid(accountID.bytes, held.grantMessage(fileID: m.id), held.signature)
+            guard let owners = e.ownerSignature,
+                PublicSigningKey.isValid(accountID.bytes, e.liveGrant.grantMessage(fileID: m.id), owners)
             else { continue }
-            out.access[i].signature = signing.sign(message)
+            out.access[i].ownerSignature = nil
+            out.access[i].signature = signing.sign(e.grantMessage(fileID: m.id))
         }
         return out
     }

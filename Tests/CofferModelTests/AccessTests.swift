@@ -20,11 +20,17 @@ func fakeVerify(_ signer: AccountID, _ message: [UInt8], _ signature: [UInt8]) -
     fakeSign(signer, message) == signature
 }
 
-/// A grant on `file` to `account`, signed by `signer` (the owner unless said otherwise).
+/// A grant on `file` to `account`, signed by `signer` (the owner unless said otherwise). A
+/// tombstone its grantee signs (a give-up) keeps the owner's signature of the live grant unless
+/// `ownerSigned` is false (a give-up of a grant the owner never made).
 func grant(
-    _ file: Int, to account: AccountID, _ mode: AccessMode, deleted: Bool = false, by signer: AccountID = alice
+    _ file: Int, to account: AccountID, _ mode: AccessMode, deleted: Bool = false, by signer: AccountID = alice,
+    ownerSigned: Bool = true
 ) -> AccessEntry {
     var e = AccessEntry(account: account, mode: mode, sealedKey: [UInt8(file), 0x5E], isDeleted: deleted)
+    if deleted, signer == account, ownerSigned {
+        e.ownerSignature = fakeSign(alice, e.liveGrant.grantMessage(fileID: fid(file)))
+    }
     e.signature = fakeSign(signer, e.grantMessage(fileID: fid(file)))
     return e
 }
@@ -244,6 +250,10 @@ struct AccessTests {
         var sneaky = left
         sneaky.access[1] = grant(2, to: carol, .write, deleted: true, by: carol)
         #expect(kind(refusal({ () throws(AccessError) in try authorize([sneaky]) })) == "denied")
+        // A give-up that does not keep the owner's signature of the grant it ends.
+        var bare = left
+        bare.access[1] = grant(2, to: carol, .read, deleted: true, by: carol, ownerSigned: false)
+        #expect(kind(refusal({ () throws(AccessError) in try authorize([bare]) })) == "denied")
         // A tombstone signed by someone else is no tombstone of hers.
         var forged = left
         forged.access[1] = grant(2, to: carol, .read, deleted: true, by: bob)
@@ -428,12 +438,17 @@ struct AccessTests {
         #expect(throws: AccessError.self) { try check(by(bob, moved)) }
     }
 
-    /// A writer revoked since still wrote validly while it held the grant: a device pulling from
-    /// scratch sees only the tombstone, and takes what it wrote.
-    @Test func aRevokedWritersEarlierRecordsStand() throws {
+    /// A writer the owner revoked: a device pulling from scratch sees only the tombstone, and
+    /// takes nothing the writer signed (the owner's revocation signs what it wrote as the
+    /// owner's own, so a record of its left in the tree was written after). One that gave its
+    /// grant up itself still counts for what it wrote.
+    @Test func aRevokedWritersRecordsAreRefusedAndAGivenUpWritersStand() throws {
         var tree = sharedTree()
         var shared = tree.file(fid(2))!
         shared.access[0] = grant(2, to: bob, .write, deleted: true)
+        tree.insert(shared)
+        #expect(throws: AccessError.self) { try check(by(bob, meta(3, parent: 2, "doc-by-bob")), in: tree) }
+        shared.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)
         tree.insert(shared)
         try check(by(bob, meta(3, parent: 2, "doc-by-bob")), in: tree)
         // A read grant, live or revoked, never made a writer.
@@ -489,8 +504,7 @@ struct AccessTests {
 
     /// A device new to a record (none held before) judges what it can: grants by their own
     /// signatures whoever carried them, and write at or above the file by a grant the owner
-    /// signed. A give-up cannot be told from a grant never held, so it waits for the owner's
-    /// re-signed record.
+    /// signed. A give-up is told from a grant never held by the owner's signature it keeps.
     @Test func aDeviceNewToARecordJudgesWhatItCan() throws {
         let tree = sharedTree()
         func fresh(_ m: FileMetadata) throws(AccessError) {
@@ -498,10 +512,19 @@ struct AccessTests {
             staged.insert(m)
             try Authorization.checkPulled(m, old: nil, in: staged, verify: fakeVerify)
         }
-        // Carol's give-up, carried on the shared folder's record she re-signed.
+        // Carol's give-up, carried on the shared folder's record she re-signed: a reader's record
+        // cannot be told from a change she may not make, so it waits for the owner's re-signed
+        // record. Bob's, a writer's, stands with the owner's signature of his grant, and not
+        // without.
         var givenUp = tree.file(fid(2))!
         givenUp.access[1] = grant(2, to: carol, .read, deleted: true, by: carol)
         givenUp.lastModifiedBy = carol
+        #expect(throws: AccessError.self) { try fresh(givenUp) }
+        givenUp = tree.file(fid(2))!
+        givenUp.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)
+        givenUp.lastModifiedBy = bob
+        try fresh(givenUp)
+        givenUp.access[0] = grant(2, to: bob, .write, deleted: true, by: bob, ownerSigned: false)
         #expect(throws: AccessError.self) { try fresh(givenUp) }
         // Bob's later change of the folder's attributes, carrying alice's grants as they were.
         var changed = tree.file(fid(2))!
@@ -526,7 +549,7 @@ struct AccessTests {
         let dave = try AccountID(bytes: [UInt8](repeating: 0xD0, count: 32))
         let tree = sharedTree()
         var doc = tree.file(fid(3))!
-        doc.access.append(grant(3, to: dave, .write, deleted: true, by: dave))
+        doc.access.append(grant(3, to: dave, .write, deleted: true, by: dave, ownerSigned: false))
         doc.contentDigest = [0xEE]
         doc.lastModifiedBy = dave
         #expect(throws: AccessError.self) { try check(doc) }
@@ -537,35 +560,66 @@ struct AccessTests {
         }
         // Only the tombstone: a give-up of a grant dave never had.
         var only = tree.file(fid(3))!
-        only.access.append(grant(3, to: dave, .write, deleted: true, by: dave))
+        only.access.append(grant(3, to: dave, .write, deleted: true, by: dave, ownerSigned: false))
         only.lastModifiedBy = dave
         #expect(throws: AccessError.self) { try check(only) }
     }
 
-    /// A write grantee's change that the same pull brings with its own give-up (a tombstone it
-    /// signed): the device saw the owner's grant in the tree it held, so the record stands; a
-    /// device that never held that grant still refuses it.
-    @Test func aWritersRecordStandsBesideItsGiveUpWhenTheDeviceHeldTheGrant() throws {
+    /// A write grantee's change that a pull brings with its own give-up: the give-up keeps the
+    /// owner's signature of the grant it ends, so the record stands on a device that held the
+    /// record and on one new to it. A give-up without it proves nothing, on any device.
+    @Test func aWritersRecordStandsBesideItsGiveUp() throws {
         let held = sharedTree()
-        var staged = held
-        var shared = held.file(fid(2))!
-        shared.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)
-        shared.lastModifiedBy = bob
-        staged.insert(shared)
-        var doc = held.file(fid(3))!
-        doc.contentDigest = [0xAB]
-        doc.lastModifiedBy = bob
-        staged.insert(doc)
-        #expect(throws: AccessError.self) {
-            try Authorization.checkPulled(doc, old: held.file(fid(3)), in: staged, verify: fakeVerify)
+        for ownerSigned in [true, false] {
+            var staged = held
+            var shared = held.file(fid(2))!
+            shared.access[0] = grant(2, to: bob, .write, deleted: true, by: bob, ownerSigned: ownerSigned)
+            shared.lastModifiedBy = bob
+            staged.insert(shared)
+            var doc = held.file(fid(3))!
+            doc.contentDigest = [0xAB]
+            doc.lastModifiedBy = bob
+            staged.insert(doc)
+            for old in [held.file(fid(3)), nil] {
+                if ownerSigned {
+                    try Authorization.checkPulled(shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
+                    try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)
+                } else {
+                    #expect(throws: AccessError.self) {
+                        try Authorization.checkPulled(shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
+                    }
+                    #expect(throws: AccessError.self) {
+                        try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)
+                    }
+                }
+            }
         }
-        try Authorization.checkPulled(doc, old: held.file(fid(3)), in: staged, held: held, verify: fakeVerify)
-        // What the device held shows no grant to carol's write: her record stays refused.
-        var byCarol = held.file(fid(3))!
-        byCarol.contentDigest = [0xCD]
-        byCarol.lastModifiedBy = carol
-        #expect(throws: AccessError.self) {
-            try Authorization.checkPulled(byCarol, old: held.file(fid(3)), in: staged, held: held, verify: fakeVerify)
+    }
+
+    /// What a grantee wrote counts only under a grant that is live or that it gave up itself:
+    /// once the owner revoked or lowered the grant, a record the grantee signed is refused by
+    /// every device, the ones that saw the grant live included (the owner's change signs all
+    /// the grantee wrote as the owner's, so such a record can only be one written after it).
+    @Test func aRevokedOrLoweredWritersRecordIsRefused() throws {
+        let held = sharedTree()
+        for ended in [grant(2, to: bob, .write, deleted: true), grant(2, to: bob, .read)] {
+            var staged = held
+            var shared = held.file(fid(2))!
+            shared.access[0] = ended
+            staged.insert(shared)
+            var doc = held.file(fid(3))!
+            doc.contentDigest = [0xAB]
+            doc.lastModifiedBy = bob
+            staged.insert(doc)
+            for old in [held.file(fid(3)), nil] {
+                #expect(throws: AccessError.self) {
+                    try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)
+                }
+            }
+            // The owner's own record of it stands.
+            doc.lastModifiedBy = alice
+            staged.insert(doc)
+            try Authorization.checkPulled(doc, old: held.file(fid(3)), in: staged, verify: fakeVerify)
         }
     }
 

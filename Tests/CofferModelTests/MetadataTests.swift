@@ -233,8 +233,8 @@ struct MetadataTests {
         b[0] = 0x58
         #expect(throws: DecodingError("not a metadata record")) { try FileMetadata(decoding: b) }
         b = good
-        b[4] = 5
-        #expect(throws: DecodingError("unsupported metadata version 5")) { try FileMetadata(decoding: b) }
+        b[4] = 6
+        #expect(throws: DecodingError("unsupported metadata version 6")) { try FileMetadata(decoding: b) }
         b = good
         b[21] = 9  // type byte
         #expect(throws: DecodingError("unknown file type")) { try FileMetadata(decoding: b) }

@@ -71,6 +71,10 @@ struct CountingTransaction: MetadataWriter {
         let l = try reader.liveLinks(account: account, target: target)
         return counted(l.count, l)
     }
+    func writtenByOthers(account: Data) throws -> [Data] {
+        let l = try reader.writtenByOthers(account: account)
+        return counted(l.count, l)
+    }
     func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
         try reader.visitFeed(account: account, since: since, afterID: afterID) { id, version in
             storage.rows.withLock { $0 += 1 }

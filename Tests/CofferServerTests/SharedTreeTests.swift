@@ -209,6 +209,9 @@ struct SharedTreeTests {
         ]
         left.access[0].sealedKey = f.shared.access[0].sealedKey
         left.access[0].signature = f.bob.user.keys.sign(left.access[0].grantMessage(fileID: f.shared.id))
+        // Without the owner's signature of the grant it ends, it proves no grant was given up.
+        expectRefusal(403) { try f.bob.push([left]) }
+        left.access[0].ownerSignature = f.shared.access[0].signature
         try f.bob.push([left])
         #expect(try f.bob.pull().files.isEmpty)
     }
@@ -232,9 +235,9 @@ struct SharedTreeTests {
             caller: bob.user.key,
             PutManifestRequest(
                 fileID: manifest.fileID, digest: manifest.digest, sealed: Data(sealed), chunkIDs: [chunkID], via: via))
-        var written = written(by: bob.user, fresh)
-        written.contentDigest = digest
-        try bob.push([written])
+        var bobs = written(by: bob.user, fresh)
+        bobs.contentDigest = digest
+        try bob.push([bobs])
         #expect(try server.usage(caller: bob.user.key).bytes == 0)
         // Alice reads it as her own; so does bob, through the file.
         #expect(try server.getManifest(caller: alice.user.key, manifest) == Data(sealed))
@@ -249,10 +252,14 @@ struct SharedTreeTests {
         // Through a file of alice's that is not shared, bob is refused too.
         let secret = Data(f.secret.id.bytes)
         expectRefusal(403) { _ = try server.getChunks(caller: bob.user.key, ids: [chunkID], via: secret) }
-        // Revoked: bob reads nothing more.
+        // Revoked: refused while bob's record is left below, signed by bob alone (no device could
+        // tell it from one bob wrote after); taken with alice's own record of it. Bob reads
+        // nothing more.
         var revoked = f.shared
         revoked.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .write, deleted: true)]
-        try alice.push([revoked])
+        expectRefusal(409) { try alice.push([revoked]) }
+        alice.adopt([fresh.id], from: bob)
+        try alice.push([revoked, written(by: alice.user, bobs)])
         expectRefusal(404) { _ = try server.getManifest(caller: bob.user.key, manifest) }
         expectRefusal(403) { _ = try server.getChunks(caller: bob.user.key, ids: [chunkID], via: via) }
         #expect(try server.audit(account: alice.user.key).isEmpty)

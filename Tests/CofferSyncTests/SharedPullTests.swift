@@ -158,4 +158,93 @@ import Testing
         // A write share shows its write bits (a read share shows none: ShareCLITests).
         #expect(coffer(w.bob, ["ls", "-l", "--share", "\(share)", "notes.txt"]).out.hasPrefix("-rw-r--r-- "))
     }
+
+    /// Puts `record` in the stopped server's database as the newest change of the owner's tree
+    /// (a server, or whoever edits its database, serving what it likes), then starts it again.
+    func plant(_ record: SignedMetadata, writer: AccountID, in w: World) throws {
+        w.server.stop()
+        let sql = """
+            UPDATE counter SET value = value + 1 WHERE name = 'version';
+            UPDATE file SET record = X'\(hexString(record.encoded()))', writer = X'\(hexString(writer.bytes))',
+              version = (SELECT value FROM counter WHERE name = 'version')
+              WHERE id = X'\(hexString(record.metadata.id.bytes))';
+            UPDATE account SET version = (SELECT value FROM counter WHERE name = 'version')
+              WHERE key = X'\(hexString(record.metadata.owner.bytes))';
+            """
+        let r = run("/usr/bin/sqlite3", [w.server.dataDirectory + "/metadata.sqlite", sql])
+        #expect(r.status == 0, "sqlite3: \(r.err)")
+        try w.server.start()
+    }
+
+    /// Bob wrote in alice's shared folder, then alice revoked him. A record bob signs after
+    /// that, which a server takes against the rules, is refused by alice's device and by a new
+    /// one of hers: the revocation signed all bob wrote as alice's own, so no device has to
+    /// take a revoked writer's record on trust (before, a revoked write grant still counted,
+    /// and alice's device would have taken it and signed it as hers).
+    @Test func aRevokedWritersLaterRecordIsRefusedByEveryDevice() async throws {
+        let w = try World(write: true)
+        let bob = try Vault.open(dataDirectory: w.bob)
+        let engine = try SyncEngine.forStore(bob)
+        let before = try await engine.client.updates(since: 0, feedOnly: true).files.map(remote)
+        let notes = try #require(before.first { $0.signed.metadata.type == .document })
+        // Bob's change while he may: alice's device takes it and signs it as hers.
+        var edit = notes.signed.metadata
+        edit.lastModifiedBy = bob.accountID
+        edit.sealedAttributes = notes.signed.metadata.sealedAttributes
+        let bobs = signed(edit, by: bob.exportedSecret.signingKeys, revision: notes.signed.revision + 1).signed
+        _ = try await engine.client.upsert(
+            UpsertRequest(updates: [
+                FileUpdate(
+                    record: Data(bobs.encoded()), expectedParent: Data(edit.parent.bytes),
+                    expectedNameMAC: Data(edit.name.mac), expectedRevision: notes.signed.revision)
+            ]))
+        #expect(coffer(w.alice, ["sync"]).status == 0)
+        #expect(coffer(w.alice, ["share", "remove", "projects", "bob"]).status == 0)
+        let synced = coffer(w.alice, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        let exported = coffer(w.alice, ["account", "export"]).out
+
+        // What the server holds now is alice's; bob signs a newer one anyway.
+        let aliceEngine = try SyncEngine.forStore(try Vault.open(dataDirectory: w.alice))
+        let own = try await aliceEngine.client.updates(since: 0).files.map(remote)
+        let current = try #require(own.first { $0.signed.metadata.id == notes.signed.metadata.id })
+        #expect(current.signed.metadata.lastModifiedBy == current.signed.metadata.owner)
+        var late = current.signed.metadata
+        late.lastModifiedBy = bob.accountID
+        late.contentDigest = nil
+        try plant(
+            signed(late, by: bob.exportedSecret.signingKeys, revision: current.signed.revision + 1).signed,
+            writer: bob.accountID, in: w)
+        let refused = coffer(w.alice, ["sync"])
+        #expect(refused.status != 0 && refused.err.contains("against the sharing rules"), "\(refused.err)")
+        #expect(coffer(w.alice, ["cat", "projects/notes.txt"]).out == "plan")
+        let alice2 = w.tmp.sub("alice2")
+        let joined = coffer(alice2, ["account", "import", "--server", w.server.url], stdin: Array(exported.utf8))
+        #expect(joined.status != 0 && joined.err.contains("against the sharing rules"), "\(joined.err)")
+    }
+
+    /// Bob, a writer, wrote in alice's folder and then left the share himself, before any device
+    /// of alice's synced. A new device of alice's pulls both: the give-up keeps alice's
+    /// signature of the grant it ends, so bob's records are checkable and the pull succeeds
+    /// (before, a give-up seen by a device new to it could not be told from a grant never made,
+    /// and the new device's pull failed until an older one had signed them as alice's).
+    @Test func aNewDeviceOfTheOwnerTakesAWritersWorkBesideItsGiveUp() async throws {
+        let w = try World(write: true)
+        let share = try #require(try Vault.open(dataDirectory: w.bob).incomingShares().first?.id)
+        #expect(coffer(w.bob, ["share", "accept", "\(share)", "/"]).status == 0)
+        #expect(coffer(w.bob, ["write", "projects/from-bob.txt"], stdin: Array("bob".utf8)).status == 0)
+        #expect(coffer(w.bob, ["sync"]).status == 0)
+        let left = coffer(w.bob, ["share", "reject", "\(share)"])
+        #expect(left.status == 0, "\(left.err)")
+        let exported = coffer(w.alice, ["account", "export"]).out
+        let alice2 = w.tmp.sub("alice2")
+        let joined = coffer(alice2, ["account", "import", "--server", w.server.url], stdin: Array(exported.utf8))
+        #expect(joined.status == 0, "\(joined.err)")
+        #expect(coffer(alice2, ["cat", "projects/from-bob.txt"]).out == "bob")
+        #expect(coffer(alice2, ["fsck"]).status == 0)
+        // Alice's devices take bob's work as hers and rotate the keys he held.
+        #expect(coffer(w.alice, ["sync"]).status == 0)
+        #expect(coffer(alice2, ["sync"]).status == 0)
+        #expect(coffer(alice2, ["cat", "projects/from-bob.txt"]).out == "bob")
+    }
 }

@@ -162,15 +162,16 @@ struct PullMerge {
             if let l = try w.reader.file(id, .local)?.metadata {
                 let b = oldBase?.effectiveMetadata ?? rEff
                 let (m, conflict) = try mergeRecord(base: b, local: l, remote: rEff, &s)
-                let merged = vault.adopted(m, base: oldBase?.metadata)
+                let merged = vault.adopted(m)
                 if Self.adoptsGiveUp(merged, from: m) { gaveUp.insert(id) }
                 local[id] = merged
                 view.put(merged)
                 if conflict { conflicts[id] = (b, l, rEff) }
-            } else if rEff.lastModifiedBy != vault.accountID, !r.serverDeleted {
+            } else if rEff.lastModifiedBy != vault.accountID {
                 // A grantee wrote it (checked against the sharing rules on the way in): this
-                // device signs it again as the owner's (`Vault.adopted`).
-                let m = vault.adopted(rEff, base: oldBase?.metadata)
+                // device signs it again as the owner's (`Vault.adopted`), deleted ones too, so
+                // the tree keeps nothing a grantee wrote once the grant that let it is revoked.
+                let m = vault.adopted(rEff)
                 if Self.adoptsGiveUp(m, from: rEff) { gaveUp.insert(id) }
                 local[id] = m
                 view.put(m)

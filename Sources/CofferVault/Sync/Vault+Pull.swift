@@ -185,15 +185,11 @@ extension Vault {
             var staged: [FileID: FileMetadata] = [:]
             for f in files { staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
             let base = LookupTree { id in try staged[id] ?? r.file(id, .base)?.effectiveMetadata }
-            // The tree as this device held it: a writer's grant seen there counts too (its
-            // give-up may come in this same pull).
-            let held = LookupTree { id in try r.file(id, .base)?.effectiveMetadata }
             for f in others {
                 let m = f.signed.metadata
                 do {
                     try Authorization.checkPulled(
-                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base, held: held,
-                        keyOpens: keyOpens(in: base), verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base, keyOpens: keyOpens(in: base), verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                 } catch {
                     throw VaultError.corrupt(
                         "the server sent file \(m.id) written by another account against the sharing rules "
@@ -201,7 +197,6 @@ extension Vault {
                 }
             }
             try base.throwIfFailed()
-            try held.throwIfFailed()
         }
     }
 
@@ -233,11 +228,10 @@ extension Vault {
                         if m == nil { missed = true }
                         return m
                     }
-                    let held = LookupTree { id in try r.file(id, .base)?.effectiveMetadata }
                     do {
                         try Authorization.checkPulled(
                             f.signed.metadata, old: try r.file(f.signed.metadata.id, .base)?.signed.metadata, in: tree,
-                            held: held, keyOpens: vault.keyOpens(in: tree),
+                            keyOpens: vault.keyOpens(in: tree),
                             verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                     } catch {
                         try tree.throwIfFailed()

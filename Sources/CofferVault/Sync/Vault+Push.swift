@@ -17,12 +17,20 @@ public struct PendingRecord: Sendable {
     public let expectedParent: FileID?
     public let expectedNameMAC: [UInt8]?
     public let expectedRevision: UInt64?
+    /// Whether it changes grants the server holds on a file it has: a push in parts sends these
+    /// last, after the records the same change signs as this account's own (the server takes
+    /// no revocation while a record the revoked account wrote is left below it).
+    public let changesGrants: Bool
 
-    public init(stored: StoredFile, expectedParent: FileID?, expectedNameMAC: [UInt8]?, expectedRevision: UInt64?) {
+    public init(
+        stored: StoredFile, expectedParent: FileID?, expectedNameMAC: [UInt8]?, expectedRevision: UInt64?,
+        changesGrants: Bool = false
+    ) {
         self.stored = stored
         self.expectedParent = expectedParent
         self.expectedNameMAC = expectedNameMAC
         self.expectedRevision = expectedRevision
+        self.changesGrants = changesGrants
     }
 }
 
@@ -84,7 +92,8 @@ extension Vault {
                     local.metadata, revision: SignedMetadata.revision(after: base?.signed.revision, now: millis))
                 return PendingRecord(
                     stored: signed, expectedParent: base?.metadata.parent, expectedNameMAC: base?.metadata.name.mac,
-                    expectedRevision: base?.signed.revision)
+                    expectedRevision: base?.signed.revision,
+                    changesGrants: base.map { $0.metadata.access != local.metadata.access } ?? false)
             }
         }
     }

@@ -180,7 +180,6 @@ extension Vault {
         let me = accountID
         return try store.read { r in
             let mirror = MirrorTree(reader: r, layer: .pulled)
-            let before = MirrorTree(reader: r, layer: .pulled)
             for f in files { mirror.staged[f.signed.metadata.id] = f.stored.effectiveMetadata }
             var pending = files.sorted { $0.signed.metadata.id < $1.signed.metadata.id }
             var refused: [FeedRefusal] = []
@@ -203,7 +202,7 @@ extension Vault {
                     } else {
                         do {
                             try Authorization.checkPulled(
-                                m, old: held?.signed.metadata, in: mirror, held: before,
+                                m, old: held?.signed.metadata, in: mirror,
                                 verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                         } catch { reason = "\(error)" }
                     }
@@ -497,6 +496,9 @@ extension Vault {
             let i = held.signed.metadata.access.firstIndex(where: { $0.account == me && !$0.isDeleted })
         else { throw VaultError.tree(.notFound("no share with id \(id) (see `coffer share pending`)")) }
         var m = held.signed.metadata
+        // The owner's signature of the grant goes along: any device can then tell the give-up
+        // from a grant never made, and what this account wrote under it stays checkable.
+        m.access[i].ownerSignature = m.access[i].signature
         m.access[i].isDeleted = true
         m.access[i].signature = signing.sign(m.access[i].grantMessage(fileID: id))
         m.lastModifiedBy = me
