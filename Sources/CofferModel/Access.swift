@@ -412,6 +412,12 @@ extension Authorization {
             guard e.account != m.owner, e.mode != .owner, m.type != .link, e.sealedKey.count <= 256,
                 e.signature.count == 64
             else { throw .invalidGrant("\(name) carries a grant no owner could make") }
+            // A grant the device holds revoked or given up does not come back as it was: a new
+            // grant seals the key afresh (sealed boxes are randomised), so the same sealed key
+            // live again is the old grant's signature replayed over its end.
+            if let previous, previous.isDeleted, !e.isDeleted, previous.sealedKey == e.sealedKey {
+                throw .invalidGrant("\(name) brings back a grant that was revoked or given up")
+            }
             let message = e.grantMessage(fileID: m.id)
             if e.ownerSignature == nil, verify(m.owner, message, e.signature) { continue }
             // A grantee gives up only a grant the owner made, whose signature the give-up keeps;

@@ -16,7 +16,9 @@ extension CofferServer {
     }
 
     /// The server's own check of one account, read afresh from storage: every record decodes,
-    /// is owned by the account and signed by its writer, and agrees with the columns stored beside it; the
+    /// is owned by the account and signed by its writer, and agrees with the columns stored beside it; a
+    /// record another account wrote lies where that account holds write (a live grant, or one it
+    /// gave up itself); the
     /// effective tree satisfies every invariant (one root, every file reaches it, parents are
     /// folders, live siblings have distinct names); every file under a deleted folder is marked
     /// deleted; every live document's content has its manifest; every chunk a manifest lists is
@@ -78,6 +80,9 @@ extension CofferServer {
             if f.linkTarget != m.linkTarget.map({ Data($0.bytes) }) {
                 problems.append("file \(m.id): stored link target differs from its record")
             }
+            if f.writer != StoredFile.writer(of: m) {
+                problems.append("file \(m.id): stored writer differs from its record")
+            }
             if f.deleted != (m.isDeleted || f.serverDeleted) {
                 problems.append("file \(m.id): deleted flag inconsistent")
             }
@@ -135,6 +140,17 @@ extension CofferServer {
                 "invariant: \(count - reached) file(s) do not reach the root (orphaned, or in a cycle): "
                     + named.joined(separator: ", "))
         }
+        // What grantees wrote lies where they may write (`checkNoOrphanedWrites`).
+        let view = StorageTreeView(account: account, reader: tx)
+        for raw in try tx.writtenByOthers(account: account) {
+            guard let id = view.fileID(raw), let m = view.file(id) else { continue }
+            if !view.heldWrite(
+                by: m.lastModifiedBy, atOrAbove: id, verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+            {
+                problems.append("file \(id) was written by an account that holds no write on it")
+            }
+        }
+        try view.throwIfFailed()
         return problems
     }
 

@@ -177,7 +177,8 @@ public final class SQLiteMetadataStorage: MetadataStorage {
             guard let last = rows.last else { return }
             for row in rows {
                 let record: Data = row["record"]
-                if let m = try? SignedMetadata(decoding: Array(record)).metadata, let writer = StoredFile.writer(of: m) {
+                if let m = try? SignedMetadata(decoding: Array(record)).metadata, let writer = StoredFile.writer(of: m)
+                {
                     let id: Data = row["id"]
                     try update.execute(arguments: [writer, id])
                 }

@@ -18,7 +18,8 @@ extension SyncEngine {
         report.refusedShared += refused
         // Content before the metadata that names it.
         report.fetchedChunks += try await fetch(try vault.feedContentNeeds(accepted), shared: true)
-        let changed = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
+        let (changed, removedLinks) = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
+        report.removedLinks += removedLinks
         report.pulled += accepted.count
         report.changed.formUnion(changed)
         // Best effort: a name to show for owners this device has not pinned.

@@ -100,7 +100,7 @@ public final class SyncEngine: Sendable {
                 report.recoveryFailure = ServerText.sanitized("\(error)", limit: 300)
             }
             if gone != nil || linkNote != nil {
-                report.removedLinks = try vault.removeBrokenLinks(gone: gone ?? [])
+                report.removedLinks += try vault.removeBrokenLinks(gone: gone ?? [])
             }
             var attempts = 0
             while true {

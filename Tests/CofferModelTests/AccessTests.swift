@@ -582,11 +582,13 @@ struct AccessTests {
             staged.insert(doc)
             for old in [held.file(fid(3)), nil] {
                 if ownerSigned {
-                    try Authorization.checkPulled(shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
+                    try Authorization.checkPulled(
+                        shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
                     try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)
                 } else {
                     #expect(throws: AccessError.self) {
-                        try Authorization.checkPulled(shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
+                        try Authorization.checkPulled(
+                            shared, old: old == nil ? nil : held.file(fid(2)), in: staged, verify: fakeVerify)
                     }
                     #expect(throws: AccessError.self) {
                         try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)
@@ -594,6 +596,33 @@ struct AccessTests {
                 }
             }
         }
+    }
+
+    /// A grant the device holds revoked (or given up) is not brought back by replaying the
+    /// owner's signature of it live, whoever carries it; a new grant (sealed afresh) is taken.
+    @Test func aRevokedGrantIsNotBroughtBackByItsOldSignature() throws {
+        var held = sharedTree()
+        var revoked = held.file(fid(2))!
+        let live = revoked.access[0]
+        revoked.access[0] = grant(2, to: bob, .write, deleted: true)
+        held.insert(revoked)
+        for ended in [revoked, { var g = revoked; g.access[0] = grant(2, to: bob, .write, deleted: true, by: bob); return g }()] {
+            var staged = held
+            staged.insert(ended)
+            var revived = ended
+            revived.access[0] = live
+            revived.lastModifiedBy = alice
+            staged.insert(revived)
+            #expect(throws: AccessError.self) {
+                try Authorization.checkPulled(revived, old: ended, in: staged, verify: fakeVerify)
+            }
+        }
+        var regranted = revoked
+        regranted.access[0] = AccessEntry(account: bob, mode: .write, sealedKey: [9, 9])
+        regranted.access[0].signature = fakeSign(alice, regranted.access[0].grantMessage(fileID: fid(2)))
+        var staged = held
+        staged.insert(regranted)
+        try Authorization.checkPulled(regranted, old: revoked, in: staged, verify: fakeVerify)
     }
 
     /// What a grantee wrote counts only under a grant that is live or that it gave up itself:

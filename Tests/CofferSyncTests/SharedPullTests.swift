@@ -247,4 +247,35 @@ import Testing
         #expect(coffer(alice2, ["sync"]).status == 0)
         #expect(coffer(alice2, ["cat", "projects/from-bob.txt"]).out == "bob")
     }
+
+    /// Alice revokes bob's share: the feed's own transaction removes bob's link to it with the
+    /// share, so no link is left placing nothing, even if the device stopped right after (before,
+    /// a later step of the sync removed it, and a crash in between left it for good: the next
+    /// pull no longer names the share gone).
+    @Test func theFeedRemovesALinkWithItsShareInOneTransaction() async throws {
+        let w = try World(write: false)
+        let bob = try Vault.open(dataDirectory: w.bob)
+        let share = try #require(try bob.incomingShares().first?.id)
+        #expect(coffer(w.bob, ["share", "accept", "\(share)", "/"]).status == 0)
+        #expect(coffer(w.bob, ["sync"]).status == 0)
+        #expect(coffer(w.bob, ["ls"]).out == "projects/\n")
+        #expect(coffer(w.alice, ["share", "remove", "projects", "bob"]).status == 0)
+        #expect(coffer(w.alice, ["sync"]).status == 0)
+
+        let engine = try SyncEngine.forStore(bob)
+        let page = try await engine.client.updates(since: bob.feedCursor, feedOnly: true)
+        #expect(page.nextAfterID == nil && !page.more)
+        let gone = try (page.gone ?? []).map { try FileID(bytes: Array($0)) }
+        #expect(gone.contains(share))
+        let (accepted, _) = try bob.checkFeed(try page.files.map(remote))
+        let applied = try bob.applyFeed(accepted, gone: gone, cursor: page.latest)
+        #expect(applied.removedLinks == 1)
+        #expect(coffer(w.bob, ["ls"]).out == "")
+        #expect(coffer(w.bob, ["fsck"]).status == 0)
+        // The removal is pushed like any change; nothing is left to remove.
+        let synced = coffer(w.bob, ["sync"])
+        #expect(synced.status == 0, "\(synced.err)")
+        #expect(try bob.removeBrokenLinks() == 0)
+        #expect(coffer(w.bob, ["ls"]).out == "")
+    }
 }

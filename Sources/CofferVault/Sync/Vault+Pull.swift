@@ -189,7 +189,8 @@ extension Vault {
                 let m = f.signed.metadata
                 do {
                     try Authorization.checkPulled(
-                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base, keyOpens: keyOpens(in: base), verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
+                        m, old: try r.file(m.id, .base)?.signed.metadata, in: base, keyOpens: keyOpens(in: base),
+                        verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })
                 } catch {
                     throw VaultError.corrupt(
                         "the server sent file \(m.id) written by another account against the sharing rules "

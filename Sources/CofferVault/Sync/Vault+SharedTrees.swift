@@ -256,14 +256,24 @@ extension Vault {
 
     /// Stores verified records in the mirror, drops what the server says this account no longer
     /// sees (`gone`: the file and what the mirror holds below it, but for folders shared with
-    /// this account on their own), and moves the feed cursor on, in one transaction. Returns the
-    /// ids whose view changed.
+    /// this account on their own), removes the links of this account's tree whose share went
+    /// away with it, and moves the feed cursor on, in one transaction: the merge removes a link
+    /// whose target is gone or no longer shared (as Lockbook's sync does), so no link is ever
+    /// left placing nothing, even across a crash. Returns the ids whose view changed and how
+    /// many links went.
     @discardableResult
-    public func applyFeed(_ files: [RemoteFile], gone: [FileID], cursor: Int64) throws -> Set<FileID> {
+    public func applyFeed(
+        _ files: [RemoteFile], gone: [FileID], cursor: Int64
+    ) throws -> (changed: Set<FileID>, removedLinks: Int) {
         var changed: Set<FileID> = []
         let user = username
         let key = try recoveryKey()
-        try store.write { w in
+        let me = accountID
+        let links = try liveLinks()
+        let removed = try commit { batch, s, w -> Int in
+            // The shares the links place that the mirror held before this pull.
+            var heldBefore: Set<FileID> = []
+            for (_, target) in links where try w.reader.sharedFile(target) != nil { heldBefore.insert(target) }
             // This account's unpushed changes, read before the pull changes what they stand on.
             let intents = try captureSharedIntents(w)
             for f in files {
@@ -281,11 +291,28 @@ extension Vault {
             for id in gone { changed.formUnion(try dropFromMirror(id, keepingSharesExcept: goneSet, w)) }
             try enqueueRecovered(try replaySharedIntents(intents, touched: changed, user: user, w), under: key, w)
             try w.setSetting("feedCursor", Self.bytes(cursor))
+            // A link goes when its share is out of this account's reach now, and was there to
+            // lose: held before or now, or named gone (one never held may just not be sent yet).
+            let mirror = MirrorTree(reader: w.reader)
+            var removed = 0
+            for (link, target) in links.sorted(by: { $0.link < $1.link }) {
+                let now = mirror.file(target)
+                if let now, Self.isReachable(now, by: me, in: mirror) { continue }
+                guard now != nil || heldBefore.contains(target) || goneSet.contains(target),
+                    let m = batch.file(link), !m.isDeleted
+                else { continue }
+                try batch.delete(link, describe: s.view.describe)
+                try touchParent(m.parent, &batch, &s)
+                s.pruneCandidates.insert(link)
+                removed += 1
+            }
+            try mirror.throwIfFailed()
+            return removed
         }
         forgetSharedReads()
         // What it queued stays queued if it cannot be saved now: the pull itself is done.
         try? drainRecovery()
-        return changed
+        return (changed, removed)
     }
 
     /// Runs `body` over the mirror seen with this account's granted keys. Keys opened are kept
