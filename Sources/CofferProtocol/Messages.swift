@@ -138,11 +138,17 @@ public struct UpdatesRequest: Codable, Sendable {
     /// own for the feed, so it can start reading it at any time without reading its own tree
     /// again from the start.
     public var feedOnly: Bool?
-    public init(since: Int64, afterID: Data? = nil, shared: Bool? = nil, feedOnly: Bool? = nil) {
+    /// The cursor the device's read began from (the same on every page of it): files of the feed
+    /// granted to the caller again after it are named in `UpdatesResponse.regranted`.
+    public var origin: Int64?
+    public init(
+        since: Int64, afterID: Data? = nil, shared: Bool? = nil, feedOnly: Bool? = nil, origin: Int64? = nil
+    ) {
         self.since = since
         self.afterID = afterID
         self.shared = shared
         self.feedOnly = feedOnly
+        self.origin = origin
     }
 }
 
@@ -175,12 +181,21 @@ public struct UpdatesResponse: Codable, Sendable {
     /// below them, but for subtrees under a grant of their own to it (docs/SHARING.md, "The
     /// feed"). Absent when empty.
     public var gone: [Data]?
-    public init(files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil, gone: [Data]? = nil) {
+    /// Files of this page's feed granted to the caller again since the request's `origin` (a
+    /// share revoked or given up, then granted anew): a device drops what it holds below each
+    /// before taking the read's records, which bring the live subtree again (docs/SHARING.md,
+    /// "The feed"). Absent when empty.
+    public var regranted: [Data]?
+    public init(
+        files: [ServerFile], latest: Int64, more: Bool, nextAfterID: Data? = nil, gone: [Data]? = nil,
+        regranted: [Data]? = nil
+    ) {
         self.files = files
         self.latest = latest
         self.more = more
         self.nextAfterID = nextAfterID
         self.gone = gone
+        self.regranted = regranted
     }
 }
 

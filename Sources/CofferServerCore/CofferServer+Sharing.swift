@@ -85,16 +85,16 @@ extension CofferServer {
     ///   reported gone), and whose own grant on it the batch changed (so a revoked grantee
     ///   learns of its revocation);
     /// - a folder that comes into an account's view (a new grant, a move into a shared folder):
-    ///   its whole live subtree; and, to an account granted there before (a share revoked or
-    ///   given up, then granted again), its deleted files too: a device of it that slept through
-    ///   the gap may still hold files deleted meanwhile, of which nothing else would tell it.
+    ///   its whole live subtree; and, for an account granted there before (a share revoked or
+    ///   given up, then granted again), the folder is also noted as granted again (`regranted`):
+    ///   a device of it that slept through the gap may still hold files deleted or moved away
+    ///   meanwhile, of which nothing else would tell it, and drops what it holds below.
     static func feedPlan(
         changed: [FileMetadata], marked: Set<FileID>, batch: Batch<StorageTreeView>
-    ) -> [Data:
-        Set<FileID>]
-    {
+    ) -> (feed: [Data: Set<FileID>], regranted: [Data: Set<FileID>]) {
         let view = batch.base
         var feed: [Data: Set<FileID>] = [:]
+        var regranted: [Data: Set<FileID>] = [:]
         var after = GranteeMemo()
         var before = GranteeMemo()
         func tell(_ accounts: Set<AccountID>, _ ids: some Sequence<FileID>) {
@@ -122,12 +122,15 @@ extension CofferServer {
             if m.type == .folder, !m.isDeleted, !newcomers.isEmpty {
                 let below = descendants(of: m.id, in: batch)
                 tell(newcomers, below.live)
-                // Deleted files only to accounts granted here before: a new grantee is never
-                // sent what was deleted before it was invited.
-                let returning = newcomers.filter {
-                    below.granted.contains($0) || heldGrant($0, atOrAbove: m.id, in: view)
+                // An account granted here before comes back: one of its devices may have slept
+                // through the gap and still hold what was deleted or moved away meanwhile, of
+                // which no row tells it (a give-up changes no file below). Its row of the folder
+                // says so (`regranted`), and such a device drops what it holds below before
+                // taking the live subtree sent here. A new grantee is never sent anything
+                // deleted before it was invited.
+                for a in newcomers where below.granted.contains(a) || heldGrant(a, atOrAbove: m.id, in: view) {
+                    regranted[Data(a.bytes), default: []].insert(m.id)
                 }
-                if !returning.isEmpty { tell(returning, below.deleted) }
             }
         }
         for id in marked where batch.changes[id] == nil {
@@ -137,16 +140,15 @@ extension CofferServer {
             told.remove(m.owner)
             tell(told, [id])
         }
-        return feed
+        return (feed, regranted)
     }
 
-    /// The files below `id` (not `id` itself): live, and deleted (explicitly or below a
-    /// deleted folder); and the accounts holding any grant below it.
+    /// The live files below `id` (not `id` itself), and the accounts holding any grant below it
+    /// (live or not).
     static func descendants<T: TreeView>(
         of id: FileID, in tree: T
-    ) -> (live: [FileID], deleted: [FileID], granted: Set<AccountID>) {
+    ) -> (live: [FileID], granted: Set<AccountID>) {
         var live: [FileID] = []
-        var deleted: [FileID] = []
         // Accounts granted (live or revoked) on a folder below: granted there before.
         var granted: Set<AccountID> = []
         var queue = [(id, false)]
@@ -156,11 +158,11 @@ extension CofferServer {
                 guard let m = tree.file(c) else { continue }
                 for e in m.access { granted.insert(e.account) }
                 let isGone = gone || m.isDeleted
-                if isGone { deleted.append(c) } else { live.append(c) }
+                if !isGone { live.append(c) }
                 if m.type == .folder { queue.append((c, isGone)) }
             }
         }
-        return (live, deleted, granted)
+        return (live, granted)
     }
 
     /// Whether `account` held a grant, live or revoked, on `id` or a folder above it.
@@ -181,13 +183,15 @@ struct UpdatesEntry {
     var version: Int64
     var id: Data
     var file: StoredFile?
+    /// A feed entry granted to the caller again since the read's origin.
+    var regranted = false
 
     static func precedes(_ a: UpdatesEntry, _ b: UpdatesEntry) -> Bool {
         a.version != b.version ? a.version < b.version : a.id.lexicographicallyPrecedes(b.id)
     }
 
     /// Its share of the response as JSON.
-    var wireBytes: Int { file.map(CofferServer.wireBytes) ?? 40 }
+    var wireBytes: Int { (file.map(CofferServer.wireBytes) ?? 40) + (regranted ? 40 : 0) }
 }
 
 /// Entries taken in order up to a page (`API.updatesPageSize` entries, about

@@ -19,6 +19,8 @@ extension CofferServer {
         var superseded: [ManifestKey] = []
         /// Which grantees to tell about which files (their feed rows move to the batch's version).
         var feed: [Data: Set<FileID>] = [:]
+        /// Which of those files each grantee is granted again (`CofferServer.feedPlan`).
+        var regranted: [Data: Set<FileID>] = [:]
     }
 
     /// Applies a batch of signed records atomically. See docs/PROTOCOL.md, "What the server
@@ -141,7 +143,10 @@ extension CofferServer {
                     linkTarget: m.linkTarget.map { Data($0.bytes) }, writer: StoredFile.writer(of: m)))
         }
         for (grantee, files) in plan.feed {
-            for id in files { try tx.putFeed(account: grantee, fileID: Data(id.bytes), version: v) }
+            let again = plan.regranted[grantee] ?? []
+            for id in files {
+                try tx.putFeed(account: grantee, fileID: Data(id.bytes), version: v, regranted: again.contains(id))
+            }
         }
         // A marked file the batch did not change keeps its record; its content goes with it.
         for id in plan.marked where !newlyChanged.contains(id) {
@@ -290,7 +295,7 @@ extension CofferServer {
         }
         plan.changed = changed
         plan.marked = marked
-        plan.feed = Self.feedPlan(changed: changed, marked: marked, batch: batch)
+        (plan.feed, plan.regranted) = Self.feedPlan(changed: changed, marked: marked, batch: batch)
         return plan
     }
 

@@ -364,9 +364,11 @@ public final class CofferServer: Sendable {
     /// whatever the tree; a version larger than a page is split, and `nextAfterID` says where to
     /// go on. A feed entry is served as the file's current record if the caller can still see
     /// it (its access is checked now, through the owner's tree), else as its id in `gone`.
-    /// With `feedOnly`, the feed alone.
+    /// With `feedOnly`, the feed alone. With `origin`, files of the page granted to the caller
+    /// again after it are named in `regranted`.
     public func updates(
-        caller: Data, since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false
+        caller: Data, since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false,
+        origin: Int64? = nil
     ) throws(ServerError) -> UpdatesResponse {
         guard since >= 0 else { throw .badRequest("since must not be negative") }
         if let afterID, afterID.count != 16 { throw .badRequest("afterID is not a file id") }
@@ -384,9 +386,10 @@ public final class CofferServer: Sendable {
                 }
                 guard withFeed else { return }
                 var views: [Data: StorageTreeView] = [:]
-                try tx.visitFeed(account: caller, since: since, afterID: afterID) { id, version in
+                try tx.visitFeed(account: caller, since: since, afterID: afterID) { id, version, regrantedAt in
                     guard feed.hasRoom(version) else { return false }
                     var entry = UpdatesEntry(version: version, id: id, file: nil)
+                    if let origin, let regrantedAt, regrantedAt > origin { entry.regranted = true }
                     if var f = try tx.file(id: id), let fileID = try? FileID(bytes: Array(id)) {
                         let view = views[f.account] ?? StorageTreeView(account: f.account, reader: tx)
                         views[f.account] = view
@@ -414,9 +417,11 @@ public final class CofferServer: Sendable {
         guard let last = page.entries.last else { return UpdatesResponse(files: [], latest: since, more: false) }
         let next = ([merged.dropFirst(page.entries.count).first?.version, own.next, feed.next]).compactMap { $0 }.min()
         let gone = page.entries.filter { $0.file == nil }.map(\.id)
+        let regranted = page.entries.filter(\.regranted).map(\.id)
         return UpdatesResponse(
             files: page.entries.compactMap { $0.file?.wire }, latest: last.version, more: next != nil,
-            nextAfterID: next == last.version ? last.id : nil, gone: gone.isEmpty ? nil : gone)
+            nextAfterID: next == last.version ? last.id : nil, gone: gone.isEmpty ? nil : gone,
+            regranted: regranted.isEmpty ? nil : regranted)
     }
 
     /// A record's share of an updates response as JSON: its base64 and the fields around it.

@@ -124,10 +124,14 @@ public final class SQLiteMetadataStorage: MetadataStorage {
             // Who wrote a record when it is not the tree's owner, indexed: an upsert that ends a
             // grantee's write (a revocation, a mode lowered, a folder moved away) finds the
             // records that grantee left in the tree without reading the tree (docs/SHARING.md).
+            // And, per feed row, the version at which the account was last granted the file
+            // again (a share revoked or given up, then granted anew), so a device that slept
+            // through the gap drops what it holds below before taking the file's subtree again.
             try db.execute(
                 sql: """
                     ALTER TABLE file ADD COLUMN writer BLOB;
                     CREATE INDEX file_by_writer ON file (account, writer) WHERE writer IS NOT NULL;
+                    ALTER TABLE feed ADD COLUMN regranted_at INTEGER;
                     """)
             try SQLiteMetadataStorage.backfillWriters(db)
         }
@@ -334,23 +338,27 @@ struct SQLiteTransaction: MetadataWriter {
             arguments: [account])
     }
 
-    func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
+    func visitFeed(
+        account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64, Int64?) throws -> Bool
+    ) throws {
         // Both forms walk the index feed_by_version (account, version, file_id) in order.
         let rows: RowCursor
         if let afterID {
             rows = try Row.fetchCursor(
                 db,
-                sql: "SELECT file_id, version FROM feed WHERE account = ? AND (version, file_id) > (?, ?) "
+                sql:
+                    "SELECT file_id, version, regranted_at FROM feed WHERE account = ? AND (version, file_id) > (?, ?) "
                     + "ORDER BY version, file_id",
                 arguments: [account, since, afterID])
         } else {
             rows = try Row.fetchCursor(
                 db,
-                sql: "SELECT file_id, version FROM feed WHERE account = ? AND version > ? ORDER BY version, file_id",
+                sql: "SELECT file_id, version, regranted_at FROM feed WHERE account = ? AND version > ? "
+                    + "ORDER BY version, file_id",
                 arguments: [account, since])
         }
         while let row = try rows.next() {
-            if try !body(row["file_id"], row["version"]) { return }
+            if try !body(row["file_id"], row["version"], row["regranted_at"]) { return }
         }
     }
 
@@ -483,11 +491,12 @@ struct SQLiteTransaction: MetadataWriter {
         if !f.deleted { try addLiveFiles(account: f.account, 1) }
     }
 
-    func putFeed(account: Data, fileID: Data, version: Int64) throws {
+    func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws {
         try db.cachedStatement(
-            sql: "INSERT INTO feed (account, file_id, version) VALUES (?, ?, ?) "
-                + "ON CONFLICT (account, file_id) DO UPDATE SET version = excluded.version"
-        ).execute(arguments: [account, fileID, version])
+            sql: "INSERT INTO feed (account, file_id, version, regranted_at) VALUES (?, ?, ?, ?) "
+                + "ON CONFLICT (account, file_id) DO UPDATE SET version = excluded.version, "
+                + "regranted_at = COALESCE(excluded.regranted_at, regranted_at)"
+        ).execute(arguments: [account, fileID, version, regranted ? version : nil])
     }
 
     func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data? {

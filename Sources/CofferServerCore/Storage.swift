@@ -182,10 +182,13 @@ public protocol MetadataReader {
     func writtenByOthers(account: Data) throws -> [Data]
     /// Visits the rows of `account`'s share feed after the cursor, in (version, file id) order,
     /// as `visitFiles` does its own files: each row names a file of another account's tree that
-    /// changed, or came into or went out of view, at that version. `body` returns false to stop.
+    /// changed, or came into or went out of view, at that version, and the version at which the
+    /// account was last granted it again (`regrantedAt`, nil if never). `body` returns false to
+    /// stop.
     func visitFeed(
-        account: Data, since: Int64, afterID: Data?, _ body: (_ fileID: Data, _ version: Int64) throws -> Bool)
-        throws
+        account: Data, since: Int64, afterID: Data?,
+        _ body: (_ fileID: Data, _ version: Int64, _ regrantedAt: Int64?) throws -> Bool
+    ) throws
     /// Counts the account's files afresh (the audit; `AccountRecord.liveFiles` keeps the count).
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64
     func manifest(_ key: ManifestKey) throws -> Data?
@@ -220,7 +223,9 @@ public protocol MetadataWriter: MetadataReader {
     func putFile(_ file: StoredFile) throws
     /// Tells `account` (a grantee) that a file of another account's tree changed at `version`:
     /// its feed row for the file, one per file, moves to that version.
-    func putFeed(account: Data, fileID: Data, version: Int64) throws
+    /// Moves `account`'s feed row of `fileID` to `version`; with `regranted`, also notes that the
+    /// account was granted the file again at that version (kept until the next time).
+    func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws
     /// Marks a file of `account` deleted by the server (`serverDeleted` and `deleted` set,
     /// `version` given, the record untouched) and returns its content digest, whose manifest it
     /// no longer needs; nil when it names none or `account` has no such file (then nothing changes).

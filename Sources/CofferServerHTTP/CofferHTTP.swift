@@ -133,7 +133,7 @@ public enum CofferHTTP {
                 try await offload { () throws(ServerError) in
                     return try server.updates(
                         caller: caller, since: req.since, afterID: req.afterID, shared: req.shared ?? false,
-                        feedOnly: req.feedOnly ?? false)
+                        feedOnly: req.feedOnly ?? false, origin: req.origin)
                 })
         }
 

@@ -246,14 +246,16 @@ public struct ServerClient: Sendable {
         try await json("POST", API.prefix + "/files/upsert", request)
     }
 
-    /// With `shared`, the account's share feed too (docs/SHARING.md, "The feed").
+    /// With `shared`, the account's share feed too (docs/SHARING.md, "The feed"); `origin`, the
+    /// cursor the read began from, asks which files were granted again since.
     public func updates(
-        since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false
+        since: Int64, afterID: Data? = nil, shared: Bool = false, feedOnly: Bool = false, origin: Int64? = nil
     ) async throws -> UpdatesResponse {
         try await json(
             "POST", API.prefix + "/updates",
             UpdatesRequest(
-                since: since, afterID: afterID, shared: shared ? true : nil, feedOnly: feedOnly ? true : nil))
+                since: since, afterID: afterID, shared: shared ? true : nil, feedOnly: feedOnly ? true : nil,
+                origin: origin))
     }
 
     /// With `via`, about the namespace of the owner of that shared file (docs/SHARING.md, "Content").

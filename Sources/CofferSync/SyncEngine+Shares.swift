@@ -13,12 +13,15 @@ extension SyncEngine {
     func pullFeed(_ report: inout SyncReport) async throws -> Set<FileID>? {
         let cursor = vault.feedCursor
         let read = try await updates(since: cursor, feed: true)
-        guard !read.files.isEmpty || !read.gone.isEmpty || read.latest != cursor else { return nil }
+        guard !read.files.isEmpty || !read.gone.isEmpty || !read.regranted.isEmpty || read.latest != cursor else {
+            return nil
+        }
         let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
         report.refusedShared += refused
         // Content before the metadata that names it.
         report.fetchedChunks += try await fetch(try vault.feedContentNeeds(accepted), shared: true)
-        let (changed, removedLinks) = try vault.applyFeed(accepted, gone: Array(read.gone), cursor: read.latest)
+        let (changed, removedLinks) = try vault.applyFeed(
+            accepted, gone: Array(read.gone), regranted: read.regranted, cursor: read.latest)
         report.removedLinks += removedLinks
         report.pulled += accepted.count
         report.changed.formUnion(changed)

@@ -142,26 +142,41 @@ public final class SyncEngine: Sendable {
     }
 
     /// `updates(since:)` over the account's own tree, or (`feed`) over its share feed alone,
-    /// which also names files the account no longer sees (`gone`). A file the feed sends again
-    /// after naming it gone, or names gone after sending it, counts as the later of the two.
+    /// which also names files the account no longer sees (`gone`) and files granted to it again
+    /// since `cursor` (`regranted`). A file the feed sends again after naming it gone, or names
+    /// gone after sending it, counts as the later of the two.
     func updates(
         since cursor: Int64, feed: Bool
-    ) async throws -> (files: [FileID: RemoteFile], gone: Set<FileID>, latest: Int64) {
+    ) async throws -> (files: [FileID: RemoteFile], gone: Set<FileID>, regranted: Set<FileID>, latest: Int64) {
         var since = cursor
         // Set while a version larger than a page is being read: the last file id of it seen.
         var afterID: Data?
         var byID: [FileID: RemoteFile] = [:]
         var gone: Set<FileID> = []
+        var regranted: Set<FileID> = []
         var progress = PageProgress()
         let writers = vault.otherWriterCheck()
         while true {
-            let page = try await client.updates(since: since, afterID: afterID, feedOnly: feed)
+            let page = try await client.updates(
+                since: since, afterID: afterID, feedOnly: feed, origin: feed ? cursor : nil)
             var pageGone: [FileID] = []
             for raw in page.gone ?? [] {
                 guard feed, let id = try? FileID(bytes: [UInt8](raw)) else {
                     throw SyncError.protocolError("the server sent a malformed list of files no longer shared")
                 }
                 pageGone.append(id)
+            }
+            // Named only beside an entry of the same page (at most a page of them, so a server
+            // cannot pile them up).
+            let pageRegranted = page.regranted ?? []
+            guard pageRegranted.count <= page.files.count + (page.gone?.count ?? 0) else {
+                throw SyncError.protocolError("the server sent a malformed list of files granted again")
+            }
+            for raw in pageRegranted {
+                guard feed, let id = try? FileID(bytes: [UInt8](raw)) else {
+                    throw SyncError.protocolError("the server sent a malformed list of files granted again")
+                }
+                regranted.insert(id)
             }
             var records: [RemoteFile] = []
             records.reserveCapacity(page.files.count)
@@ -208,7 +223,7 @@ public final class SyncEngine: Sendable {
             afterID = page.nextAfterID
             if !page.more { break }
         }
-        return (byID, gone, since)
+        return (byID, gone, regranted, since)
     }
 
     func pull(_ report: inout SyncReport) async throws {

@@ -606,7 +606,14 @@ struct AccessTests {
         let live = revoked.access[0]
         revoked.access[0] = grant(2, to: bob, .write, deleted: true)
         held.insert(revoked)
-        for ended in [revoked, { var g = revoked; g.access[0] = grant(2, to: bob, .write, deleted: true, by: bob); return g }()] {
+        for ended in [
+            revoked,
+            {
+                var g = revoked
+                g.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)
+                return g
+            }(),
+        ] {
             var staged = held
             staged.insert(ended)
             var revived = ended

@@ -75,10 +75,10 @@ struct CountingTransaction: MetadataWriter {
         let l = try reader.writtenByOthers(account: account)
         return counted(l.count, l)
     }
-    func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64) throws -> Bool) throws {
-        try reader.visitFeed(account: account, since: since, afterID: afterID) { id, version in
+    func visitFeed(account: Data, since: Int64, afterID: Data?, _ body: (Data, Int64, Int64?) throws -> Bool) throws {
+        try reader.visitFeed(account: account, since: since, afterID: afterID) { id, version, regrantedAt in
             storage.rows.withLock { $0 += 1 }
-            return try body(id, version)
+            return try body(id, version, regrantedAt)
         }
     }
     func fileCount(account: Data, liveOnly: Bool) throws -> Int64 {
@@ -109,8 +109,8 @@ struct CountingTransaction: MetadataWriter {
     func setCard(key: Data, card: Data) throws { try w().setCard(key: key, card: card) }
     func nextVersion() throws -> Int64 { try w().nextVersion() }
     func putFile(_ file: StoredFile) throws { try w().putFile(file) }
-    func putFeed(account: Data, fileID: Data, version: Int64) throws {
-        try w().putFeed(account: account, fileID: fileID, version: version)
+    func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws {
+        try w().putFeed(account: account, fileID: fileID, version: version, regranted: regranted)
     }
     func markServerDeleted(id: Data, account: Data, version: Int64) throws -> Data? {
         try w().markServerDeleted(id: id, account: account, version: version)

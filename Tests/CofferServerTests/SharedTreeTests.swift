@@ -265,6 +265,44 @@ struct SharedTreeTests {
         #expect(try server.audit(account: alice.user.key).isEmpty)
     }
 
+    /// A share revoked and granted again: a read of the feed that began before the new grant
+    /// is told the folder was granted again (its device may hold what was deleted or moved away
+    /// in the gap, and drops what it holds below); one that began after is not, even when the
+    /// folder changes again later. The folder's live subtree comes with the new grant.
+    @Test func aShareGrantedAgainIsNamedToReadsThatBeganBeforeIt() throws {
+        let f = try SharedFixture(mode: .read)
+        let (alice, bob, server) = (f.alice, f.bob, f.server)
+        let before = try server.updates(caller: bob.user.key, since: 0, feedOnly: true).latest
+        var revoked = f.shared
+        revoked.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .read, deleted: true)]
+        try alice.push([revoked])
+        var again = revoked
+        again.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .read)]
+        let regrantedAt = try alice.push([again])
+        let slept = try server.updates(caller: bob.user.key, since: before, feedOnly: true, origin: before)
+        #expect(slept.regranted == [Data(f.shared.id.bytes)])
+        let sent = try Set(slept.files.map { try decodeRecord($0).id })
+        #expect(sent == [f.shared.id, f.doc.id, f.inner.id, f.deep.id])
+        // Without an origin (an older device), nothing is named.
+        #expect(try server.updates(caller: bob.user.key, since: before, feedOnly: true).regranted == nil)
+        // Later, the folder changes again: a read from before the new grant is still told, one
+        // from after it is not.
+        var renamed = again
+        renamed.name = sealedName("renamed")
+        try alice.push([renamed])
+        #expect(
+            try server.updates(caller: bob.user.key, since: before, feedOnly: true, origin: before).regranted
+                == [Data(f.shared.id.bytes)])
+        let later = try server.updates(
+            caller: bob.user.key, since: regrantedAt, feedOnly: true, origin: regrantedAt)
+        #expect(later.regranted == nil && later.files.count == 1)
+        // A new grantee is never told (nothing of it was held before).
+        var carolToo = renamed
+        carolToo.access.append(try signedGrant(f.shared.id, owner: alice.user, to: f.carol.user, .read))
+        try alice.push([carolToo])
+        #expect(try server.updates(caller: f.carol.user.key, since: 0, feedOnly: true, origin: 0).regranted == nil)
+    }
+
     @Test func aReadShareeUploadsNoContent() throws {
         let f = try SharedFixture(mode: .read)
         let chunk = randomBytes(100)

@@ -187,25 +187,31 @@ import Testing
         #expect(w.server.audit().status == 0)
     }
 
-    /// Bob's laptop gives the share up; alice deletes a file and shares the folder again, all
-    /// while bob's desktop is away. A give-up changes no file below the folder, so nothing but
-    /// the share's second coming can tell the desktop of the deletion: it brings the folder's
-    /// deleted files too.
-    @Test func aShareGrantedAgainTellsADeviceThatWasAwayOfFilesDeletedMeanwhile() async throws {
+    /// Bob's laptop gives the share up; alice deletes a file, moves another out of the folder
+    /// and shares the folder again, all while bob's desktop is away. A give-up changes no file
+    /// below the folder, so nothing but the share's second coming can tell the desktop: its
+    /// feed row says the folder was granted again (`regranted`), and the desktop drops what it
+    /// held below before taking the live subtree sent with it. (Before, the deleted files were
+    /// sent again, and a file moved out stayed on the desktop.)
+    @Test func aShareGrantedAgainTellsADeviceThatWasAwayOfFilesDeletedOrMovedMeanwhile() async throws {
         let w = try Self.world("coffer-share-write-again", write: false)
         let (alice, bob) = (w.alice, w.bob)
         let desktop = w.tmp.sub("bob-desktop")
         let export = coffer(bob, ["account", "export"]).out
         #expect(
             coffer(desktop, ["account", "import", "--server", w.server.url], stdin: Array(export.utf8)).status == 0)
+        #expect(coffer(alice, ["write", "projects/away.txt"], stdin: Array("away".utf8)).status == 0)
+        #expect(coffer(alice, ["mkdir", "private"]).status == 0)
+        #expect(coffer(alice, ["sync"]).status == 0)
         #expect(coffer(bob, ["sync"]).status == 0)
         #expect(coffer(desktop, ["sync"]).status == 0)
-        #expect(coffer(desktop, ["ls", "shared"]).out == "notes.txt\nold.txt\n")
+        #expect(coffer(desktop, ["ls", "shared"]).out == "away.txt\nnotes.txt\nold.txt\n")
         let ids = try Vault.open(dataDirectory: bob).incomingShares().map(\.id)
         #expect(ids.count == 1)
         #expect(coffer(bob, ["share", "reject", ids.first?.description ?? ""]).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)
         #expect(coffer(alice, ["rm", "projects/old.txt"]).status == 0)
+        #expect(coffer(alice, ["mv", "projects/away.txt", "private/away.txt"]).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)
         #expect(coffer(alice, ["share", "add", "projects", "bob"]).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)

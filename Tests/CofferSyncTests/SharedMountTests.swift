@@ -181,10 +181,25 @@ import Testing
         // Both write; each mount shows the other's file.
         #expect(writeFile(alice.path("team/from-alice.txt"), "alice\n") == 0)
         #expect(writeFile(bob.path("team/from-bob.txt"), "bob\n") == 0)
+        // And a file each whose name and content are markers, for the scan below.
+        let (nameMarker, bodyMarker) = ("Qx7sharedNameMarker", "Qx7sharedBodyMarker")
+        #expect(mkdir(alice.path("team/\(nameMarker)-dir"), 0o755) == 0)
+        #expect(writeFile(alice.path("team/\(nameMarker)-dir/a.txt"), "\(bodyMarker) alice\n") == 0)
+        #expect(writeFile(bob.path("team/\(nameMarker)-bob.txt"), "\(bodyMarker) bob\n") == 0)
         #expect(
             eventually(timeout: 20, interval: 0.2) {
                 text(alice.path("team/from-bob.txt")) == "bob\n" && text(bob.path("team/from-alice.txt")) == "alice\n"
+                    && text(alice.path("team/\(nameMarker)-bob.txt")) == "\(bodyMarker) bob\n"
+                    && text(bob.path("team/\(nameMarker)-dir/a.txt")) == "\(bodyMarker) alice\n"
             }, "the mounts did not meet; logs:\n\(alice.log)\n\(bob.log)")
+        // The marker scan: nothing of the shared files' names or content on the server, nor in
+        // either device's data folder (stores, logs), only behind the mounts.
+        for marker in [nameMarker, bodyMarker] {
+            for dir in [server.dataDirectory, alice.dataDir, bob.dataDir] {
+                let hits = filesContaining(marker, under: dir)
+                #expect(hits.isEmpty, "\(marker) found in \(hits)")
+            }
+        }
         // Bob writes on while alice revokes him.
         var wrote: [Int] = []
         for i in 0..<5 where writeFile(bob.path("team/bob-\(i).txt"), "bob \(i)\n") == 0 { wrote.append(i) }

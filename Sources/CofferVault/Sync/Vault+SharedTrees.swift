@@ -256,14 +256,16 @@ extension Vault {
 
     /// Stores verified records in the mirror, drops what the server says this account no longer
     /// sees (`gone`: the file and what the mirror holds below it, but for folders shared with
-    /// this account on their own), removes the links of this account's tree whose share went
+    /// this account on their own) and what it holds below a file granted to this account again
+    /// (`regranted`: this read brings the live subtree again, and this device may have slept
+    /// through the gap, when files below were deleted or moved away unseen), removes the links of this account's tree whose share went
     /// away with it, and moves the feed cursor on, in one transaction: the merge removes a link
     /// whose target is gone or no longer shared (as Lockbook's sync does), so no link is ever
     /// left placing nothing, even across a crash. Returns the ids whose view changed and how
     /// many links went.
     @discardableResult
     public func applyFeed(
-        _ files: [RemoteFile], gone: [FileID], cursor: Int64
+        _ files: [RemoteFile], gone: [FileID], regranted: Set<FileID> = [], cursor: Int64
     ) throws -> (changed: Set<FileID>, removedLinks: Int) {
         var changed: Set<FileID> = []
         let user = username
@@ -276,6 +278,13 @@ extension Vault {
             for (_, target) in links where try w.reader.sharedFile(target) != nil { heldBefore.insert(target) }
             // This account's unpushed changes, read before the pull changes what they stand on.
             let intents = try captureSharedIntents(w)
+            for id in regranted.sorted() {
+                for c in try w.reader.sharedChildIDs(of: id) where c != id {
+                    // A folder below shared with this account on its own was seen all along.
+                    if try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil { continue }
+                    changed.formUnion(try dropFromMirror(c, keepingSharesExcept: [], w))
+                }
+            }
             for f in files {
                 // Another process may have stored a newer one meanwhile.
                 if let held = try w.reader.sharedFile(f.signed.metadata.id, .pulled),
