@@ -237,8 +237,8 @@ struct SQLiteTransaction: MetadataWriter {
     // still names the old ones, so a row would lack a column a migration added. A named column
     // missing from a stale schema makes SQLite reload the schema and prepare again instead.
     static let fileColumns =
-        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, link_target, "
-        + "writer"
+        "id, account, record, version, content_version, server_deleted, deleted, digest, parent, name_mac, "
+        + "link_target, writer"
     static let accountColumns = "key, username, box_key, version, bytes_used, live_files, card"
 
     private func accountRow(_ row: Row?) -> AccountRecord? {

@@ -258,11 +258,11 @@ extension Vault {
     /// sees (`gone`: the file and what the mirror holds below it, but for folders shared with
     /// this account on their own) and what it holds below a file granted to this account again
     /// (`regranted`: this read brings the live subtree again, and this device may have slept
-    /// through the gap, when files below were deleted or moved away unseen), removes the links of this account's tree whose share went
-    /// away with it, and moves the feed cursor on, in one transaction: the merge removes a link
-    /// whose target is gone or no longer shared (as Lockbook's sync does), so no link is ever
-    /// left placing nothing, even across a crash. Returns the ids whose view changed and how
-    /// many links went.
+    /// through the gap, when files below were deleted or moved away unseen), removes the links
+    /// of this account's tree whose share went away with it, and moves the feed cursor on, in
+    /// one transaction: the merge removes a link whose target is gone or no longer shared (as
+    /// Lockbook's sync does), so no link is ever left placing nothing, even across a crash.
+    /// Returns the ids whose view changed and how many links went.
     @discardableResult
     public func applyFeed(
         _ files: [RemoteFile], gone: [FileID], regranted: Set<FileID> = [], cursor: Int64
