@@ -421,10 +421,13 @@ extension Authorization {
             let message = e.grantMessage(fileID: m.id)
             if e.ownerSignature == nil, verify(m.owner, message, e.signature) { continue }
             // A grantee gives up only a grant the owner made, whose signature the give-up keeps;
-            // when the device knows the record before, the grant must be in it, at the same
-            // mode and key.
+            // when the device knows the record before, the grant must be live in it, at the same
+            // mode and key (an owner's revocation keeps both, and the revoked grantee still holds
+            // the owner's signature of its grant: it must not turn the revocation into a give-up
+            // that counts for what it writes).
             if e.isDeleted, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify),
-                old == nil || previous.map({ $0.mode == e.mode && $0.sealedKey == e.sealedKey }) == true
+                old == nil
+                    || previous.map({ !$0.isDeleted && $0.mode == e.mode && $0.sealedKey == e.sealedKey }) == true
             {
                 continue
             }

@@ -142,7 +142,7 @@ extension CofferServer {
         }
         // What grantees wrote lies where they may write (`checkNoOrphanedWrites`).
         let view = StorageTreeView(account: account, reader: tx)
-        for raw in try tx.writtenByOthers(account: account) {
+        for (raw, _) in try tx.writtenByOthers(account: account) {
             guard let id = view.fileID(raw), let m = view.file(id) else { continue }
             if !view.heldWrite(
                 by: m.lastModifiedBy, atOrAbove: id, verify: { PublicSigningKey.isValid($0.bytes, $1, $2) })

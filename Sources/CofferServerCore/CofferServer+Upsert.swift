@@ -3,6 +3,12 @@ import CofferModel
 import CofferProtocol
 import Foundation
 
+/// An owner's batch refused for leaving records of these writers uncovered (`checkNoOrphanedWrites`).
+struct OrphanedWrites: Error {
+    let writers: Set<Data>
+    let message: String
+}
+
 extension CofferServer {
     struct Decoded {
         var update: FileUpdate
@@ -21,6 +27,8 @@ extension CofferServer {
         var feed: [Data: Set<FileID>] = [:]
         /// Which of those files each grantee is granted again (`CofferServer.feedPlan`).
         var regranted: [Data: Set<FileID>] = [:]
+        /// The batch ended some grantee's write and left nothing of it uncovered.
+        var checkedOrphans = false
     }
 
     /// Applies a batch of signed records atomically. See docs/PROTOCOL.md, "What the server
@@ -77,10 +85,49 @@ extension CofferServer {
 
         let owner = ownerID.map { Data($0.bytes) } ?? caller
         var released: [ChunkKey] = []
-        let version: Int64 = try guarded {
-            try metadata.write { tx -> Int64 in
+        var orphaned: OrphanedWrites?
+        let version: Int64? = try guarded {
+            do { return try upsertBatch(owner: owner, caller: caller, decoded, released: &released) } catch let o
+                as OrphanedWrites
+            {
+                orphaned = o
+                return nil
+            }
+        }
+        guard let version else {
+            // The owner's device must sign those records as its own: their writers' changes are
+            // held back meanwhile, so a busy (or hostile) grantee cannot keep the owner from ever
+            // ending its access. The refusal wrote nothing; the hold is its own small write.
+            let held = orphaned ?? OrphanedWrites(writers: [], message: "")
+            let until = now + Self.writePauseMillis
+            try guarded {
+                try metadata.write { tx in
+                    for w in held.writers { try tx.pauseWrites(account: owner, writer: w, until: until) }
+                }
+            }
+            throw .getUpdatesRequired(held.message)
+        }
+        // Content after metadata: chunks no manifest lists any more go once the batch is in.
+        try? releaseChunks(released)
+        return UpsertResponse(version: version)
+    }
+
+    /// How long a grantee's changes are held back after its owner's change was refused for
+    /// leaving that grantee's records uncovered: long enough for the owner's device to pull,
+    /// sign them and push again, short enough that a grantee whose access stays is barely held.
+    static let writePauseMillis: Int64 = 30_000
+
+    /// The one write transaction of an upsert (see `upsert`).
+    private func upsertBatch(
+        owner: Data, caller: Data, _ decoded: [Decoded], released: inout [ChunkKey]
+    ) throws -> Int64 {
+        try metadata.write { tx -> Int64 in
                 if owner != caller, try tx.account(key: caller) == nil {
                     throw ServerError.unauthorized("no account has this key")
+                }
+                if owner != caller, let until = try tx.writePause(account: owner, writer: caller), until > now {
+                    throw ServerError.getUpdatesRequired(
+                        "the owner of these files is changing who may write them; try again shortly")
                 }
                 // The owner's account is locked: its tree, version and quota are what change.
                 guard let account = try tx.lockAccount(key: owner) else {
@@ -113,12 +160,10 @@ extension CofferServer {
                     throw ServerError.quotaExceeded(
                         "storing these records would exceed the account's quota of \(quotaBytes) bytes")
                 }
+                // The owner's change went in: nothing of its grantees is held back any more.
+                if owner == caller, plan.checkedOrphans { try tx.resumeWrites(account: owner) }
                 return v
             }
-        }
-        // Content after metadata: chunks no manifest lists any more go once the batch is in.
-        try? releaseChunks(released)
-        return UpsertResponse(version: version)
     }
 
     /// Writes a plan in the open transaction. Every record it needs was read while planning.
@@ -227,14 +272,24 @@ extension CofferServer {
                 verify: { PublicSigningKey.isValid($0.bytes, $1, $2) },
                 linkTarget: { links.facts(of: $0, forLinksOf: owner, batch: batch) })
         } catch { throw ServerError.forbidden(error.description) }
-        let endsWrites = changed.contains { m in
-            guard let old = view.file(m.id) else { return false }
-            return old.access != m.access || (m.type == .folder && old.parent != m.parent)
+        // Whose write the batch may end: the accounts whose grants it changes, or anyone's when
+        // it moves a folder (nil).
+        var ending: Set<AccountID>? = []
+        for m in changed {
+            guard let old = view.file(m.id) else { continue }
+            if m.type == .folder, old.parent != m.parent {
+                ending = nil
+                break
+            }
+            for e in m.access where old.access.first(where: { $0.account == e.account }) != e {
+                ending?.insert(e.account)
+            }
         }
-        if endsWrites {
+        if ending?.isEmpty != true {
             // Every record of a batch is its caller's (checked on decoding).
             let byOwner = decoded.allSatisfy { Data($0.signed.metadata.lastModifiedBy.bytes) == owner }
-            try checkNoOrphanedWrites(owner: owner, byOwner: byOwner, view: view, batch: batch)
+            try checkNoOrphanedWrites(owner: owner, of: ending, byOwner: byOwner, view: view, batch: batch)
+            plan.checkedOrphans = true
         }
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
@@ -309,22 +364,32 @@ extension CofferServer {
     /// one: a record a revoked grantee signed after its revocation is refused by every device
     /// (docs/SHARING.md, "What devices verify").
     ///
-    /// Runs only for batches that change grants or move folders, and reads the records
+    /// Runs only for batches that change grants (for the records of the accounts whose grants
+    /// change, `writers`) or move folders (for all, `writers` nil), and reads the records
     /// grantees wrote that the owner's devices have not signed yet (an index), each walked up
-    /// to the root.
+    /// to the root. Only what the batch itself leaves uncovered is refused: a record no grant
+    /// covered before (stored by an older server) does not stop every later change.
     func checkNoOrphanedWrites(
-        owner: Data, byOwner: Bool, view: StorageTreeView, batch: Batch<StorageTreeView>
+        owner: Data, of writers: Set<AccountID>?, byOwner: Bool, view: StorageTreeView,
+        batch: Batch<StorageTreeView>
     ) throws {
         let verify: Authorization.Verify = { PublicSigningKey.isValid($0.bytes, $1, $2) }
-        for raw in try view.reader.writtenByOthers(account: owner) {
+        let wanted = writers.map { Set($0.map { Data($0.bytes) }) }
+        var uncovered: Set<Data> = []
+        var first: FileID?
+        for (raw, writer) in try view.reader.writtenByOthers(account: owner) where wanted?.contains(writer) != false {
             guard let id = view.fileID(raw), let m = batch.file(id), m.lastModifiedBy != m.owner else { continue }
             if batch.heldWrite(by: m.lastModifiedBy, atOrAbove: id, verify: verify) { continue }
-            let why = "file \(id), written by another account, would be left where that account cannot write"
-            if byOwner {
-                throw ServerError.getUpdatesRequired("\(why); sync first, so this device signs it as its own")
-            }
-            throw ServerError.forbidden("\(why); its owner's device must sync first")
+            guard view.heldWrite(by: m.lastModifiedBy, atOrAbove: id, verify: verify) else { continue }
+            uncovered.insert(writer)
+            first = first ?? id
         }
+        guard let first else { return }
+        let why = "file \(first), written by another account, would be left where that account cannot write"
+        if byOwner {
+            throw OrphanedWrites(writers: uncovered, message: "\(why); sync first, so this device signs it as its own")
+        }
+        throw ServerError.forbidden("\(why); its owner's device must sync first")
     }
 
     /// Marks what a newly deleted folder deletes with it: every file below it that is live in the

@@ -132,6 +132,12 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     ALTER TABLE file ADD COLUMN writer BLOB;
                     CREATE INDEX file_by_writer ON file (account, writer) WHERE writer IS NOT NULL;
                     ALTER TABLE feed ADD COLUMN regranted_at INTEGER;
+                    CREATE TABLE write_pause (
+                        account BLOB NOT NULL,
+                        writer BLOB NOT NULL,
+                        until INTEGER NOT NULL,
+                        PRIMARY KEY (account, writer)
+                    ) WITHOUT ROWID;
                     """)
             try SQLiteMetadataStorage.backfillWriters(db)
         }
@@ -332,10 +338,17 @@ struct SQLiteTransaction: MetadataWriter {
             arguments: [account, target])
     }
 
-    func writtenByOthers(account: Data) throws -> [Data] {
-        try Data.fetchAll(
-            db.cachedStatement(sql: "SELECT id FROM file WHERE account = ? AND writer IS NOT NULL"),
-            arguments: [account])
+    func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)] {
+        try Row.fetchAll(
+            db.cachedStatement(sql: "SELECT id, writer FROM file WHERE account = ? AND writer IS NOT NULL"),
+            arguments: [account]
+        ).map { ($0["id"], $0["writer"]) }
+    }
+
+    func writePause(account: Data, writer: Data) throws -> Int64? {
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT until FROM write_pause WHERE account = ? AND writer = ?"),
+            arguments: [account, writer])
     }
 
     func visitFeed(
@@ -489,6 +502,17 @@ struct SQLiteTransaction: MetadataWriter {
         }
         try addUsage(account: f.account, bytes: QuotaRule.counted(row: Int64(f.record.count)))
         if !f.deleted { try addLiveFiles(account: f.account, 1) }
+    }
+
+    func pauseWrites(account: Data, writer: Data, until: Int64) throws {
+        try db.cachedStatement(
+            sql: "INSERT INTO write_pause (account, writer, until) VALUES (?, ?, ?) "
+                + "ON CONFLICT (account, writer) DO UPDATE SET until = excluded.until"
+        ).execute(arguments: [account, writer, until])
+    }
+
+    func resumeWrites(account: Data) throws {
+        try db.cachedStatement(sql: "DELETE FROM write_pause WHERE account = ?").execute(arguments: [account])
     }
 
     func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws {

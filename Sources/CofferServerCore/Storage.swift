@@ -177,9 +177,13 @@ public protocol MetadataReader {
     func liveChildIDs(account: Data, parent: Data, nameMAC: Data) throws -> [Data]
     /// The live links of `account` whose target is `target` (read from the index alone).
     func liveLinks(account: Data, target: Data) throws -> [Data]
-    /// The files of `account`'s tree whose record another account wrote (read from the index
-    /// alone): few, as the owner's devices sign what grantees write as their own once they pull it.
-    func writtenByOthers(account: Data) throws -> [Data]
+    /// The files of `account`'s tree whose record another account wrote, with that account
+    /// (read from the index alone): few, as the owner's devices sign what grantees write as
+    /// their own once they pull it.
+    func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)]
+    /// Until when (ms) `writer`'s changes to `account`'s tree are held back while its owner ends
+    /// the writer's access (`CofferServer.checkNoOrphanedWrites`); nil if they are not.
+    func writePause(account: Data, writer: Data) throws -> Int64?
     /// Visits the rows of `account`'s share feed after the cursor, in (version, file id) order,
     /// as `visitFiles` does its own files: each row names a file of another account's tree that
     /// changed, or came into or went out of view, at that version, and the version at which the
@@ -226,6 +230,10 @@ public protocol MetadataWriter: MetadataReader {
     /// Moves `account`'s feed row of `fileID` to `version`; with `regranted`, also notes that the
     /// account was granted the file again at that version (kept until the next time).
     func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws
+    /// Holds `writer`'s changes to `account`'s tree back until `until` (ms).
+    func pauseWrites(account: Data, writer: Data, until: Int64) throws
+    /// Ends every hold on writes to `account`'s tree.
+    func resumeWrites(account: Data) throws
     /// Marks a file of `account` deleted by the server (`serverDeleted` and `deleted` set,
     /// `version` given, the record untouched) and returns its content digest, whose manifest it
     /// no longer needs; nil when it names none or `account` has no such file (then nothing changes).

@@ -1,3 +1,4 @@
+import CofferCrypto
 import CofferModel
 import CofferProtocol
 import CofferVault
@@ -76,8 +77,14 @@ extension SyncEngine {
             let pending = try vault.pendingSharedRecords()
             if pending.isEmpty { return }
             do {
-                for (_, records) in pending.sorted(by: { $0.key.bytes.lexicographicallyPrecedes($1.key.bytes) }) {
-                    try await upsert(records, &report) { [vault] in try vault.markSharedPushed($0, version: $1) }
+                for (owner, records) in pending.sorted(by: { $0.key.bytes.lexicographicallyPrecedes($1.key.bytes) }) {
+                    do {
+                        try await upsert(records, &report) { [vault] in try vault.markSharedPushed($0, version: $1) }
+                    } catch SyncError.server(status: 403, _, let message) {
+                        // Refused by the rules for now: kept pending, and the other owners go on.
+                        let who = KeyFingerprint.of(owner.bytes)
+                        report.refusedSharedPush.append("changes to the tree of \(who) not taken: \(message)")
+                    }
                 }
                 return
             } catch let e as SyncError where e.isGetUpdatesRequired && attempts < 8 {

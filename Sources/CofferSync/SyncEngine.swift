@@ -23,6 +23,11 @@ public struct SyncReport: Sendable {
     public var removedLinks = 0
     /// Why work saved from shares could not be put in the account's tree yet (it stays queued).
     public var recoveryFailure: String?
+    /// Changes to another account's tree its server refused by the sharing rules this time (403:
+    /// say a move that would leave a third account's files where it cannot write, until the
+    /// owner's device has synced). They stay pending, `coffer status` counts them, and the next
+    /// sync tries again; the other owners' changes went on.
+    public var refusedSharedPush: [String] = []
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -94,6 +99,8 @@ public final class SyncEngine: Sendable {
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
             let gone = try await pullFeed(&report)
+            // Links an earlier pull of the feed noted but did not get to remove (it stopped).
+            report.removedLinks += try vault.removeNotedLinks()
             // Work saved from shares that an earlier sync could not save yet. A failure here
             // keeps it queued (`coffer status` counts it) and stops nothing else.
             do { try vault.drainRecovery() } catch {
@@ -357,10 +364,13 @@ public final class SyncEngine: Sendable {
                 depth[id] = d
                 return d
             }
-            let sorted = all.sorted {
-                ($0.changesGrants ? 1 : 0, depthOf($0.stored.metadata.id))
-                    < ($1.changesGrants ? 1 : 0, depthOf($1.stored.metadata.id))
+            // Grant changes deepest first: a revocation on a folder comes after the records
+            // below it that the same change re-sealed.
+            func key(_ r: PendingRecord) -> (Int, Int) {
+                let depth = depthOf(r.stored.metadata.id)
+                return r.changesGrants ? (1, -depth) : (0, depth)
             }
+            let sorted = all.sorted { key($0) < key($1) }
             batches = stride(from: 0, to: sorted.count, by: Self.batchSize).map {
                 Array(sorted[$0..<min(sorted.count, $0 + Self.batchSize)])
             }

@@ -248,6 +248,7 @@ struct Sync: ParsableCommand {
             }
             // The server sent records of shared files that no key holder with access wrote.
             for r in report.refusedShared { print("refused shared file \(r.id): \(r.reason)") }
+            for r in report.refusedSharedPush { print("warning: \(r)") }
             if stats {
                 let t = engine.traffic
                 print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")

@@ -71,7 +71,14 @@ struct CountingTransaction: MetadataWriter {
         let l = try reader.liveLinks(account: account, target: target)
         return counted(l.count, l)
     }
-    func writtenByOthers(account: Data) throws -> [Data] {
+    func writePause(account: Data, writer: Data) throws -> Int64? {
+        try reader.writePause(account: account, writer: writer)
+    }
+    func pauseWrites(account: Data, writer: Data, until: Int64) throws {
+        try w().pauseWrites(account: account, writer: writer, until: until)
+    }
+    func resumeWrites(account: Data) throws { try w().resumeWrites(account: account) }
+    func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)] {
         let l = try reader.writtenByOthers(account: account)
         return counted(l.count, l)
     }

@@ -303,6 +303,28 @@ struct SharedTreeTests {
         #expect(try server.updates(caller: f.carol.user.key, since: 0, feedOnly: true, origin: 0).regranted == nil)
     }
 
+    /// Alice revokes bob while a record bob wrote is still his alone on the server: refused
+    /// (409), and bob's changes to her tree are held back meanwhile, so a grantee writing all
+    /// the time cannot keep her from ever ending its access. Her change with bob's record signed
+    /// as hers goes in, the hold ends with it, and bob is then refused as a revoked account.
+    @Test func aRefusedRevocationHoldsTheGranteesWritesBackUntilTheOwnersChangeGoesIn() throws {
+        let f = try SharedFixture(mode: .write)
+        let (alice, bob) = (f.alice, f.bob)
+        let bobs = written(by: bob.user, record(alice.user, .folder, in: f.shared.id, named: "by-bob"))
+        try bob.push([bobs])
+        var revoked = f.shared
+        revoked.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .write, deleted: true)]
+        expectRefusal(409) { try alice.push([revoked]) }
+        // Held back: another write of bob's is refused as "try again", not taken.
+        let more = written(by: bob.user, record(alice.user, .folder, in: f.shared.id, named: "more"))
+        expectRefusal(409) { try bob.push([more]) }
+        // Alice's device signs bob's record as hers and pushes again: taken, and the hold ends.
+        alice.adopt([bobs.id], from: bob)
+        try alice.push([revoked, written(by: alice.user, bobs)])
+        expectRefusal(403) { try bob.push([more]) }
+        #expect(try f.server.audit(account: alice.user.key).isEmpty)
+    }
+
     @Test func aReadShareeUploadsNoContent() throws {
         let f = try SharedFixture(mode: .read)
         let chunk = randomBytes(100)

@@ -248,10 +248,11 @@ import Testing
         #expect(coffer(alice2, ["cat", "projects/from-bob.txt"]).out == "bob")
     }
 
-    /// Alice revokes bob's share: the feed's own transaction removes bob's link to it with the
-    /// share, so no link is left placing nothing, even if the device stopped right after (before,
-    /// a later step of the sync removed it, and a crash in between left it for good: the next
-    /// pull no longer names the share gone).
+    /// Alice revokes bob's share: the feed's own transaction notes bob's link to it with the
+    /// share gone, and the link is removed right after, or at the next sync if the device
+    /// stopped in between, so no link is left placing nothing (before, a later step of the sync
+    /// removed it, and a crash in between left it for good: the next pull no longer names the
+    /// share gone).
     @Test func theFeedRemovesALinkWithItsShareInOneTransaction() async throws {
         let w = try World(write: false)
         let bob = try Vault.open(dataDirectory: w.bob)

@@ -20,6 +20,7 @@ extension Vault {
     func sharedTarget(_ id: FileID) -> FileID? {
         let own = state.withLock { $0.view.tree.file(id) }
         if let own { return own.type == .link ? own.linkTarget : nil }
+        if sharedRecords.record(id) != nil { return id }  // read so far, and not forgotten since
         return (try? store.readOne { try $0.sharedFile(id) }) != nil ? id : nil
     }
 
@@ -63,10 +64,16 @@ extension Vault {
                         let latest = try catchUp(&s, in: w)
                         var access = grantKeys
                         access.known = sharedKeys
+                        // Records come from those read so far where they can (`sharedRecords`):
+                        // what other processes committed was just taken in (`catchUp` forgets
+                        // them all), and this process forgets each record it writes, so the
+                        // cache holds the store as this write sees it. Reading every ancestor
+                        // through the writer was most of a small file's cost in a share.
                         var view = KeyedTree(
-                            tree: MirrorTree(reader: w.reader), cache: KeyCache(capacity: 4096), access: access)
+                            tree: MirrorTree(reader: w.reader, cache: sharedRecords), cache: KeyCache(capacity: 4096),
+                            access: access)
                         let result = try body(&view, &s, w)
-                        let before = MirrorTree(reader: w.reader)
+                        let before = MirrorTree(reader: w.reader, cache: sharedRecords)
                         let ids = view.tree.staged.keys.sorted()
                         for id in ids {
                             guard let m = view.tree.staged[id] else { continue }
@@ -117,7 +124,10 @@ extension Vault {
     /// share's parent is its owner's, which this account never sees).
     func sharedDescribe(_ tree: MirrorTree) -> Validator.Describe {
         let me = accountID
-        let access = grantKeys
+        // Keys opened so far are taken as known: opening a grant's sealed key for each name
+        // asked was most of the cost of opening a shared document for writing.
+        var access = grantKeys
+        access.known = sharedKeys
         return { [self] id in
             var view = KeyedTree(tree: tree, access: access)
             var parts: [String] = []

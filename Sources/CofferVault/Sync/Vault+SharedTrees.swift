@@ -258,11 +258,13 @@ extension Vault {
     /// sees (`gone`: the file and what the mirror holds below it, but for folders shared with
     /// this account on their own) and what it holds below a file granted to this account again
     /// (`regranted`: this read brings the live subtree again, and this device may have slept
-    /// through the gap, when files below were deleted or moved away unseen), removes the links
-    /// of this account's tree whose share went away with it, and moves the feed cursor on, in
-    /// one transaction: the merge removes a link whose target is gone or no longer shared (as
-    /// Lockbook's sync does), so no link is ever left placing nothing, even across a crash.
-    /// Returns the ids whose view changed and how many links went.
+    /// through the gap, when files below were deleted or moved away unseen), notes the links of
+    /// this account's tree whose share went away with it, and moves the feed cursor on, in one
+    /// transaction; then removes the links noted (`removeNotedLinks`), as Lockbook's sync does in
+    /// its merge. A device that stops in between removes them at its next sync: no link is left
+    /// placing nothing. (The links go in a commit of their own so the feed's transaction, which
+    /// may bring a whole new share, never holds the account's tree from the mount.) Returns the
+    /// ids whose view changed and how many links went.
     @discardableResult
     public func applyFeed(
         _ files: [RemoteFile], gone: [FileID], regranted: Set<FileID> = [], cursor: Int64
@@ -272,17 +274,18 @@ extension Vault {
         let key = try recoveryKey()
         let me = accountID
         let links = try liveLinks()
-        let removed = try commit { batch, s, w -> Int in
+        try store.write { w in
             // The shares the links place that the mirror held before this pull.
             var heldBefore: Set<FileID> = []
             for (_, target) in links where try w.reader.sharedFile(target) != nil { heldBefore.insert(target) }
             // This account's unpushed changes, read before the pull changes what they stand on.
             let intents = try captureSharedIntents(w)
+            // Everything below, folders shared with this account on their own included (their
+            // grants may have gone and come back in the gap too): the new grant sends the whole
+            // live subtree again.
             for id in regranted.sorted() {
                 for c in try w.reader.sharedChildIDs(of: id) where c != id {
-                    // A folder below shared with this account on its own was seen all along.
-                    if try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil { continue }
-                    changed.formUnion(try dropFromMirror(c, keepingSharesExcept: [], w))
+                    changed.formUnion(try dropFromMirror(c, keepingSharesExcept: nil, w))
                 }
             }
             for f in files {
@@ -303,25 +306,56 @@ extension Vault {
             // A link goes when its share is out of this account's reach now, and was there to
             // lose: held before or now, or named gone (one never held may just not be sent yet).
             let mirror = MirrorTree(reader: w.reader)
-            var removed = 0
+            var noted = try w.reader.setting(Self.linksToRemoveSetting).map(Self.fileIDs) ?? []
             for (link, target) in links.sorted(by: { $0.link < $1.link }) {
                 let now = mirror.file(target)
                 if let now, Self.isReachable(now, by: me, in: mirror) { continue }
-                guard now != nil || heldBefore.contains(target) || goneSet.contains(target),
-                    let m = batch.file(link), !m.isDeleted
-                else { continue }
-                try batch.delete(link, describe: s.view.describe)
-                try touchParent(m.parent, &batch, &s)
-                s.pruneCandidates.insert(link)
-                removed += 1
+                if now != nil || heldBefore.contains(target) || goneSet.contains(target), !noted.contains(link) {
+                    noted.append(link)
+                }
             }
             try mirror.throwIfFailed()
-            return removed
+            if !noted.isEmpty { try w.setSetting(Self.linksToRemoveSetting, noted.flatMap(\.bytes)) }
         }
         forgetSharedReads()
+        let removed = try removeNotedLinks()
         // What it queued stays queued if it cannot be saved now: the pull itself is done.
         try? drainRecovery()
         return (changed, removed)
+    }
+
+    static let linksToRemoveSetting = "linksToRemove"
+
+    static func fileIDs(_ bytes: [UInt8]) -> [FileID] {
+        stride(from: 0, to: bytes.count - bytes.count % 16, by: 16).compactMap {
+            try? FileID(bytes: Array(bytes[$0..<$0 + 16]))
+        }
+    }
+
+    /// Removes the links a pull of the feed noted (`applyFeed`) whose share is still out of
+    /// reach, and forgets the note, in one commit. Returns how many went.
+    @discardableResult
+    public func removeNotedLinks() throws -> Int {
+        guard let note = try store.readOne({ try $0.setting(Self.linksToRemoveSetting) }) else { return 0 }
+        let ids = Self.fileIDs(note)
+        var stale: Set<FileID> = []
+        for id in ids {
+            guard let target = linkTarget(of: id) else { continue }
+            if try sharedLiveType(target) == nil { stale.insert(id) }
+        }
+        return try commit { batch, s, w -> Int in
+            var removed = 0
+            for id in ids.sorted() where stale.contains(id) {
+                guard let m = batch.file(id), !m.isDeleted, m.type == .link else { continue }
+                try batch.delete(id, describe: s.view.describe)
+                try touchParent(m.parent, &batch, &s)
+                s.pruneCandidates.insert(id)
+                removed += 1
+            }
+            // Only the note read: one a pull wrote since stays for its own removal.
+            if try w.reader.setting(Self.linksToRemoveSetting) == note { try w.removeSetting(Self.linksToRemoveSetting) }
+            return removed
+        }
     }
 
     /// Runs `body` over the mirror seen with this account's granted keys. Keys opened are kept
@@ -620,9 +654,10 @@ extension Vault {
 
     /// Removes `id` and what the mirror holds below it, logging each id, and returns them. A
     /// folder inside shared with this account on its own stays (nothing changed in what it may
-    /// see there), unless it is in `exceptions` (gone itself).
+    /// see there), unless it is in `exceptions` (gone itself); with no `exceptions` at all,
+    /// nothing stays.
     private func dropFromMirror(
-        _ id: FileID, keepingSharesExcept exceptions: Set<FileID>, _ w: StoreWriter
+        _ id: FileID, keepingSharesExcept exceptions: Set<FileID>?, _ w: StoreWriter
     ) throws -> Set<FileID> {
         let me = accountID
         var dropped: Set<FileID> = []
@@ -634,7 +669,9 @@ extension Vault {
             try w.logChange(next)
             dropped.insert(next)
             for c in try w.reader.sharedChildIDs(of: next) where seen.insert(c).inserted {
-                if !exceptions.contains(c), try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil {
+                if let exceptions, !exceptions.contains(c),
+                    try w.reader.sharedFile(c)?.signed.metadata.grant(to: me) != nil
+                {
                     continue
                 }
                 queue.append(c)
