@@ -239,7 +239,8 @@ public enum Authorization {
             // A grantee may give its own grant up (reject, leave), and nothing else; the give-up
             // keeps the owner's signature of the grant it ends (`AccessEntry.ownerSignature`).
             if actor == e.account, e.isDeleted, let previous, !previous.isDeleted, previous.mode == e.mode,
-                previous.sealedKey == e.sealedKey, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify)
+                previous.sealedKey == e.sealedKey, previous.generation == e.generation,
+                verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify)
             {
                 continue
             }
@@ -427,7 +428,10 @@ extension Authorization {
             // that counts for what it writes).
             if e.isDeleted, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify),
                 old == nil
-                    || previous.map({ !$0.isDeleted && $0.mode == e.mode && $0.sealedKey == e.sealedKey }) == true
+                    || previous.map({
+                        !$0.isDeleted && $0.mode == e.mode && $0.sealedKey == e.sealedKey
+                            && $0.generation == e.generation
+                    }) == true
             {
                 continue
             }
@@ -437,9 +441,12 @@ extension Authorization {
 }
 
 extension AccessEntry {
-    /// Whether this give-up carries the owner's signature of the live grant it ends.
+    /// Whether this give-up carries the owner's signature of the live grant it ends, sealed at
+    /// the record's key generation (every live grant is sealed again when its file's key is
+    /// replaced, and the owner's device turns a give-up into its own revocation before it
+    /// replaces the key; a grant the owner revoked and then re-keyed is of an older generation).
     func endsOwnersGrant(_ m: FileMetadata, _ verify: Authorization.Verify) -> Bool {
-        guard let ownerSignature else { return false }
+        guard let ownerSignature, generation == m.keyGeneration else { return false }
         return verify(m.owner, liveGrant.grantMessage(fileID: m.id), ownerSignature)
     }
 

@@ -52,10 +52,14 @@ public struct AccessEntry: Hashable, Sendable {
     /// On a grant its grantee gave up: the owner's signature of the same grant live
     /// (`liveGrant`), which the give-up ends. Nil on every other entry.
     public var ownerSignature: [UInt8]?
+    /// The file's key generation when the grant was sealed (`FileMetadata.keyGeneration`), under
+    /// its signature: a give-up must end a grant of the record's current generation, so a grant
+    /// the owner revoked, whose key it then replaced, cannot be passed off as given up.
+    public var generation: UInt32
 
     public init(
         account: AccountID, mode: AccessMode, sealedKey: [UInt8], isDeleted: Bool = false, signature: [UInt8] = [],
-        ownerSignature: [UInt8]? = nil
+        ownerSignature: [UInt8]? = nil, generation: UInt32 = 0
     ) {
         self.account = account
         self.mode = mode
@@ -63,11 +67,13 @@ public struct AccessEntry: Hashable, Sendable {
         self.isDeleted = isDeleted
         self.signature = signature
         self.ownerSignature = ownerSignature
+        self.generation = generation
     }
 
     /// The live grant a give-up ends: the same grant, not deleted, as its owner signed it.
     public var liveGrant: AccessEntry {
-        AccessEntry(account: account, mode: mode, sealedKey: sealedKey, signature: ownerSignature ?? [])
+        AccessEntry(
+            account: account, mode: mode, sealedKey: sealedKey, signature: ownerSignature ?? [], generation: generation)
     }
 
     static let grantTag: [UInt8] = Array("CFGR".utf8)
@@ -87,16 +93,18 @@ public struct AccessEntry: Hashable, Sendable {
 
     /// The bytes a grant's signature covers: its own tag, then the file, the grantee, the mode,
     /// the tombstone flag and the sealed key, so a grant cannot be moved to another file, another
-    /// account or another mode, or revived, without a new signature.
+    /// account or another mode, or revived, without a new signature; and, from key generation 1
+    /// on (message version 2), the generation it was sealed at.
     public func grantMessage(fileID: FileID) -> [UInt8] {
-        var w = ByteWriter(capacity: 96 + sealedKey.count)
+        var w = ByteWriter(capacity: 100 + sealedKey.count)
         w.raw(Self.grantTag)
-        w.u8(1)
+        w.u8(generation == 0 ? 1 : 2)
         w.raw(fileID.bytes)
         w.raw(account.bytes)
         w.u8(mode.rawValue)
         w.bool(isDeleted)
         w.data(sealedKey)
+        if generation != 0 { w.u32(generation) }
         return w.bytes
     }
 }
@@ -167,9 +175,10 @@ public struct FileMetadata: Hashable, Sendable {
     /// same value always has one encoding; a version 2 record that could have been version 1 is
     /// refused as not canonical. Version 3 adds the share name, and is written only with one.
     /// Version 4 adds the key generation, and is written only when it is not 0. Version 5 adds
-    /// each grant's `ownerSignature`, and is written only when a grant carries one.
+    /// each grant's `ownerSignature` and `generation`, and is written only when a grant carries
+    /// either.
     var formatVersion: UInt8 {
-        if access.contains(where: { $0.ownerSignature != nil }) { return 5 }
+        if access.contains(where: { $0.ownerSignature != nil || $0.generation != 0 }) { return 5 }
         if keyGeneration != 0 { return 4 }
         if shareName != nil { return 3 }
         return linkTarget != nil || access.contains(where: { !$0.signature.isEmpty }) ? 2 : 1
@@ -196,7 +205,10 @@ public struct FileMetadata: Hashable, Sendable {
             w.data(a.sealedKey)
             w.bool(a.isDeleted)
             if version >= 2 { w.data(a.signature) }
-            if version >= 5 { w.optionalData(a.ownerSignature) }
+            if version >= 5 {
+                w.optionalData(a.ownerSignature)
+                w.u32(a.generation)
+            }
         }
         w.data(sealedAttributes)
         w.optionalData(contentDigest)
@@ -235,10 +247,11 @@ public struct FileMetadata: Hashable, Sendable {
             let deleted = try r.bool()
             let signature = v >= 2 ? try r.data(max: 64) : []
             let ownerSignature = v >= 5 ? try r.optionalData(max: 64) : nil
+            let generation = v >= 5 ? try r.u32() : 0
             access.append(
                 AccessEntry(
                     account: account, mode: mode, sealedKey: sealedKey, isDeleted: deleted, signature: signature,
-                    ownerSignature: ownerSignature))
+                    ownerSignature: ownerSignature, generation: generation))
         }
         sealedAttributes = try r.data(max: 1 << 20)
         contentDigest = try r.optionalData(max: 64)

@@ -89,9 +89,14 @@ extension CofferServer {
     ///   given up, then granted again), the folder is also noted as granted again (`regranted`):
     ///   a device of it that slept through the gap may still hold files deleted or moved away
     ///   meanwhile, of which nothing else would tell it, and drops what it holds below.
+    ///
+    /// `toldBefore` says whether an account's feed already has a row for a file (it was shown the
+    /// file before: moved out of its view and back, or granted on its own after being seen
+    /// through a folder above, counts as coming back too).
     static func feedPlan(
-        changed: [FileMetadata], marked: Set<FileID>, batch: Batch<StorageTreeView>
-    ) -> (feed: [Data: Set<FileID>], regranted: [Data: Set<FileID>]) {
+        changed: [FileMetadata], marked: Set<FileID>, batch: Batch<StorageTreeView>,
+        toldBefore: (Data, FileID) throws -> Bool = { _, _ in false }
+    ) throws -> (feed: [Data: Set<FileID>], regranted: [Data: Set<FileID>]) {
         let view = batch.base
         var feed: [Data: Set<FileID>] = [:]
         var regranted: [Data: Set<FileID>] = [:]
@@ -128,8 +133,14 @@ extension CofferServer {
                 // says so (`regranted`), and such a device drops what it holds below before
                 // taking the live subtree sent here. A new grantee is never sent anything
                 // deleted before it was invited.
-                for a in newcomers where below.granted.contains(a) || heldGrant(a, atOrAbove: m.id, in: view) {
-                    regranted[Data(a.bytes), default: []].insert(m.id)
+                for a in newcomers {
+                    let account = Data(a.bytes)
+                    let returning =
+                        try below.granted.contains(a) || heldGrant(a, atOrAbove: m.id, in: view)
+                        || toldBefore(account, m.id)
+                    if returning {
+                        regranted[account, default: []].insert(m.id)
+                    }
                 }
             }
         }

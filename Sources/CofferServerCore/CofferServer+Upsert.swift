@@ -122,48 +122,48 @@ extension CofferServer {
         owner: Data, caller: Data, _ decoded: [Decoded], released: inout [ChunkKey]
     ) throws -> Int64 {
         try metadata.write { tx -> Int64 in
-                if owner != caller, try tx.account(key: caller) == nil {
-                    throw ServerError.unauthorized("no account has this key")
-                }
-                if owner != caller, let until = try tx.writePause(account: owner, writer: caller), until > now {
-                    throw ServerError.getUpdatesRequired(
-                        "the owner of these files is changing who may write them; try again shortly")
-                }
-                // The owner's account is locked: its tree, version and quota are what change.
-                guard let account = try tx.lockAccount(key: owner) else {
-                    if owner == caller { throw ServerError.unauthorized("no account has this key") }
-                    throw ServerError.forbidden("the records' owner has no account on this server")
-                }
-                // The tree is read inside the transaction that writes the batch, so it is the
-                // committed state of this moment, whichever server process wrote it last.
-                let view = StorageTreeView(account: owner, reader: tx)
-                let links = LinkLookup(reader: tx)
-                let plan: Plan
-                do {
-                    plan = try makePlan(owner: owner, decoded: decoded, view: view, links: links)
-                    try view.throwIfFailed()
-                    try links.throwIfFailed()
-                } catch {
-                    // A refusal reached through a read that failed is the storage's failure.
-                    try view.throwIfFailed()
-                    try links.throwIfFailed()
-                    throw error
-                }
-                if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
-                let v = try apply(plan, owner: owner, view: view, released: &released, tx: tx)
-                // Records count against the quota of the tree's owner (`QuotaRule`): a batch
-                // that leaves usage above the quota is refused unless it lowers usage (as
-                // deleting content does).
-                if let after = try tx.account(key: owner), after.bytesUsed > account.bytesUsed,
-                    after.bytesUsed > quotaBytes
-                {
-                    throw ServerError.quotaExceeded(
-                        "storing these records would exceed the account's quota of \(quotaBytes) bytes")
-                }
-                // The owner's change went in: nothing of its grantees is held back any more.
-                if owner == caller, plan.checkedOrphans { try tx.resumeWrites(account: owner) }
-                return v
+            if owner != caller, try tx.account(key: caller) == nil {
+                throw ServerError.unauthorized("no account has this key")
             }
+            if owner != caller, let until = try tx.writePause(account: owner, writer: caller), until > now {
+                throw ServerError.getUpdatesRequired(
+                    "the owner of these files is changing who may write them; try again shortly")
+            }
+            // The owner's account is locked: its tree, version and quota are what change.
+            guard let account = try tx.lockAccount(key: owner) else {
+                if owner == caller { throw ServerError.unauthorized("no account has this key") }
+                throw ServerError.forbidden("the records' owner has no account on this server")
+            }
+            // The tree is read inside the transaction that writes the batch, so it is the
+            // committed state of this moment, whichever server process wrote it last.
+            let view = StorageTreeView(account: owner, reader: tx)
+            let links = LinkLookup(reader: tx)
+            let plan: Plan
+            do {
+                plan = try makePlan(owner: owner, decoded: decoded, view: view, links: links)
+                try view.throwIfFailed()
+                try links.throwIfFailed()
+            } catch {
+                // A refusal reached through a read that failed is the storage's failure.
+                try view.throwIfFailed()
+                try links.throwIfFailed()
+                throw error
+            }
+            if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
+            let v = try apply(plan, owner: owner, view: view, released: &released, tx: tx)
+            // Records count against the quota of the tree's owner (`QuotaRule`): a batch
+            // that leaves usage above the quota is refused unless it lowers usage (as
+            // deleting content does).
+            if let after = try tx.account(key: owner), after.bytesUsed > account.bytesUsed,
+                after.bytesUsed > quotaBytes
+            {
+                throw ServerError.quotaExceeded(
+                    "storing these records would exceed the account's quota of \(quotaBytes) bytes")
+            }
+            // The owner's change went in: nothing of its grantees is held back any more.
+            if owner == caller, plan.checkedOrphans { try tx.resumeWrites(account: owner) }
+            return v
+        }
     }
 
     /// Writes a plan in the open transaction. Every record it needs was read while planning.
@@ -350,7 +350,9 @@ extension CofferServer {
         }
         plan.changed = changed
         plan.marked = marked
-        (plan.feed, plan.regranted) = Self.feedPlan(changed: changed, marked: marked, batch: batch)
+        (plan.feed, plan.regranted) = try Self.feedPlan(
+            changed: changed, marked: marked, batch: batch,
+            toldBefore: { try view.reader.hasFeedRow(account: $0, fileID: Data($1.bytes)) })
         return plan
     }
 

@@ -345,6 +345,12 @@ struct SQLiteTransaction: MetadataWriter {
         ).map { ($0["id"], $0["writer"]) }
     }
 
+    func hasFeedRow(account: Data, fileID: Data) throws -> Bool {
+        try Bool.fetchOne(
+            db.cachedStatement(sql: "SELECT 1 FROM feed WHERE account = ? AND file_id = ?"),
+            arguments: [account, fileID]) ?? false
+    }
+
     func writePause(account: Data, writer: Data) throws -> Int64? {
         try Int64.fetchOne(
             db.cachedStatement(sql: "SELECT until FROM write_pause WHERE account = ? AND writer = ?"),

@@ -181,6 +181,8 @@ public protocol MetadataReader {
     /// (read from the index alone): few, as the owner's devices sign what grantees write as
     /// their own once they pull it.
     func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)]
+    /// Whether `account`'s feed has a row for `fileID`: it was told of that file before.
+    func hasFeedRow(account: Data, fileID: Data) throws -> Bool
     /// Until when (ms) `writer`'s changes to `account`'s tree are held back while its owner ends
     /// the writer's access (`CofferServer.checkNoOrphanedWrites`); nil if they are not.
     func writePause(account: Data, writer: Data) throws -> Int64?

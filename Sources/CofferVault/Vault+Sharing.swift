@@ -24,7 +24,7 @@ extension Vault {
                 throw VaultError.invalidArgument("\(s.view.describe(id)) is already shared with \(contact.username)")
             }
             var e = AccessEntry(account: grantee, mode: mode, sealedKey: [])
-            sealGrant(&e, key: try s.view.key(id), box: box, fileID: id)
+            sealGrant(&e, key: try s.view.key(id), box: box, fileID: id, generation: m.keyGeneration)
             var access = m.access
             if let i = access.firstIndex(where: { $0.account == grantee }) { access[i] = e } else { access.append(e) }
             // The grantee holds the file's key, not its parent's: the name goes under the former.
@@ -67,9 +67,11 @@ extension Vault {
         }
     }
 
-    /// Seals `key` (the file's) for `e`'s grantee, bound to the file, grantee, mode and this
-    /// account as owner, and signs the grant: the one place grants are made.
-    func sealGrant(_ e: inout AccessEntry, key: SymmetricKey, box: PublicBoxKey, fileID: FileID) {
+    /// Seals `key` (the file's, of key generation `generation`) for `e`'s grantee, bound to the
+    /// file, grantee, mode and this account as owner, and signs the grant: the one place grants
+    /// are made.
+    func sealGrant(_ e: inout AccessEntry, key: SymmetricKey, box: PublicBoxKey, fileID: FileID, generation: UInt32) {
+        e.generation = generation
         e.sealedKey = box.seal(key: key, binding: e.keyBinding(fileID: fileID, owner: accountID))
         e.signature = signing.sign(e.grantMessage(fileID: fileID))
     }
@@ -82,7 +84,7 @@ extension Vault {
                 let who = KeyFingerprint.of(m.access[i].account.bytes)
                 throw VaultError.invalidArgument("no key for \(who), who shares \(m.id); cannot seal its key")
             }
-            sealGrant(&m.access[i], key: key, box: box, fileID: m.id)
+            sealGrant(&m.access[i], key: key, box: box, fileID: m.id, generation: m.keyGeneration)
         }
     }
 

@@ -632,6 +632,51 @@ struct AccessTests {
         try Authorization.checkPulled(regranted, old: revoked, in: staged, verify: fakeVerify)
     }
 
+    /// A revoked grantee holds the owner's signature of its old grant; after the revocation the
+    /// owner replaced the folder's key. Passing that grant off as given up, on the folder's
+    /// current record, is refused by a device new to the record (the grant is of an older key
+    /// generation) and by one that held the revocation (the grant was not live there); a real
+    /// give-up, of a grant of the current generation, stands.
+    @Test func aRevokedGrantIsNotPassedOffAsGivenUp() throws {
+        var tree = sharedTree()
+        var rotated = tree.file(fid(2))!
+        rotated.keyGeneration = 1
+        rotated.access[0] = grant(2, to: bob, .write, deleted: true)  // alice's revocation, at generation 0
+        tree.insert(rotated)
+        var forged = rotated
+        forged.access[0] = grant(2, to: bob, .write, deleted: true, by: bob)  // keeps alice's generation-0 signature
+        forged.lastModifiedBy = bob
+        var staged = tree
+        staged.insert(forged)
+        var doc = tree.file(fid(3))!
+        doc.contentDigest = [0xBB]
+        doc.lastModifiedBy = bob
+        staged.insert(doc)
+        for old in [rotated, nil] {
+            #expect(throws: AccessError.self) {
+                try Authorization.checkPulled(forged, old: old, in: staged, verify: fakeVerify)
+            }
+        }
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(doc, old: nil, in: staged, verify: fakeVerify)
+        }
+        // Bob's real give-up of a generation-1 grant stands, on a device new to it too.
+        var live = grant(2, to: bob, .write)
+        live.generation = 1
+        live.signature = fakeSign(alice, live.grantMessage(fileID: fid(2)))
+        var real = rotated
+        real.access[0] = live
+        real.access[0].ownerSignature = live.signature
+        real.access[0].isDeleted = true
+        real.access[0].signature = fakeSign(bob, real.access[0].grantMessage(fileID: fid(2)))
+        real.lastModifiedBy = bob
+        var staged2 = tree
+        staged2.insert(real)
+        staged2.insert(doc)
+        try Authorization.checkPulled(real, old: nil, in: staged2, verify: fakeVerify)
+        try Authorization.checkPulled(doc, old: nil, in: staged2, verify: fakeVerify)
+    }
+
     /// What a grantee wrote counts only under a grant that is live or that it gave up itself:
     /// once the owner revoked or lowered the grant, a record the grantee signed is refused by
     /// every device, the ones that saw the grant live included (the owner's change signs all

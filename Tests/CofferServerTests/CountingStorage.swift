@@ -71,6 +71,9 @@ struct CountingTransaction: MetadataWriter {
         let l = try reader.liveLinks(account: account, target: target)
         return counted(l.count, l)
     }
+    func hasFeedRow(account: Data, fileID: Data) throws -> Bool {
+        try reader.hasFeedRow(account: account, fileID: fileID)
+    }
     func writePause(account: Data, writer: Data) throws -> Int64? {
         try reader.writePause(account: account, writer: writer)
     }

@@ -301,6 +301,16 @@ struct SharedTreeTests {
         carolToo.access.append(try signedGrant(f.shared.id, owner: alice.user, to: f.carol.user, .read))
         try alice.push([carolToo])
         #expect(try server.updates(caller: f.carol.user.key, since: 0, feedOnly: true, origin: 0).regranted == nil)
+        // A folder moved out of bob's view and back comes back to him: reads from before are told.
+        let beforeMove = try server.updates(caller: bob.user.key, since: 0, feedOnly: true).latest
+        var out = f.inner
+        out.parent = f.privateFolder.id
+        try alice.push([out])
+        var back = out
+        back.parent = f.shared.id
+        try alice.push([back])
+        let moved = try server.updates(caller: bob.user.key, since: beforeMove, feedOnly: true, origin: beforeMove)
+        #expect(moved.regranted == [Data(f.inner.id.bytes)])
     }
 
     /// Alice revokes bob while a record bob wrote is still his alone on the server: refused

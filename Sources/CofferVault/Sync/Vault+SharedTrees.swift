@@ -353,7 +353,9 @@ extension Vault {
                 removed += 1
             }
             // Only the note read: one a pull wrote since stays for its own removal.
-            if try w.reader.setting(Self.linksToRemoveSetting) == note { try w.removeSetting(Self.linksToRemoveSetting) }
+            if try w.reader.setting(Self.linksToRemoveSetting) == note {
+                try w.removeSetting(Self.linksToRemoveSetting)
+            }
             return removed
         }
     }
