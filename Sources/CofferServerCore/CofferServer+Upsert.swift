@@ -250,6 +250,12 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired(
                         "file \(id) has a newer revision on the server than the one sent")
                 }
+                // A deleted file is its owner's alone to sign again (its devices adopt and prune
+                // it): a grantee re-signing one could leave a record of its own below folders
+                // the owner's devices have forgotten, which they could then never judge.
+                if current.isDeleted, m.lastModifiedBy != m.owner {
+                    throw ServerError.forbidden("file \(id) is deleted; only its owner changes it now")
+                }
             } else {
                 // Not in the owner's tree: missing, or another account's. The precondition is
                 // checked first so both give the same answer.

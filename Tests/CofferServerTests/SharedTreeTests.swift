@@ -335,6 +335,23 @@ struct SharedTreeTests {
         #expect(try f.server.audit(account: alice.user.key).isEmpty)
     }
 
+    /// A deleted file is its owner's alone to sign again: a write grantee re-signing one (which
+    /// could leave its record below folders the owner's devices have pruned, which they could
+    /// then never judge) is refused; a live one it may still change.
+    @Test func aGranteeDoesNotSignADeletedFileAgain() throws {
+        let f = try SharedFixture(mode: .write)
+        let (alice, bob) = (f.alice, f.bob)
+        var deleted = f.doc
+        deleted.isDeleted = true
+        try alice.push([deleted])
+        bob.adopt([f.doc.id], from: alice)
+        expectRefusal(403) { try bob.push([written(by: bob.user, deleted)]) }
+        bob.adopt([f.deep.id], from: alice)
+        var edited = written(by: bob.user, f.deep)
+        edited.sealedAttributes = [1, 2, 3]
+        try bob.push([edited])
+    }
+
     @Test func aReadShareeUploadsNoContent() throws {
         let f = try SharedFixture(mode: .read)
         let chunk = randomBytes(100)
