@@ -14,6 +14,9 @@ public enum SealPurpose: UInt8, Sendable {
     /// Work saved from a share this account can no longer write to, queued until it is in the
     /// account's own tree (`recovery_queue`), under the account's root key.
     case recovery = 8
+    /// The account's contact book as its devices share it through the server, under the
+    /// account's root key (docs/SHARING.md, "Contacts across devices").
+    case contacts = 9
 
     /// Names and attributes (which hold symlink targets and xattr values) are padded before
     /// sealing (`Padding`), so the server does not learn their exact lengths.

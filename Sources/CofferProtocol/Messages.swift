@@ -75,6 +75,19 @@ public struct AccountResponse: Codable, Sendable {
 }
 
 /// `POST /v1/accounts/card`: the caller's `KeyCard` signature over its stored username and keys.
+/// The account's contact book, sealed by its devices under the account's root key (the server
+/// reads nothing of it), and its revision: `GET /v1/contacts` answers it, `PUT /v1/contacts`
+/// replaces it when `revision` is one above the stored one (docs/SHARING.md, "Contacts across
+/// devices").
+public struct ContactBookMessage: Codable, Sendable {
+    public var sealed: Data?
+    public var revision: Int64
+    public init(sealed: Data?, revision: Int64) {
+        self.sealed = sealed
+        self.revision = revision
+    }
+}
+
 public struct KeyCardRequest: Codable, Sendable {
     public var card: Data
     public init(card: Data) { self.card = card }

@@ -274,6 +274,47 @@ public final class CofferServer: Sendable {
         }
     }
 
+    // MARK: - Contact book
+
+    /// A contact book is at most this large (sealed): some thousands of contacts.
+    public static let maxContactBookBytes = 1 << 20
+
+    /// The caller's contact book (docs/SHARING.md, "Contacts across devices").
+    public func contactBook(caller: Data) throws(ServerError) -> ContactBookMessage {
+        try guarded {
+            try metadata.read { tx in
+                guard try tx.account(key: caller) != nil else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let (sealed, revision) = try tx.contactBook(account: caller)
+                return ContactBookMessage(sealed: sealed, revision: revision)
+            }
+        }
+    }
+
+    /// Replaces the caller's contact book if `revision` is the stored one plus one (409
+    /// `conflict` otherwise: another device wrote first, merge and try again). The server checks
+    /// nothing else of it: it cannot open it, and devices refuse what they did not seal.
+    public func putContactBook(caller: Data, _ req: ContactBookMessage) throws(ServerError) {
+        guard let sealed = req.sealed, !sealed.isEmpty else { throw .badRequest("a contact book has content") }
+        guard sealed.count <= Self.maxContactBookBytes else {
+            throw .tooLarge("a contact book holds at most \(Self.maxContactBookBytes) bytes")
+        }
+        try guarded {
+            try metadata.write { tx in
+                guard try tx.lockAccount(key: caller) != nil else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let stored = try tx.contactBook(account: caller).revision
+                guard stored < Int64.max, req.revision == stored + 1 else {
+                    throw ServerError.conflict(
+                        "the contact book is at revision \(stored); merge with it and send revision \(stored &+ 1)")
+                }
+                try tx.setContactBook(account: caller, sealed: sealed, revision: req.revision)
+            }
+        }
+    }
+
     public func createAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountResponse {
         let record = try checkCreateAccount(caller: caller, req)
         let inviteHash: Data?

@@ -132,6 +132,8 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     ALTER TABLE file ADD COLUMN writer BLOB;
                     CREATE INDEX file_by_writer ON file (account, writer) WHERE writer IS NOT NULL;
                     ALTER TABLE feed ADD COLUMN regranted_at INTEGER;
+                    ALTER TABLE account ADD COLUMN contact_book BLOB;
+                    ALTER TABLE account ADD COLUMN contact_book_revision INTEGER NOT NULL DEFAULT 0;
                     CREATE TABLE write_pause (
                         account BLOB NOT NULL,
                         writer BLOB NOT NULL,
@@ -343,6 +345,21 @@ struct SQLiteTransaction: MetadataWriter {
             db.cachedStatement(sql: "SELECT id, writer FROM file WHERE account = ? AND writer IS NOT NULL"),
             arguments: [account]
         ).map { ($0["id"], $0["writer"]) }
+    }
+
+    func contactBook(account: Data) throws -> (sealed: Data?, revision: Int64) {
+        guard
+            let row = try Row.fetchOne(
+                db.cachedStatement(sql: "SELECT contact_book, contact_book_revision FROM account WHERE key = ?"),
+                arguments: [account])
+        else { return (nil, 0) }
+        return (row["contact_book"], row["contact_book_revision"])
+    }
+
+    func setContactBook(account: Data, sealed: Data, revision: Int64) throws {
+        try db.execute(
+            sql: "UPDATE account SET contact_book = ?, contact_book_revision = ? WHERE key = ?",
+            arguments: [sealed, revision, account])
     }
 
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool {

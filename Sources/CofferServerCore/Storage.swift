@@ -181,6 +181,9 @@ public protocol MetadataReader {
     /// (read from the index alone): few, as the owner's devices sign what grantees write as
     /// their own once they pull it.
     func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)]
+    /// The account's contact book as its devices sealed it, and its revision (0 and nil before
+    /// the first).
+    func contactBook(account: Data) throws -> (sealed: Data?, revision: Int64)
     /// Whether `account`'s feed has a row for `fileID`: it was told of that file before.
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool
     /// Until when (ms) `writer`'s changes to `account`'s tree are held back while its owner ends
@@ -232,6 +235,7 @@ public protocol MetadataWriter: MetadataReader {
     /// Moves `account`'s feed row of `fileID` to `version`; with `regranted`, also notes that the
     /// account was granted the file again at that version (kept until the next time).
     func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws
+    func setContactBook(account: Data, sealed: Data, revision: Int64) throws
     /// Holds `writer`'s changes to `account`'s tree back until `until` (ms).
     func pauseWrites(account: Data, writer: Data, until: Int64) throws
     /// Ends every hold on writes to `account`'s tree.

@@ -126,6 +126,18 @@ public enum CofferHTTP {
                 })
         }
 
+        router.get("/v1/contacts") { _, context -> Response in
+            let caller = try context.requireCaller()
+            return try json(try await offload { () throws(ServerError) in try server.contactBook(caller: caller) })
+        }
+
+        router.put("/v1/contacts") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(ContactBookMessage.self, context.body)
+            try await offload { () throws(ServerError) in try server.putContactBook(caller: caller, req) }
+            return Response(status: .noContent)
+        }
+
         router.post("/v1/updates") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(UpdatesRequest.self, context.body)

@@ -238,6 +238,16 @@ public struct ServerClient: Sendable {
         try await json("GET", API.prefix + "/accounts/key/" + RequestSigning.hex(key), Optional<Empty>.none)
     }
 
+    /// This account's contact book as the server holds it (docs/SHARING.md, "Contacts across
+    /// devices").
+    public func contactBook() async throws -> ContactBookMessage {
+        try await json("GET", API.prefix + "/contacts", Optional<Empty>.none)
+    }
+
+    public func putContactBook(_ book: ContactBookMessage) async throws {
+        try await send("PUT", API.prefix + "/contacts", book)
+    }
+
     public func publishCard(_ request: KeyCardRequest) async throws {
         try await send("POST", API.prefix + "/accounts/card", request)
     }

@@ -64,9 +64,54 @@ extension SyncEngine {
             }
             return (pinned, false)
         }
-        let contact = Contact(username: card.username, signingKey: card.signingKey, boxKey: card.boxKey)
-        try vault.pin(contact)
+        let contact = try vault.pin(Contact(username: card.username, signingKey: card.signingKey, boxKey: card.boxKey))
         return (contact, true)
+    }
+}
+
+extension SyncEngine {
+    /// Merges this device's contact book with the one the account's devices share through the
+    /// server (docs/SHARING.md, "Contacts across devices"), and sends the result back when it
+    /// holds anything the server's lacks. The server's book must open under the account's root
+    /// key and be no older than the newest this device saw. Returns the names whose pins clash.
+    func syncContacts() async throws -> [String] {
+        for _ in 0..<4 {
+            let served = try await client.contactBook()
+            guard served.revision >= vault.contactBookRevision else {
+                throw SyncError.protocolError(
+                    "the server's contact book (revision \(served.revision)) is older than one this device saw "
+                        + "(revision \(vault.contactBookRevision)); a rollback, not taken")
+            }
+            let remote = try served.sealed.map { try vault.openContactBook(Array($0), revision: served.revision) }
+            if served.sealed == nil, served.revision != 0 {
+                throw SyncError.protocolError("the server's contact book has a revision and no content")
+            }
+            let theirs = remote ?? ContactBook()
+            let clashes = try vault.mergeContactBook(theirs)
+            // A clashing name stays as the server's book has it: each device keeps its own pin,
+            // and neither overwrites the other's at every sync.
+            var merged = try vault.contactBook()
+            for key in clashes { merged.entries[key] = theirs.entries[key] }
+            let names = clashes.compactMap { key -> String? in
+                if case .pinned(let c)? = theirs.entries[key] { return c.username }
+                return nil
+            }
+            if merged == theirs {
+                try vault.setContactBookRevision(served.revision)
+                return names
+            }
+            guard served.revision < Int64.max else { throw SyncError.protocolError("the contact book is full") }
+            let next = served.revision + 1
+            do {
+                let sealed = try vault.sealContactBook(merged, revision: next)
+                try await client.putContactBook(ContactBookMessage(sealed: Data(sealed), revision: next))
+                try vault.setContactBookRevision(next)
+                return names
+            } catch SyncError.server(status: 409, _, _) {
+                continue  // another device wrote first: merge with its book
+            }
+        }
+        throw SyncError.protocolError("the contact book kept changing on the server; try again")
     }
 }
 

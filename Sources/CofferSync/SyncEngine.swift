@@ -28,6 +28,11 @@ public struct SyncReport: Sendable {
     /// owner's device has synced). They stay pending, `coffer status` counts them, and the next
     /// sync tries again; the other owners' changes went on.
     public var refusedSharedPush: [String] = []
+    /// Names another device of the account pinned with other keys than this one did (neither
+    /// verified over the other): kept as pinned here, for the user to settle.
+    public var contactClashes: [String] = []
+    /// Why the contact book could not be shared with the account's other devices this time.
+    public var contactsFailure: String?
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -129,6 +134,11 @@ public final class SyncEngine: Sendable {
             // Best effort: an account made before key cards signs its keys once; a failure
             // here is tried again by the next engine and never fails a sync.
             try? await publishKeyCardIfNeeded()
+            // The contact book, merged with the account's other devices'; a failure (a server
+            // that serves an older book, say) is reported and fails nothing else.
+            do { report.contactClashes = try await syncContacts() } catch {
+                report.contactsFailure = ServerText.sanitized("\(error)", limit: 300)
+            }
             vault.recordSyncOutcome(error: nil)
             return report
         } catch {

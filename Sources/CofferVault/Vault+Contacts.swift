@@ -11,17 +11,23 @@ public struct Contact: Sendable, Equatable {
     public var boxKey: [UInt8]
     /// The user compared the fingerprint out of band (`coffer contacts verify`).
     public var verified: Bool
+    /// When it was last pinned or verified on any device of the account (ms since the epoch):
+    /// the newer of a pin and a forgetting of the same name wins when devices merge their
+    /// books (`ContactBook`).
+    public var stamp: UInt64
 
-    public init(username: String, signingKey: [UInt8], boxKey: [UInt8], verified: Bool = false) {
+    public init(username: String, signingKey: [UInt8], boxKey: [UInt8], verified: Bool = false, stamp: UInt64 = 0) {
         self.username = username
         self.signingKey = signingKey
         self.boxKey = boxKey
         self.verified = verified
+        self.stamp = stamp
     }
 
     public var fingerprint: String { KeyFingerprint.of(signingKey) }
 
-    static let formatVersion: UInt8 = 1
+    /// Version 2 adds the stamp.
+    static let formatVersion: UInt8 = 2
 
     func encoded() -> [UInt8] {
         var w = ByteWriter()
@@ -30,19 +36,30 @@ public struct Contact: Sendable, Equatable {
         w.data(signingKey)
         w.data(boxKey)
         w.bool(verified)
+        w.u64(stamp)
         return w.bytes
     }
 
     init(decoding bytes: [UInt8]) throws {
         var r = ByteReader(bytes)
-        guard try r.u8() == Self.formatVersion else { throw DecodingError("unknown contact format") }
+        try self.init(reading: &r)
+        try r.expectEnd()
+    }
+
+    init(reading r: inout ByteReader) throws {
+        let version = try r.u8()
+        guard version == 1 || version == 2 else { throw DecodingError("unknown contact format") }
         username = try r.string(max: 4 * Username.maxBytes)
         signingKey = try r.data(max: 32)
         boxKey = try r.data(max: 32)
         verified = try r.bool()
-        try r.expectEnd()
+        stamp = version >= 2 ? try r.u64() : 0
         guard signingKey.count == 32, boxKey.count == 32 else { throw DecodingError("a contact's keys are 32 bytes") }
+        guard Username.key(username) != nil else { throw DecodingError("a contact's username is not valid") }
     }
+
+    /// Same account and keys, whatever the stamp.
+    func sameKeys(_ other: Contact) -> Bool { signingKey == other.signingKey && boxKey == other.boxKey }
 }
 
 extension Vault {
@@ -75,10 +92,18 @@ extension Vault {
         }
     }
 
-    /// Pins (or replaces) a contact.
-    public func pin(_ contact: Contact) throws {
+    /// Pins (or replaces) a contact, stamped now: the pin is news to the account's other
+    /// devices (`ContactBook`). Returns it as pinned.
+    @discardableResult
+    public func pin(_ contact: Contact) throws -> Contact {
         let key = try Self.contactKey(contact.username)
-        try store.write { w in try w.setSetting(key, contact.encoded()) }
+        var c = contact
+        c.stamp = nowMillis
+        try store.write { w in
+            try w.setSetting(key, c.encoded())
+            try w.removeSetting(Self.forgottenPrefix + key.dropFirst(Self.contactPrefix.count))
+        }
+        return c
     }
 
     /// Whether the server is known to hold this account's key card (set once a sync confirmed it).
@@ -90,13 +115,26 @@ extension Vault {
         try store.write { w in try w.setSetting("keycard.published", [1]) }
     }
 
-    /// Forgets a pinned contact; false if there was none.
+    /// Forgets a pinned contact; false if there was none. The forgetting is kept (a tombstone,
+    /// `contactForgotten.`), so the account's other devices forget it too.
     @discardableResult
     public func forgetContact(named username: String) throws -> Bool {
         let key = try Self.contactKey(username)
         guard try store.readOne({ try $0.setting(key) }) != nil else { return false }
-        try store.write { w in try w.removeSetting(key) }
+        let stamp = nowMillis
+        try store.write { w in
+            try w.removeSetting(key)
+            try w.setSetting(Self.forgottenPrefix + key.dropFirst(Self.contactPrefix.count), Self.u64Bytes(stamp))
+        }
         return true
+    }
+
+    static let forgottenPrefix = "contactForgotten."
+
+    static func u64Bytes(_ v: UInt64) -> [UInt8] {
+        var w = ByteWriter()
+        w.u64(v)
+        return w.bytes
     }
 
     // MARK: Names accounts give themselves

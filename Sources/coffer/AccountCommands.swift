@@ -249,6 +249,14 @@ struct Sync: ParsableCommand {
             // The server sent records of shared files that no key holder with access wrote.
             for r in report.refusedShared { print("refused shared file \(r.id): \(r.reason)") }
             for r in report.refusedSharedPush { print("warning: \(r)") }
+            for name in report.contactClashes {
+                print(
+                    "warning: another device of yours pinned other keys for \(name); this device keeps its own "
+                        + "(compare fingerprints with \(name), then `coffer contacts forget` or `verify`)")
+            }
+            if let why = report.contactsFailure {
+                print("warning: contacts not shared with your other devices: \(why)")
+            }
             if stats {
                 let t = engine.traffic
                 print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")

@@ -71,6 +71,12 @@ struct CountingTransaction: MetadataWriter {
         let l = try reader.liveLinks(account: account, target: target)
         return counted(l.count, l)
     }
+    func contactBook(account: Data) throws -> (sealed: Data?, revision: Int64) {
+        try reader.contactBook(account: account)
+    }
+    func setContactBook(account: Data, sealed: Data, revision: Int64) throws {
+        try w().setContactBook(account: account, sealed: sealed, revision: revision)
+    }
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool {
         try reader.hasFeedRow(account: account, fileID: fileID)
     }

@@ -119,4 +119,78 @@ final class KeySwappingTransport: ServerTransport {
         #expect(try await engine.client.lookup(username: "old").keyCard?.isValid == true)
         #expect(try vault.keyCardPublished)
     }
+
+    /// Two devices of alice share one contact book through the server: a contact pinned and
+    /// verified on one is pinned and verified on the other after both sync, a forgetting
+    /// travels the same way, and a name each device pinned with other keys stays as each has
+    /// it, reported, without the devices overwriting each other at every sync. The server holds
+    /// the book sealed (no username in it), refuses a stale revision, and a device refuses a
+    /// book older than one it saw (a rollback) or one its account did not seal.
+    @Test func contactsTravelBetweenAnAccountsDevices() async throws {
+        let tmp = TemporaryDirectory("coffer-contact-book")
+        let server = try ServerProcess(dataDirectory: tmp.sub("server"))
+        let (laptop, desktop, bob, carol) = (tmp.sub("laptop"), tmp.sub("desktop"), tmp.sub("bob"), tmp.sub("carol"))
+        #expect(coffer(laptop, ["init", "alice", "--server", server.url]).status == 0)
+        #expect(coffer(bob, ["init", "Qz9bobmarker", "--server", server.url]).status == 0)
+        #expect(coffer(carol, ["init", "carol", "--server", server.url]).status == 0)
+        let export = coffer(laptop, ["account", "export"]).out
+        #expect(
+            coffer(desktop, ["account", "import", "--server", server.url], stdin: Array(export.utf8)).status == 0)
+        let fingerprint = String(
+            try #require(coffer(bob, ["whoami"]).out.split(separator: "\n").first { $0.hasPrefix("fingerprint: ") })
+                .dropFirst("fingerprint: ".count))
+        #expect(coffer(laptop, ["contacts", "add", "qz9bobmarker"]).status == 0)
+        #expect(coffer(laptop, ["contacts", "verify", "qz9bobmarker", fingerprint]).status == 0)
+        #expect(coffer(laptop, ["sync"]).status == 0)
+        #expect(coffer(desktop, ["sync"]).status == 0)
+        #expect(coffer(desktop, ["contacts"]).out == "Qz9bobmarker\t\(fingerprint)\tverified\n")
+        // The book on the server names nobody in the clear (usernames themselves are the
+        // server's; who pinned whom is not).
+        let stored = try await SyncEngine.forStore(try Vault.open(dataDirectory: laptop)).client.contactBook()
+        let sealedBook = try #require(stored.sealed)
+        #expect(sealedBook.range(of: Data("Qz9bobmarker".utf8)) == nil && sealedBook.count > 64)
+        #expect(sealedBook.range(of: Data(try Vault.open(dataDirectory: bob).accountID.bytes)) == nil)
+
+        // Forgotten on the desktop: forgotten on the laptop after both sync.
+        #expect(coffer(desktop, ["contacts", "forget", "qz9bobmarker"]).status == 0)
+        #expect(coffer(desktop, ["sync"]).status == 0)
+        #expect(coffer(laptop, ["sync"]).status == 0)
+        #expect(coffer(laptop, ["contacts"]).out.isEmpty)
+
+        // Carol pinned on both while apart, each with other keys (a server lying to one of them;
+        // here the desktop's pin is edited to stand for that): each keeps its own and says so,
+        // and a second sync writes nothing more.
+        #expect(coffer(laptop, ["contacts", "add", "carol"]).status == 0)
+        #expect(coffer(laptop, ["sync"]).status == 0)
+        let desktopVault = try Vault.open(dataDirectory: desktop)
+        let other = AccountSecret.generate()
+        try desktopVault.pin(
+            Contact(
+                username: "carol", signingKey: other.signingKeys.publicKey.bytes,
+                boxKey: other.boxKeys.publicKey.bytes))
+        let clash = coffer(desktop, ["sync"])
+        #expect(clash.status == 0 && clash.out.contains("other keys for carol"), "\(clash.out)\(clash.err)")
+        #expect(try desktopVault.contact(named: "carol")?.signingKey == other.signingKeys.publicKey.bytes)
+        let engine = try SyncEngine.forStore(desktopVault)
+        let revision = try await engine.client.contactBook().revision
+        #expect(coffer(desktop, ["sync"]).status == 0)
+        #expect(coffer(laptop, ["sync"]).status == 0)
+        #expect(try await engine.client.contactBook().revision == revision)
+
+        // A stale revision is refused by the server; a book the account did not seal, or an
+        // older one served again, by the device (reported, nothing else fails, nothing changes).
+        await #expect(throws: SyncError.self) {
+            try await engine.client.putContactBook(ContactBookMessage(sealed: Data([1, 2, 3]), revision: revision))
+        }
+        try await engine.client.putContactBook(ContactBookMessage(sealed: Data([1, 2, 3]), revision: revision + 1))
+        let forged = coffer(desktop, ["sync"])
+        #expect(forged.status == 0 && forged.out.contains("contacts not shared"), "\(forged.out)")
+        #expect(try desktopVault.contact(named: "carol") != nil)
+        server.stop()
+        let sql = "UPDATE account SET contact_book_revision = 1"
+        #expect(run("/usr/bin/sqlite3", [server.dataDirectory + "/metadata.sqlite", sql]).status == 0)
+        try server.start()
+        let rolledBack = coffer(laptop, ["sync"])
+        #expect(rolledBack.status == 0 && rolledBack.out.contains("rollback"), "\(rolledBack.out)")
+    }
 }
