@@ -230,6 +230,9 @@ public enum Authorization {
             if previous == e { continue }  // unchanged, checked when it was written
             if e.account == m.owner { throw .invalidGrant("\(name): an owner holds no grant on its own file") }
             guard e.mode != .owner else { throw .invalidGrant("\(name): a grant is read or write") }
+            guard e.generation <= m.keyGeneration else {
+                throw .invalidGrant("\(name): a grant names a key generation the file has not reached")
+            }
             guard m.type != .link else { throw .invalidGrant("\(name) is a link; share its target instead") }
             guard e.sealedKey.count <= 256, e.signature.count == 64 else {
                 throw .invalidGrant("\(name): a grant is not signed")
@@ -385,6 +388,9 @@ extension Authorization {
         let rotationCarried =
             old.wrappedKey != m.wrappedKey && m.keyGeneration > old.keyGeneration && old.parent == m.parent
             && keyOpens?(m) != false
+        // The key generation is the owner's to move (give-ups are judged by it), only ever
+        // together with a new key.
+        if old.keyGeneration != m.keyGeneration, !rotationCarried { throw denied }
         let placementChanged =
             old.parent != m.parent || old.name != m.name || old.isDeleted != m.isDeleted
             || (old.wrappedKey != m.wrappedKey && !rotationCarried)
@@ -411,7 +417,7 @@ extension Authorization {
             if previous == e { continue }
             if m.isRoot, e.account == m.owner, e.mode == .owner, e.signature.isEmpty { continue }
             guard e.account != m.owner, e.mode != .owner, m.type != .link, e.sealedKey.count <= 256,
-                e.signature.count == 64
+                e.signature.count == 64, e.generation <= m.keyGeneration
             else { throw .invalidGrant("\(name) carries a grant no owner could make") }
             // A grant the device holds revoked or given up does not come back as it was: a new
             // grant seals the key afresh (sealed boxes are randomised), so the same sealed key
@@ -425,12 +431,14 @@ extension Authorization {
             // when the device knows the record before, the grant must be live in it, at the same
             // mode and key (an owner's revocation keeps both, and the revoked grantee still holds
             // the owner's signature of its grant: it must not turn the revocation into a give-up
-            // that counts for what it writes).
+            // that counts for what it writes), or be of a newer key generation (the owner's
+            // reseal at a rotation this device has not seen yet; a revocation rotates too).
             if e.isDeleted, verify(e.account, message, e.signature), e.endsOwnersGrant(m, verify),
                 old == nil
                     || previous.map({
-                        !$0.isDeleted && $0.mode == e.mode && $0.sealedKey == e.sealedKey
-                            && $0.generation == e.generation
+                        !$0.isDeleted && $0.mode == e.mode
+                            && ($0.generation < e.generation
+                                || ($0.sealedKey == e.sealedKey && $0.generation == e.generation))
                     }) == true
             {
                 continue

@@ -286,6 +286,9 @@ public struct ErrorResponse: Codable, Sendable {
     public static let conflict = "conflict"
     public static let rateLimited = "rate_limited"
     public static let invalidTree = "invalid_tree"
+    /// 409: the tree's owner is ending the caller's access to part of it, and the caller's
+    /// changes to that tree are held back for a short while; try again later (docs/SHARING.md).
+    public static let writesPaused = "writes_paused"
 }
 
 /// Batched chunk bodies (for fetching many chunks in one response):

@@ -27,8 +27,9 @@ extension CofferServer {
         var feed: [Data: Set<FileID>] = [:]
         /// Which of those files each grantee is granted again (`CofferServer.feedPlan`).
         var regranted: [Data: Set<FileID>] = [:]
-        /// The batch ended some grantee's write and left nothing of it uncovered.
-        var checkedOrphans = false
+        /// The grantees whose write the batch may end (every writer with records in the tree
+        /// when it moves a folder), all of whose records it left covered.
+        var endedWriters: Set<Data> = []
     }
 
     /// Applies a batch of signed records atomically. See docs/PROTOCOL.md, "What the server
@@ -126,7 +127,7 @@ extension CofferServer {
                 throw ServerError.unauthorized("no account has this key")
             }
             if owner != caller, let until = try tx.writePause(account: owner, writer: caller), until > now {
-                throw ServerError.getUpdatesRequired(
+                throw ServerError.writesPaused(
                     "the owner of these files is changing who may write them; try again shortly")
             }
             // The owner's account is locked: its tree, version and quota are what change.
@@ -160,8 +161,11 @@ extension CofferServer {
                 throw ServerError.quotaExceeded(
                     "storing these records would exceed the account's quota of \(quotaBytes) bytes")
             }
-            // The owner's change went in: nothing of its grantees is held back any more.
-            if owner == caller, plan.checkedOrphans { try tx.resumeWrites(account: owner) }
+            // The owner's change went in: the grantees whose write it ended, all of whose
+            // records it left covered, are held back no longer.
+            if owner == caller {
+                for w in plan.endedWriters { try tx.resumeWrites(account: owner, writer: w) }
+            }
             return v
         }
     }
@@ -256,6 +260,10 @@ extension CofferServer {
                 if current.isDeleted, m.lastModifiedBy != m.owner {
                     throw ServerError.forbidden("file \(id) is deleted; only its owner changes it now")
                 }
+                // The key generation is the owner's to move (give-ups are judged by it).
+                if m.lastModifiedBy != m.owner, m.keyGeneration != current.keyGeneration {
+                    throw ServerError.forbidden("only the owner of file \(id) replaces its key")
+                }
             } else {
                 // Not in the owner's tree: missing, or another account's. The precondition is
                 // checked first so both give the same answer.
@@ -263,6 +271,9 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired("file \(id) is not on the server")
                 }
                 if view.isForeign(id) { throw ServerError.forbidden(Self.unusableFileID(Data(id.bytes))) }
+                if m.lastModifiedBy != m.owner, m.keyGeneration != 0 {
+                    throw ServerError.forbidden("only the owner of file \(id) replaces its key")
+                }
             }
             batch.upsertUnchecked(m)
             plan.rawRecords[id] = d.update.record
@@ -294,8 +305,8 @@ extension CofferServer {
         if ending?.isEmpty != true {
             // Every record of a batch is its caller's (checked on decoding).
             let byOwner = decoded.allSatisfy { Data($0.signed.metadata.lastModifiedBy.bytes) == owner }
-            try checkNoOrphanedWrites(owner: owner, of: ending, byOwner: byOwner, view: view, batch: batch)
-            plan.checkedOrphans = true
+            plan.endedWriters = try checkNoOrphanedWrites(
+                owner: owner, of: ending, byOwner: byOwner, view: view, batch: batch)
         }
 
         // Implicit deletions made explicit: a changed file under a deleted folder, and the
@@ -377,22 +388,25 @@ extension CofferServer {
     /// grantees wrote that the owner's devices have not signed yet (an index), each walked up
     /// to the root. Only what the batch itself leaves uncovered is refused: a record no grant
     /// covered before (stored by an older server) does not stop every later change.
+    /// Returns the writers it looked at (`writers`, or every writer with records in the tree).
     func checkNoOrphanedWrites(
         owner: Data, of writers: Set<AccountID>?, byOwner: Bool, view: StorageTreeView,
         batch: Batch<StorageTreeView>
-    ) throws {
+    ) throws -> Set<Data> {
         let verify: Authorization.Verify = { PublicSigningKey.isValid($0.bytes, $1, $2) }
         let wanted = writers.map { Set($0.map { Data($0.bytes) }) }
         var uncovered: Set<Data> = []
+        var looked = wanted ?? []
         var first: FileID?
         for (raw, writer) in try view.reader.writtenByOthers(account: owner) where wanted?.contains(writer) != false {
+            looked.insert(writer)
             guard let id = view.fileID(raw), let m = batch.file(id), m.lastModifiedBy != m.owner else { continue }
             if batch.heldWrite(by: m.lastModifiedBy, atOrAbove: id, verify: verify) { continue }
             guard view.heldWrite(by: m.lastModifiedBy, atOrAbove: id, verify: verify) else { continue }
             uncovered.insert(writer)
             first = first ?? id
         }
-        guard let first else { return }
+        guard let first else { return looked }
         let why = "file \(first), written by another account, would be left where that account cannot write"
         if byOwner {
             throw OrphanedWrites(writers: uncovered, message: "\(why); sync first, so this device signs it as its own")

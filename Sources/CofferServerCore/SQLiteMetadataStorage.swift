@@ -534,8 +534,9 @@ struct SQLiteTransaction: MetadataWriter {
         ).execute(arguments: [account, writer, until])
     }
 
-    func resumeWrites(account: Data) throws {
-        try db.cachedStatement(sql: "DELETE FROM write_pause WHERE account = ?").execute(arguments: [account])
+    func resumeWrites(account: Data, writer: Data) throws {
+        try db.cachedStatement(sql: "DELETE FROM write_pause WHERE account = ? AND writer = ?").execute(
+            arguments: [account, writer])
     }
 
     func putFeed(account: Data, fileID: Data, version: Int64, regranted: Bool) throws {

@@ -28,6 +28,7 @@ public struct ServerError: Error, Sendable, Equatable, CustomStringConvertible {
         .init(409, ErrorResponse.getUpdatesRequired, m)
     }
     public static func invalidTree(_ m: String) -> ServerError { .init(409, ErrorResponse.invalidTree, m) }
+    public static func writesPaused(_ m: String) -> ServerError { .init(409, ErrorResponse.writesPaused, m) }
     public static func tooLarge(_ m: String) -> ServerError { .init(413, ErrorResponse.tooLarge, m) }
     public static func quotaExceeded(_ m: String) -> ServerError { .init(413, ErrorResponse.quotaExceeded, m) }
     public static func rateLimited(_ m: String) -> ServerError { .init(429, ErrorResponse.rateLimited, m) }

@@ -238,8 +238,8 @@ public protocol MetadataWriter: MetadataReader {
     func setContactBook(account: Data, sealed: Data, revision: Int64) throws
     /// Holds `writer`'s changes to `account`'s tree back until `until` (ms).
     func pauseWrites(account: Data, writer: Data, until: Int64) throws
-    /// Ends every hold on writes to `account`'s tree.
-    func resumeWrites(account: Data) throws
+    /// Ends the hold on `writer`'s changes to `account`'s tree, if any.
+    func resumeWrites(account: Data, writer: Data) throws
     /// Marks a file of `account` deleted by the server (`serverDeleted` and `deleted` set,
     /// `version` given, the record untouched) and returns its content digest, whose manifest it
     /// no longer needs; nil when it names none or `account` has no such file (then nothing changes).

@@ -80,8 +80,12 @@ extension SyncEngine {
                 for (owner, records) in pending.sorted(by: { $0.key.bytes.lexicographicallyPrecedes($1.key.bytes) }) {
                     do {
                         try await upsert(records, &report) { [vault] in try vault.markSharedPushed($0, version: $1) }
-                    } catch SyncError.server(status: 403, _, let message) {
-                        // Refused by the rules for now: kept pending, and the other owners go on.
+                    } catch let SyncError.server(status, code, message)
+                        where status == 403 || code == ErrorResponse.writesPaused
+                    {
+                        // Refused by the rules for now, or held back while the owner ends someone's
+                        // access: kept pending, tried again at the next sync, and the other
+                        // owners go on.
                         let who = KeyFingerprint.of(owner.bytes)
                         report.refusedSharedPush.append("changes to the tree of \(who) not taken: \(message)")
                     }

@@ -197,10 +197,11 @@ extension Vault {
         try w.setSetting(Self.staleGrantsSetting, held.union(ids).sorted().flatMap(\.bytes))
     }
 
-    private static func fileIDs(_ bytes: [UInt8]?) throws -> [FileID] {
+    /// The file ids of a note this vault keeps in the store's settings (ids end to end).
+    static func fileIDs(_ bytes: [UInt8]?, note: String = "the note of grants to seal again") throws -> [FileID] {
         guard let bytes else { return [] }
         // Written here only; anything else is a damaged store, not a note to drop quietly.
-        guard bytes.count % 16 == 0 else { throw VaultError.corrupt("the note of grants to seal again is damaged") }
+        guard bytes.count % 16 == 0 else { throw VaultError.corrupt("\(note) is damaged") }
         return try stride(from: 0, to: bytes.count, by: 16).map { try FileID(bytes: Array(bytes[$0..<$0 + 16])) }
     }
 

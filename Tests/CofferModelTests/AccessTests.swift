@@ -565,21 +565,32 @@ struct AccessTests {
         #expect(throws: AccessError.self) { try check(only) }
     }
 
+    /// The shared tree with bob's grant on the shared folder replaced by `entry` (that record
+    /// written by `sharedBy`, the owner unless said), and bob's content edit of the document in
+    /// it, staged: the shared folder's and the document's records.
+    func bobsEdit(
+        under entry: AccessEntry, sharedBy: AccountID = alice
+    ) -> (staged: FileTree, shared: FileMetadata, doc: FileMetadata) {
+        var staged = sharedTree()
+        var shared = staged.file(fid(2))!
+        shared.access[0] = entry
+        shared.lastModifiedBy = sharedBy
+        staged.insert(shared)
+        var doc = staged.file(fid(3))!
+        doc.contentDigest = [0xAB]
+        doc.lastModifiedBy = bob
+        staged.insert(doc)
+        return (staged, shared, doc)
+    }
+
     /// A write grantee's change that a pull brings with its own give-up: the give-up keeps the
     /// owner's signature of the grant it ends, so the record stands on a device that held the
     /// record and on one new to it. A give-up without it proves nothing, on any device.
     @Test func aWritersRecordStandsBesideItsGiveUp() throws {
         let held = sharedTree()
         for ownerSigned in [true, false] {
-            var staged = held
-            var shared = held.file(fid(2))!
-            shared.access[0] = grant(2, to: bob, .write, deleted: true, by: bob, ownerSigned: ownerSigned)
-            shared.lastModifiedBy = bob
-            staged.insert(shared)
-            var doc = held.file(fid(3))!
-            doc.contentDigest = [0xAB]
-            doc.lastModifiedBy = bob
-            staged.insert(doc)
+            let (staged, shared, doc) = bobsEdit(
+                under: grant(2, to: bob, .write, deleted: true, by: bob, ownerSigned: ownerSigned), sharedBy: bob)
             for old in [held.file(fid(3)), nil] {
                 if ownerSigned {
                     try Authorization.checkPulled(
@@ -677,6 +688,41 @@ struct AccessTests {
         try Authorization.checkPulled(doc, old: nil, in: staged2, verify: fakeVerify)
     }
 
+    /// The key generation is the owner's to move, and only with a new key: a grantee's record
+    /// that changes it alone is refused (give-ups are judged by it), and no grant may name a
+    /// generation the record has not reached. A give-up of a grant newer than the one a device
+    /// holds (the owner resealed it at a rotation the device has not seen) stands.
+    @Test func theKeyGenerationIsTheOwnersToMove() throws {
+        let tree = sharedTree()
+        var bumped = tree.file(fid(3))!
+        bumped.keyGeneration = 1
+        bumped.lastModifiedBy = bob
+        var staged = tree
+        staged.insert(bumped)
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(bumped, old: tree.file(fid(3)), in: staged, verify: fakeVerify)
+        }
+        var ahead = tree.file(fid(2))!
+        var future = grant(2, to: carol, .read)
+        future.generation = 3
+        future.signature = fakeSign(alice, future.grantMessage(fileID: fid(2)))
+        ahead.access[1] = future
+        #expect(throws: AccessError.self) { try check(ahead) }
+        staged = tree
+        staged.insert(ahead)
+        #expect(throws: AccessError.self) { try Authorization.checkPulled(ahead, old: nil, in: staged, verify: fakeVerify) }
+        // Carol's give-up of a generation-1 grant, on a device that held her generation-0 one.
+        var resealed = grant(2, to: carol, .read)
+        resealed.generation = 1
+        var gaveUp = tree.file(fid(2))!
+        gaveUp.keyGeneration = 1
+        gaveUp.access[1] = resealed
+        gaveUp.access[1].ownerSignature = fakeSign(alice, resealed.grantMessage(fileID: fid(2)))
+        gaveUp.access[1].isDeleted = true
+        gaveUp.access[1].signature = fakeSign(carol, gaveUp.access[1].grantMessage(fileID: fid(2)))
+        try Authorization.checkPulledGrants(gaveUp, old: tree.file(fid(2)), verify: fakeVerify, name: "shared")
+    }
+
     /// What a grantee wrote counts only under a grant that is live or that it gave up itself:
     /// once the owner revoked or lowered the grant, a record the grantee signed is refused by
     /// every device, the ones that saw the grant live included (the owner's change signs all
@@ -684,14 +730,7 @@ struct AccessTests {
     @Test func aRevokedOrLoweredWritersRecordIsRefused() throws {
         let held = sharedTree()
         for ended in [grant(2, to: bob, .write, deleted: true), grant(2, to: bob, .read)] {
-            var staged = held
-            var shared = held.file(fid(2))!
-            shared.access[0] = ended
-            staged.insert(shared)
-            var doc = held.file(fid(3))!
-            doc.contentDigest = [0xAB]
-            doc.lastModifiedBy = bob
-            staged.insert(doc)
+            var (staged, _, doc) = bobsEdit(under: ended)
             for old in [held.file(fid(3)), nil] {
                 #expect(throws: AccessError.self) {
                     try Authorization.checkPulled(doc, old: old, in: staged, verify: fakeVerify)

@@ -86,7 +86,9 @@ struct CountingTransaction: MetadataWriter {
     func pauseWrites(account: Data, writer: Data, until: Int64) throws {
         try w().pauseWrites(account: account, writer: writer, until: until)
     }
-    func resumeWrites(account: Data) throws { try w().resumeWrites(account: account) }
+    func resumeWrites(account: Data, writer: Data) throws {
+        try w().resumeWrites(account: account, writer: writer)
+    }
     func writtenByOthers(account: Data) throws -> [(id: Data, writer: Data)] {
         let l = try reader.writtenByOthers(account: account)
         return counted(l.count, l)

@@ -352,6 +352,21 @@ struct SharedTreeTests {
         try bob.push([edited])
     }
 
+    /// Only the owner moves a file's key generation (give-ups are judged by it): a write
+    /// grantee's change that moves it, or a new file of its that names one, is refused.
+    @Test func onlyTheOwnerMovesAKeyGeneration() throws {
+        let f = try SharedFixture(mode: .write)
+        f.bob.adopt([f.doc.id], from: f.alice)
+        var bumped = written(by: f.bob.user, f.doc)
+        bumped.keyGeneration = 1
+        expectRefusal(403) { try f.bob.push([bumped]) }
+        var fresh = written(by: f.bob.user, record(f.alice.user, .document, in: f.shared.id, named: "g"))
+        fresh.keyGeneration = 2
+        expectRefusal(403) { try f.bob.push([fresh]) }
+        fresh.keyGeneration = 0
+        try f.bob.push([fresh])
+    }
+
     @Test func aReadShareeUploadsNoContent() throws {
         let f = try SharedFixture(mode: .read)
         let chunk = randomBytes(100)

@@ -30,6 +30,9 @@ extension PullMerge {
         // Grants the winner holds are sealed under its key; one the other side made meanwhile
         // holds the replaced key, and is sealed again before the next push (`staleGrants`).
         // A mode the other side changed meanwhile stays the merge's, and is sealed again too.
+        // A generation past both sides' is one no grant was sealed at: all are sealed again,
+        // so each grant names the generation of the record it is in (`AccessEntry.generation`).
+        if m.keyGeneration != winner.keyGeneration { staleGrants.insert(m.id) }
         for i in m.access.indices where !m.access[i].isDeleted {
             if let e = winner.access.first(where: { $0.account == m.access[i].account && !$0.isDeleted }),
                 e.mode == m.access[i].mode

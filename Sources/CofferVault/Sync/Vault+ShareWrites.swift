@@ -105,6 +105,9 @@ extension Vault {
                     }
                     s.checkedGroup = group
                     s.lastSeq = lastSeq
+                    // Forgotten under the lock: the next commit must not build on a record this
+                    // one replaced (its catch-up finds nothing new in the log; this was ours).
+                    sharedRecords.forget(changed)
                     return (result, changed)
                 } catch {
                     s.checkedGroup = nil
@@ -112,10 +115,9 @@ extension Vault {
                     throw error
                 }
             }
-            // Only the records written: a grantee's change never changes a file's key (moves
-            // re-wrap the same key; rotations are the owner's and come with the feed, which
-            // forgets everything), so the keys opened so far stay good.
-            sharedRecords.forget(result.1)
+            // Only the records written (forgotten above): a grantee's change never changes a
+            // file's key (moves re-wrap the same key; rotations are the owner's and come with the
+            // feed, which forgets everything), so the keys opened so far stay good.
             return result.0
         } catch { throw VaultError.wrap(error) }
     }

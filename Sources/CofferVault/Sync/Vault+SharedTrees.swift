@@ -306,7 +306,7 @@ extension Vault {
             // A link goes when its share is out of this account's reach now, and was there to
             // lose: held before or now, or named gone (one never held may just not be sent yet).
             let mirror = MirrorTree(reader: w.reader)
-            var noted = try w.reader.setting(Self.linksToRemoveSetting).map(Self.fileIDs) ?? []
+            var noted = try Self.fileIDs(w.reader.setting(Self.linksToRemoveSetting), note: Self.linksToRemoveNote)
             for (link, target) in links.sorted(by: { $0.link < $1.link }) {
                 let now = mirror.file(target)
                 if let now, Self.isReachable(now, by: me, in: mirror) { continue }
@@ -325,37 +325,29 @@ extension Vault {
     }
 
     static let linksToRemoveSetting = "linksToRemove"
-
-    static func fileIDs(_ bytes: [UInt8]) -> [FileID] {
-        stride(from: 0, to: bytes.count - bytes.count % 16, by: 16).compactMap {
-            try? FileID(bytes: Array(bytes[$0..<$0 + 16]))
-        }
-    }
+    static let linksToRemoveNote = "the note of links to remove"
 
     /// Removes the links a pull of the feed noted (`applyFeed`) whose share is still out of
-    /// reach, and forgets the note, in one commit. Returns how many went.
+    /// reach, and forgets the note, in one commit (judged inside it, against the store as the
+    /// commit sees it). Returns how many went.
     @discardableResult
     public func removeNotedLinks() throws -> Int {
-        guard let note = try store.readOne({ try $0.setting(Self.linksToRemoveSetting) }) else { return 0 }
-        let ids = Self.fileIDs(note)
-        var stale: Set<FileID> = []
-        for id in ids {
-            guard let target = linkTarget(of: id) else { continue }
-            if try sharedLiveType(target) == nil { stale.insert(id) }
-        }
+        guard try store.readOne({ try $0.setting(Self.linksToRemoveSetting) }) != nil else { return 0 }
+        let me = accountID
         return try commit { batch, s, w -> Int in
+            let note = try w.reader.setting(Self.linksToRemoveSetting)
+            let mirror = MirrorTree(reader: w.reader)
             var removed = 0
-            for id in ids.sorted() where stale.contains(id) {
-                guard let m = batch.file(id), !m.isDeleted, m.type == .link else { continue }
+            for id in try Self.fileIDs(note, note: Self.linksToRemoveNote).sorted() {
+                guard let m = batch.file(id), !m.isDeleted, m.type == .link, let target = m.linkTarget else { continue }
+                if let now = mirror.file(target), Self.isReachable(now, by: me, in: mirror) { continue }
                 try batch.delete(id, describe: s.view.describe)
                 try touchParent(m.parent, &batch, &s)
                 s.pruneCandidates.insert(id)
                 removed += 1
             }
-            // Only the note read: one a pull wrote since stays for its own removal.
-            if try w.reader.setting(Self.linksToRemoveSetting) == note {
-                try w.removeSetting(Self.linksToRemoveSetting)
-            }
+            try mirror.throwIfFailed()
+            try w.removeSetting(Self.linksToRemoveSetting)
             return removed
         }
     }
