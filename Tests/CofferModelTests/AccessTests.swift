@@ -710,7 +710,9 @@ struct AccessTests {
         #expect(throws: AccessError.self) { try check(ahead) }
         staged = tree
         staged.insert(ahead)
-        #expect(throws: AccessError.self) { try Authorization.checkPulled(ahead, old: nil, in: staged, verify: fakeVerify) }
+        #expect(throws: AccessError.self) {
+            try Authorization.checkPulled(ahead, old: nil, in: staged, verify: fakeVerify)
+        }
         // Carol's give-up of a generation-1 grant, on a device that held her generation-0 one.
         var resealed = grant(2, to: carol, .read)
         resealed.generation = 1
