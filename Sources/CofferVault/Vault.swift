@@ -47,6 +47,8 @@ public final class Vault: Sendable {
     let sharedRecords = SharedRecordCache()
     /// Held while saved work from shares is drained into the own tree (`drainRecovery`).
     let draining = Mutex<Void>(())
+    /// This vault's name for the store's drain lease (`drainRecovery`): random per instance.
+    let drainToken = randomBytes(16)
     /// The links shown so far as the shared file each places (`presented(link:)`), by target: a
     /// change to the shared file is a change to what the mount shows at the link.
     let shownLinks = Mutex<[FileID: FileID]>([:])

@@ -362,7 +362,43 @@ extension Vault {
     /// Drains are one at a time in a process (a sync and a mount's flush may both drain); two
     /// processes draining at the very same moment may save an item twice.
     public func drainRecovery() throws {
-        try draining.withLock { _ in try drainRecoveryQueue() }
+        try draining.withLock { _ in
+            // One process drains at a time (the daemon and a command may both try): a lease in
+            // the store, taken in one write, so two never save the same item twice. One that
+            // stopped mid-drain holds it a minute at most; what it saved is out of the queue,
+            // the rest waits for the next drain.
+            guard try takeDrainLease() else { return }
+            defer {
+                let token = drainToken
+                try? store.write { w in
+                    if let held = try w.reader.setting(Self.drainLeaseSetting), Array(held.suffix(16)) == token {
+                        try w.removeSetting(Self.drainLeaseSetting)
+                    }
+                }
+            }
+            try drainRecoveryQueue()
+        }
+    }
+
+    static let drainLeaseSetting = "recoveryDrain"
+    static let drainLeaseMillis: UInt64 = 60_000
+
+    /// Takes the store's drain lease if nobody holds it, or its holder let it run out.
+    private func takeDrainLease() throws -> Bool {
+        let now = nowMillis
+        let token = drainToken
+        return try store.write { w -> Bool in
+            if let held = try w.reader.setting(Self.drainLeaseSetting), held.count == 24 {
+                var r = ByteReader(Array(held.prefix(8)))
+                let until = (try? r.u64()) ?? 0
+                if until > now, Array(held.suffix(16)) != token { return false }
+            }
+            var lease = ByteWriter()
+            lease.u64(now &+ Self.drainLeaseMillis)
+            lease.raw(token)
+            try w.setSetting(Self.drainLeaseSetting, lease.bytes)
+            return true
+        }
     }
 
     /// How many items of saved work wait to be saved (`coffer status`).
