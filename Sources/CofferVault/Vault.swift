@@ -31,6 +31,8 @@ public final class Vault: Sendable {
             return (try? s.view.name(root)) ?? storedUsername
         }
     }
+    /// The tie-break of this vault's stamps (`HybridTimestamp.device`): random per opened vault,
+    /// so no two processes on one store issue equal stamps.
     let deviceID: UInt32
     /// How many records, keys, names and attributes each of the tree's caches holds at most.
     let cacheEntries: Int
@@ -152,11 +154,13 @@ public final class Vault: Sendable {
         let secret = try readSecret(in: dataDirectory, passphrase: passphrase)
         let store = try Store(directory: dataDirectory)
         let locks = try StoreLocks(directory: dataDirectory)
-        let (username, device) = try store.read { r -> (String, UInt32) in
-            let u = try r.setting("username").map { String(decoding: $0, as: UTF8.self) } ?? "coffer"
-            let d = try r.setting("device").map { $0.reduce(UInt32(0)) { ($0 << 8) | UInt32($1) } } ?? 1
-            return (u, d)
+        let username = try store.read { r in
+            try r.setting("username").map { String(decoding: $0, as: UTF8.self) } ?? "coffer"
         }
+        // The stamps' tie-break is drawn afresh for each opened vault, not kept per store: a
+        // daemon and a command on one store, each with its own clock, must never issue equal
+        // stamps (two different changes at one stamp would merge differently on each device).
+        let device = UInt32.random(in: 1...UInt32.max)
         return try Vault(
             dataDirectory: dataDirectory, store: store, secret: secret, username: username,
             deviceID: device, locks: locks, now: now, cacheEntries: cacheEntries)

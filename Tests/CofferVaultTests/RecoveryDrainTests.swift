@@ -38,3 +38,18 @@ struct RecoveryDrainTests {
         #expect(try f.vault.store.read { try $0.setting(Vault.drainLeaseSetting) } == nil)
     }
 }
+
+/// Two processes on one store (a daemon and a command) each keep a clock: their stamps must
+/// never be equal, or two different changes at one stamp would merge differently on each device.
+struct ProcessStampTests {
+    @Test func twoVaultsOnOneStoreNeverIssueEqualStamps() throws {
+        let f = try VaultFixture()
+        let frozen: @Sendable () -> Timespec = { Timespec(seconds: 1_000_000, nanoseconds: 0) }
+        let a = try Vault.open(dataDirectory: f.dataDir, now: frozen)
+        let b = try Vault.open(dataDirectory: f.dataDir, now: frozen)
+        let sa = a.state.withLock { a.nextStamp(&$0) }
+        let sb = b.state.withLock { b.nextStamp(&$0) }
+        #expect(sa.wallMillis == sb.wallMillis && sa.counter == sb.counter)
+        #expect(sa != sb)
+    }
+}
