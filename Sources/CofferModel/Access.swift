@@ -139,6 +139,16 @@ public enum Authorization {
         if let parent = after.file(m.parent), parent.owner != m.owner {
             throw .crossOwner("\(name) would sit in a folder another account owns")
         }
+        // What only the owner changes, whoever else may write the file: a deleted file (its
+        // devices adopt and prune it; a grantee re-signing one could leave a record below folders
+        // they have forgotten, which they could then never judge), and the key generation
+        // (give-ups are judged by it; another writer's new file starts at 0).
+        if actor != m.owner {
+            if old?.isDeleted == true { throw .denied("\(name) is deleted; only its owner changes it now") }
+            if m.keyGeneration != (old?.keyGeneration ?? 0) {
+                throw .denied("only the owner of \(name) replaces its key")
+            }
+        }
         // Placement (create, rename, move, delete, restore) needs write on the folder it leaves
         // and the folder it enters; a sharee holds neither above a shared folder, so it cannot
         // rename, move or delete the shared folder itself, only its own link to it.

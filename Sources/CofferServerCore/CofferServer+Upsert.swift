@@ -86,20 +86,22 @@ extension CofferServer {
 
         let owner = ownerID.map { Data($0.bytes) } ?? caller
         var released: [ChunkKey] = []
-        var orphaned: OrphanedWrites?
-        let version: Int64? = try guarded {
-            do { return try upsertBatch(owner: owner, caller: caller, decoded, released: &released) } catch let o
-                as OrphanedWrites
-            {
-                orphaned = o
-                return nil
+        let outcome: Result<Int64, OrphanedWrites> = try guarded {
+            do {
+                return .success(try upsertBatch(owner: owner, caller: caller, decoded, released: &released))
+            } catch let o as OrphanedWrites {
+                return .failure(o)
             }
         }
-        guard let version else {
+        switch outcome {
+        case .success(let version):
+            // Content after metadata: chunks no manifest lists any more go once the batch is in.
+            try? releaseChunks(released)
+            return UpsertResponse(version: version)
+        case .failure(let held):
             // The owner's device must sign those records as its own: their writers' changes are
             // held back meanwhile, so a busy (or hostile) grantee cannot keep the owner from ever
             // ending its access. The refusal wrote nothing; the hold is its own small write.
-            let held = orphaned ?? OrphanedWrites(writers: [], message: "")
             let until = now + Self.writePauseMillis
             try guarded {
                 try metadata.write { tx in
@@ -108,9 +110,6 @@ extension CofferServer {
             }
             throw .getUpdatesRequired(held.message)
         }
-        // Content after metadata: chunks no manifest lists any more go once the batch is in.
-        try? releaseChunks(released)
-        return UpsertResponse(version: version)
     }
 
     /// How long a grantee's changes are held back after its owner's change was refused for
@@ -254,16 +253,6 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired(
                         "file \(id) has a newer revision on the server than the one sent")
                 }
-                // A deleted file is its owner's alone to sign again (its devices adopt and prune
-                // it): a grantee re-signing one could leave a record of its own below folders
-                // the owner's devices have forgotten, which they could then never judge.
-                if current.isDeleted, m.lastModifiedBy != m.owner {
-                    throw ServerError.forbidden("file \(id) is deleted; only its owner changes it now")
-                }
-                // The key generation is the owner's to move (give-ups are judged by it).
-                if m.lastModifiedBy != m.owner, m.keyGeneration != current.keyGeneration {
-                    throw ServerError.forbidden("only the owner of file \(id) replaces its key")
-                }
             } else {
                 // Not in the owner's tree: missing, or another account's. The precondition is
                 // checked first so both give the same answer.
@@ -271,9 +260,6 @@ extension CofferServer {
                     throw ServerError.getUpdatesRequired("file \(id) is not on the server")
                 }
                 if view.isForeign(id) { throw ServerError.forbidden(Self.unusableFileID(Data(id.bytes))) }
-                if m.lastModifiedBy != m.owner, m.keyGeneration != 0 {
-                    throw ServerError.forbidden("only the owner of file \(id) replaces its key")
-                }
             }
             batch.upsertUnchecked(m)
             plan.rawRecords[id] = d.update.record

@@ -8,14 +8,13 @@ import Foundation
 /// files shared with this one come from the share feed, read with a cursor of its own, checked
 /// record by record, with their content fetched through each document (`via`).
 extension SyncEngine {
-    /// Returns, when a share may have gone away (a file no longer seen, or one deleted), the ids
-    /// the server said are gone, for the caller to remove links that place nothing any more;
-    /// nil when nothing went.
-    func pullFeed(_ report: inout SyncReport) async throws -> Set<FileID>? {
+    /// Pulls the share feed and applies it (`Vault.applyFeed`, which also removes the links
+    /// whose share it took out of reach).
+    func pullFeed(_ report: inout SyncReport) async throws {
         let cursor = vault.feedCursor
         let read = try await updates(since: cursor, feed: true)
         guard !read.files.isEmpty || !read.gone.isEmpty || !read.regranted.isEmpty || read.latest != cursor else {
-            return nil
+            return
         }
         let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
         report.refusedShared += refused
@@ -28,8 +27,6 @@ extension SyncEngine {
         report.changed.formUnion(changed)
         // Best effort: a name to show for owners this device has not pinned.
         try? await learnOwnerNames(Set(accepted.map(\.signed.metadata.owner)))
-        let shrank = !read.gone.isEmpty || accepted.contains { $0.signed.metadata.isDeleted || $0.serverDeleted }
-        return shrank ? read.gone : nil
     }
 
     /// Remembers the name each of `owners` signed into its key card, for display beside its
@@ -93,9 +90,7 @@ extension SyncEngine {
                 return
             } catch let e as SyncError where e.isGetUpdatesRequired && attempts < 8 {
                 attempts += 1
-                if let gone = try await pullFeed(&report), !gone.isEmpty {
-                    report.removedLinks += try vault.removeBrokenLinks(gone: gone)
-                }
+                try await pullFeed(&report)
             }
         }
     }

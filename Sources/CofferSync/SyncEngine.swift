@@ -103,7 +103,7 @@ public final class SyncEngine: Sendable {
             try await pull(&report)
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
-            let gone = try await pullFeed(&report)
+            try await pullFeed(&report)
             // Links an earlier pull of the feed noted but did not get to remove (it stopped).
             report.removedLinks += try vault.removeNotedLinks()
             // Work saved from shares that an earlier sync could not save yet. A failure here
@@ -111,9 +111,7 @@ public final class SyncEngine: Sendable {
             do { try vault.drainRecovery() } catch {
                 report.recoveryFailure = ServerText.sanitized("\(error)", limit: 300)
             }
-            if gone != nil || linkNote != nil {
-                report.removedLinks += try vault.removeBrokenLinks(gone: gone ?? [])
-            }
+            if linkNote != nil { report.removedLinks += try vault.removeBrokenLinks() }
             var attempts = 0
             while true {
                 try await resealStaleGrants()

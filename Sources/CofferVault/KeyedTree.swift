@@ -8,6 +8,35 @@ protocol KeyAccess: Sendable {
     func directKey(of file: FileMetadata) throws -> SymmetricKey?
 }
 
+extension KeyAccess {
+    /// Every key `id` had in any of its records `versions` gives (held, unpushed, pulled...),
+    /// each unwrapped under every such key of its parent, found the same way: what was sealed
+    /// under a key a rotation has since replaced opens with one of these. `memo` keeps what was
+    /// found per file (a cycle finds nothing more).
+    func keysEver(
+        _ id: FileID, depth: Int = 0, memo: inout [FileID: [SymmetricKey]],
+        versions: (FileID) throws -> [FileMetadata]
+    ) throws -> [SymmetricKey] {
+        if let k = memo[id] { return k }
+        memo[id] = []
+        var out: [SymmetricKey] = []
+        for v in try versions(id) {
+            if let k = try? directKey(of: v) {
+                if !out.contains(k) { out.append(k) }
+                continue
+            }
+            guard !v.isRoot, depth <= TreeLimits.maxDepth else { continue }
+            for parentKey in try keysEver(v.parent, depth: depth + 1, memo: &memo, versions: versions) {
+                if let k = try? KeyWrap.unwrap(v.wrappedKey, with: parentKey, fileID: id.bytes), !out.contains(k) {
+                    out.append(k)
+                }
+            }
+        }
+        memo[id] = out
+        return out
+    }
+}
+
 /// The account's own access: its entry on the root, sealed to its box key.
 struct AccountKeyAccess: KeyAccess {
     let account: AccountID

@@ -257,7 +257,7 @@ struct SharedTreeTests {
         // nothing more.
         var revoked = f.shared
         revoked.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .write, deleted: true)]
-        expectRefusal(409) { try alice.push([revoked]) }
+        expectRefusal(409, ErrorResponse.getUpdatesRequired) { try alice.push([revoked]) }
         alice.adopt([fresh.id], from: bob)
         try alice.push([revoked, written(by: alice.user, bobs)])
         expectRefusal(404) { _ = try server.getManifest(caller: bob.user.key, manifest) }
@@ -324,10 +324,10 @@ struct SharedTreeTests {
         try bob.push([bobs])
         var revoked = f.shared
         revoked.access = [try signedGrant(f.shared.id, owner: alice.user, to: bob.user, .write, deleted: true)]
-        expectRefusal(409) { try alice.push([revoked]) }
+        expectRefusal(409, ErrorResponse.getUpdatesRequired) { try alice.push([revoked]) }
         // Held back: another write of bob's is refused as "try again", not taken.
         let more = written(by: bob.user, record(alice.user, .folder, in: f.shared.id, named: "more"))
-        expectRefusal(409) { try bob.push([more]) }
+        expectRefusal(409, ErrorResponse.writesPaused) { try bob.push([more]) }
         // Alice's device signs bob's record as hers and pushes again: taken, and the hold ends.
         alice.adopt([bobs.id], from: bob)
         try alice.push([revoked, written(by: alice.user, bobs)])

@@ -136,19 +136,30 @@ import Testing
         #expect(coffer(bob, ["fsck"]).status == 0)
     }
 
+    /// Alice's `folder`, made by `make` in her data folder, shared with bob at write and with
+    /// carol at read; all three synced, and bob's link to it placed at `/link`.
+    static func sharedWithBobAndCarol(
+        _ label: String, folder: String, link: String, make: (String) -> Void
+    ) throws -> AliceAndBob {
+        let w = try AliceAndBob(label, others: ["carol"])
+        make(w.alice)
+        #expect(coffer(w.alice, ["share", "add", folder, "bob", "--write"]).status == 0)
+        #expect(coffer(w.alice, ["share", "add", folder, "carol"]).status == 0)
+        for dir in [w.alice, w.bob, w.others["carol"] ?? ""] { #expect(coffer(dir, ["sync"]).status == 0) }
+        let id = coffer(w.bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
+        #expect(coffer(w.bob, ["share", "accept", id, "/", "--name", link]).status == 0)
+        return w
+    }
+
     /// Bob changes the top of the share (a new file there bumps the shared folder's times) while
     /// alice removes carol, which gives the folder a new key: bob's change is made again under
     /// it, and both see everything.
     @Test func aGranteesChangeAtTheTopOfTheShareOutlivesTheOwnersRotation() async throws {
-        let w = try AliceAndBob("coffer-share-write-top", others: ["carol"])
-        let (alice, bob, carol) = (w.alice, w.bob, w.others["carol"] ?? "")
-        _ = coffer(alice, ["mkdir", "projects"])
-        _ = coffer(alice, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
-        #expect(coffer(alice, ["share", "add", "projects", "bob", "--write"]).status == 0)
-        #expect(coffer(alice, ["share", "add", "projects", "carol"]).status == 0)
-        for dir in [alice, bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
-        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
-        #expect(coffer(bob, ["share", "accept", id, "/", "--name", "shared"]).status == 0)
+        let w = try Self.sharedWithBobAndCarol("coffer-share-write-top", folder: "projects", link: "shared") {
+            _ = coffer($0, ["mkdir", "projects"])
+            _ = coffer($0, ["write", "projects/notes.txt"], stdin: Array("plan".utf8))
+        }
+        let (alice, bob) = (w.alice, w.bob)
         #expect(coffer(bob, ["write", "shared/top.txt"], stdin: Array("bob's".utf8)).status == 0)
         #expect(coffer(alice, ["share", "remove", "projects", "carol"]).status == 0)
         #expect(coffer(alice, ["sync"]).status == 0)
@@ -166,15 +177,11 @@ import Testing
     /// it, writes a new document below: alice's next sync fetches bob's content under the key
     /// bob wrote it with, seals it again under the new one, and loses nothing.
     @Test func anOwnerRotatingWhileAGranteeWritesBelowKeepsTheGranteesContent() async throws {
-        let w = try AliceAndBob("coffer-share-write-rotate", others: ["carol"])
-        let (alice, bob, carol) = (w.alice, w.bob, w.others["carol"] ?? "")
-        _ = coffer(alice, ["mkdir", "-p", "g/p"])
-        _ = coffer(alice, ["write", "g/p/x.txt"], stdin: Array("x".utf8))
-        #expect(coffer(alice, ["share", "add", "g", "bob", "--write"]).status == 0)
-        #expect(coffer(alice, ["share", "add", "g", "carol"]).status == 0)
-        for dir in [alice, bob, carol] { #expect(coffer(dir, ["sync"]).status == 0) }
-        let id = coffer(bob, ["share", "pending"]).out.split(separator: "\t").first.map(String.init) ?? ""
-        #expect(coffer(bob, ["share", "accept", id, "/", "--name", "g"]).status == 0)
+        let w = try Self.sharedWithBobAndCarol("coffer-share-write-rotate", folder: "g", link: "g") {
+            _ = coffer($0, ["mkdir", "-p", "g/p"])
+            _ = coffer($0, ["write", "g/p/x.txt"], stdin: Array("x".utf8))
+        }
+        let (alice, bob) = (w.alice, w.bob)
         #expect(coffer(alice, ["share", "remove", "g", "carol"]).status == 0)  // not synced yet
         #expect(coffer(bob, ["write", "g/p/new.txt"], stdin: Array("from bob".utf8)).status == 0)
         #expect(coffer(bob, ["sync"]).status == 0)

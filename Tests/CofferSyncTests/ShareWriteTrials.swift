@@ -83,26 +83,20 @@ import Testing
             let folders = [share.folder] + below.filter { $0.type == .folder }.map(\.id)
             let there = rng.pick(folders)
             let name = rng.pick(Self.names)
+            let change: SharingDeviceTrials.FileChange
             switch kind {
-            case 0, 1:
-                try d.vault.create(in: there, name: name, type: .folder, mode: 0o755)
-            case 2, 3, 4, 5:
-                let node =
-                    try d.vault.lookup(there, name)
-                    ?? d.vault.create(in: there, name: name, type: .document, mode: 0o644)
-                guard node.type == .document else { return false }
-                try d.vault.writeAll(node.id, Array("\(account.name).\(d.name) \(rng.next())\n".utf8))
-            case 6, 7:
-                guard let f = below.isEmpty ? nil : rng.pick(below) else { return false }
-                try d.vault.rename(f.id, to: there, name: rng.pick(Self.names), mode: .noReplace)
+            case 0, 1: change = .makeFolder
+            case 2, 3, 4, 5: change = .writeDocument
+            case 6, 7: change = .move
             case 8:
                 guard let f = below.isEmpty ? nil : rng.pick(below) else { return false }
                 try d.vault.setAttributes(f.id, AttributeChanges(mode: rng.int(2) == 0 ? 0o600 : 0o644))
-            default:
-                guard let f = below.isEmpty ? nil : rng.pick(below) else { return false }
-                try d.vault.remove(f.id, recursive: true)
+                return true
+            default: change = .remove
             }
-            return true
+            return try SharingDeviceTrials.make(
+                change, d, in: there, name: name, below: below.map(\.id), label: "\(account.name).\(d.name)", end: "\n",
+                &rng) ?? false
         } catch {
             return false
         }

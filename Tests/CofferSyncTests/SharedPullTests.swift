@@ -253,7 +253,7 @@ import Testing
     /// stopped in between, so no link is left placing nothing (before, a later step of the sync
     /// removed it, and a crash in between left it for good: the next pull no longer names the
     /// share gone).
-    @Test func theFeedRemovesALinkWithItsShareInOneTransaction() async throws {
+    @Test func theFeedsMergeRemovesALinkWithItsShare() async throws {
         let w = try World(write: false)
         let bob = try Vault.open(dataDirectory: w.bob)
         let share = try #require(try bob.incomingShares().first?.id)

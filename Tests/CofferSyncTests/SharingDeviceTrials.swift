@@ -70,6 +70,34 @@ import Testing
 
     /// Runs one random step: true if it acted, false if the rules refused it, nil if it found
     /// nothing to act on.
+    /// A change to files the trials make, in a folder or to what is below it.
+    enum FileChange { case makeFolder, writeDocument, move, remove }
+
+    /// Makes `change` with `d`: a folder or a document called `name` in `folder` (the document
+    /// written with `label` and a random number, then `end`), or one of `below` moved into
+    /// `folder` under a random name, or removed. Nil when there is nothing to act on.
+    static func make(
+        _ change: FileChange, _ d: Device, in folder: FileID, name: String, below: [FileID], label: String,
+        end: String = "", _ rng: inout SplitMix
+    ) throws -> Bool? {
+        switch change {
+        case .makeFolder:
+            try d.vault.create(in: folder, name: name, type: .folder, mode: 0o755)
+        case .writeDocument:
+            let node =
+                try d.vault.lookup(folder, name) ?? d.vault.create(in: folder, name: name, type: .document, mode: 0o644)
+            guard node.type == .document else { return nil }
+            try d.vault.writeAll(node.id, Array("\(label) \(rng.next())\(end)".utf8))
+        case .move:
+            guard let f = below.isEmpty ? nil : rng.pick(below) else { return nil }
+            try d.vault.rename(f, to: folder, name: rng.pick(Self.names), mode: .noReplace)
+        case .remove:
+            guard let f = below.isEmpty ? nil : rng.pick(below) else { return nil }
+            try d.vault.remove(f, recursive: true)
+        }
+        return true
+    }
+
     func randomStep(_ accounts: [Account], _ rng: inout SplitMix) async -> Bool? {
         let account = rng.pick(accounts)
         let d = rng.pick(account.devices)
@@ -79,20 +107,10 @@ import Testing
         let kind = rng.int(12)
         do {
             switch kind {
-            case 0:
-                try d.vault.create(in: here, name: name, type: .folder, mode: 0o755)
-            case 1, 2:
-                let node =
-                    try d.vault.lookup(here, name)
-                    ?? d.vault.create(in: here, name: name, type: .document, mode: 0o644)
-                guard node.type == .document else { return nil }
-                try d.vault.writeAll(node.id, Array("\(d.name) \(rng.next())".utf8))
-            case 3:
-                guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return nil }
-                try d.vault.rename(f, to: here, name: rng.pick(Self.names), mode: .noReplace)
-            case 4:
-                guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return nil }
-                try d.vault.remove(f, recursive: true)
+            case 0...4:
+                let change: FileChange = [.makeFolder, .writeDocument, .writeDocument, .move, .remove][kind]
+                guard try Self.make(change, d, in: here, name: name, below: folders, label: d.name, &rng) != nil
+                else { return nil }
             case 5, 6:  // share a folder with another account, change its mode, or revoke
                 guard let f = folders.isEmpty ? nil : rng.pick(folders) else { return nil }
                 let other = rng.pick(accounts.filter { $0 !== account })
@@ -134,22 +152,12 @@ import Testing
                 try walk(s.id)
                 let folders = [s.id] + inside.filter { $0.type == .folder }.map(\.id)
                 let there = rng.pick(folders)
-                switch rng.int(5) {
-                case 0:
-                    try d.vault.create(in: there, name: name, type: .folder, mode: 0o755)
-                case 1, 2:
-                    let node =
-                        try d.vault.lookup(there, name)
-                        ?? d.vault.create(in: there, name: name, type: .document, mode: 0o644)
-                    guard node.type == .document else { return nil }
-                    try d.vault.writeAll(node.id, Array("\(account.name).\(d.name) \(rng.next())".utf8))
-                case 3:
-                    guard let f = inside.isEmpty ? nil : rng.pick(inside) else { return nil }
-                    try d.vault.rename(f.id, to: there, name: rng.pick(Self.names), mode: .noReplace)
-                default:
-                    guard let f = inside.isEmpty ? nil : rng.pick(inside) else { return nil }
-                    try d.vault.remove(f.id, recursive: true)
-                }
+                let change: FileChange = [.makeFolder, .writeDocument, .writeDocument, .move, .remove][rng.int(5)]
+                guard
+                    try Self.make(
+                        change, d, in: there, name: name, below: inside.map(\.id), label: "\(account.name).\(d.name)",
+                        &rng) != nil
+                else { return nil }
             }
             if debug { print("step ok: \(account.name).\(d.name) kind \(kind)") }
             return true

@@ -49,24 +49,10 @@ extension PullMerge {
     /// Every key `id` had in a tree this merge sees (the old base, this device's unpushed
     /// records, the pulled ones, the merge's), each unwrapped under every such key of its
     /// parent. What was sealed under a key that lost a rotation opens with one of these.
-    mutating func knownKeys(_ id: FileID, depth: Int = 0) throws -> [SymmetricKey] {
-        if let k = knownKeyMemo[id] { return k }
-        knownKeyMemo[id] = []  // a cycle finds nothing more
-        var out: [SymmetricKey] = []
-        for v in try versions(id) {
-            if let k = try? view.access.directKey(of: v) {
-                if !out.contains(k) { out.append(k) }
-                continue
-            }
-            guard !v.isRoot, depth <= TreeLimits.maxDepth else { continue }
-            for parentKey in try knownKeys(v.parent, depth: depth + 1) {
-                if let k = try? KeyWrap.unwrap(v.wrappedKey, with: parentKey, fileID: id.bytes), !out.contains(k) {
-                    out.append(k)
-                }
-            }
-        }
-        knownKeyMemo[id] = out
-        return out
+    mutating func knownKeys(_ id: FileID) throws -> [SymmetricKey] {
+        var memo = knownKeyMemo
+        defer { knownKeyMemo = memo }
+        return try view.access.keysEver(id, memo: &memo, versions: versions)
     }
 
     /// The records of `id` this merge sees: old base, unpushed local, pulled, merged.

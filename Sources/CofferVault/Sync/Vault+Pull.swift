@@ -285,36 +285,14 @@ extension Vault {
     /// none opens it.
     func keyUnderEarlierKeys(
         _ id: FileID, pulled files: [RemoteFile], _ access: any KeyAccess
-    ) throws
-        -> SymmetricKey?
-    {
+    ) throws -> SymmetricKey? {
         let pulled = Dictionary(
             files.map { ($0.signed.metadata.id, $0.signed.metadata) }, uniquingKeysWith: { a, _ in a })
         return try store.read { r in
             var memo: [FileID: [SymmetricKey]] = [:]
-            func keys(_ id: FileID, _ depth: Int) throws -> [SymmetricKey] {
-                if let k = memo[id] { return k }
-                memo[id] = []
-                var out: [SymmetricKey] = []
-                let versions = [pulled[id], try r.file(id, .local)?.metadata, try r.file(id, .base)?.metadata]
-                for case let v? in versions {
-                    if let k = try? access.directKey(of: v) {
-                        if !out.contains(k) { out.append(k) }
-                        continue
-                    }
-                    guard !v.isRoot, depth <= TreeLimits.maxDepth else { continue }
-                    for parentKey in try keys(v.parent, depth + 1) {
-                        if let k = try? KeyWrap.unwrap(v.wrappedKey, with: parentKey, fileID: id.bytes),
-                            !out.contains(k)
-                        {
-                            out.append(k)
-                        }
-                    }
-                }
-                memo[id] = out
-                return out
-            }
-            return try keys(id, 0).first
+            return try access.keysEver(id, memo: &memo) { id in
+                [pulled[id], try r.file(id, .local)?.metadata, try r.file(id, .base)?.metadata].compactMap { $0 }
+            }.first
         }
     }
 

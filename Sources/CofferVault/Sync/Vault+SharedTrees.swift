@@ -273,7 +273,10 @@ extension Vault {
         let user = username
         let key = try recoveryKey()
         let me = accountID
-        let links = try liveLinks()
+        // Only a pull that names files gone or brings deletions can take a share out of reach;
+        // finding the links reads the account's whole tree, which most pulls need not.
+        let shrinks = !gone.isEmpty || files.contains { $0.stored.effectiveMetadata.isDeleted }
+        let links = shrinks ? try liveLinks() : []
         try store.write { w in
             // The shares the links place that the mirror held before this pull.
             var heldBefore: Set<FileID> = []
@@ -572,18 +575,15 @@ extension Vault {
             expectedNameMAC: held.signed.metadata.name.mac, expectedRevision: held.signed.revision)
     }
 
-    /// Removes the links of this account's tree whose share is gone (revoked, given up, or its
-    /// file deleted), as Lockbook's sync does: a link is never left placing nothing. The
-    /// removal is a local change like any other, pushed with the sync. Returns how many went.
-    ///
-    /// Also removes a link this device made but has not pushed when another link to the same
-    /// share already stands (two devices of the account accepted it while apart): the server
-    /// keeps one live link per share per account, and would refuse the push for ever.
-    ///
-    /// A share is gone when the server said so (`gone`, this pull) or when the device holds it
-    /// deleted or out of reach; one it never held (refused by the rules, or not sent yet), or
-    /// cannot read now, is not.
-    public func removeBrokenLinks(gone: Set<FileID> = []) throws -> Int {
+    /// After a share was accepted here: removes a link this device made but has not pushed when
+    /// another link to the same share already stands (two devices of the account accepted it
+    /// while apart: the server keeps one live link per share per account, and would refuse the
+    /// push for ever), and any link whose share the device holds deleted or out of reach (a pull
+    /// of the feed removes those as it takes the share away, `applyFeed`; one made meanwhile
+    /// elsewhere may arrive after). One it never held (refused by the rules, or not sent yet),
+    /// or cannot read now, stays. The removal is a local change like any other, pushed with the
+    /// sync. Returns how many went.
+    public func removeBrokenLinks() throws -> Int {
         var removed = 0
         var byTarget: [FileID: [FileID]] = [:]
         for (link, target) in try liveLinks() {
@@ -593,7 +593,7 @@ extension Vault {
                 held = try store.readOne { try $0.sharedFile(target) } != nil
                 type = try sharedLiveType(target)
             } catch { continue }
-            if type == nil && (held || gone.contains(target)) {
+            if type == nil && held {
                 try remove(link)
                 removed += 1
             } else {
