@@ -13,10 +13,11 @@
    the token on itself (`coffer_fuse_reader_hand_on`) when this one may block.
 
    A short request can still block (a lock held by a sync or by the CLI): then every other
-   request would wait behind it. Waiting workers therefore wake now and then, and one that finds
-   the holder inside a single request for longer than the stall time takes the token over and
-   reads. They wake every stall time while requests flow and once a second when the mount is
-   idle, so a stall is broken within that.
+   request would wait behind it. Waiting workers therefore wake every stall time while requests
+   flow, and one that finds the holder inside a single request for longer than the stall time
+   takes the token over and reads. Once a look finds no request served and the holder waiting
+   for the next one, they sleep until the holder starts handling one or hands the token on
+   (`kicks`), so an idle mount wakes no thread at all.
 
    Invariant: the semaphore is posted exactly when no worker holds the token. */
 
@@ -52,6 +53,9 @@ struct coffer_fuse_reader {
     long handling_since;  /* when the holder began its current request; 0 while it reads */
     unsigned long served; /* requests read, the waiters' sign that the mount is busy */
     unsigned long takeovers;
+    pthread_cond_t busy;  /* broadcast when `kicks` moves */
+    unsigned long kicks;  /* the holder began handling a request, or handed the token on */
+    int idle_waiters;     /* workers asleep on `busy` */
 };
 
 /* libfuse's custom I/O callbacks receive the descriptor and the session's userdata (the
@@ -109,14 +113,27 @@ int coffer_fuse_request_may_take_long(const void *buf, size_t n) {
     }
 }
 
+/* Wakes the workers asleep while the mount was idle. Called with `r->lock` held. */
+static void kick_locked(struct coffer_fuse_reader *r) {
+    if (r->idle_waiters > 0) {
+        r->kicks += 1;
+        pthread_cond_broadcast(&r->busy);
+    }
+}
+
 /* Gives the token up if this worker holds it. Called with `r->lock` held. */
 static void give_up_locked(struct coffer_fuse_reader *r) {
     if (holds_token(r)) {
         r->held = 0;
         r->handling_since = 0;
         sem_post(&r->token);
+        kick_locked(r);
     }
 }
+
+/* libfuse cancels its workers at exit, possibly while one sleeps on `busy`, which it leaves
+   holding the lock. */
+static void unlock_on_cancel(void *lock) { pthread_mutex_unlock(lock); }
 
 void coffer_fuse_reader_hand_on(struct coffer_fuse_reader *r) {
     if (r == NULL) return;
@@ -168,8 +185,18 @@ static int take_token(struct coffer_fuse_reader *r) {
             pthread_mutex_unlock(&r->lock);
             return 0;
         }
-        /* Requests flowing since the last look: look again soon. */
-        wait_ns = r->served != seen ? r->stall_ns : 1000000000L;
+        if (r->served == seen && r->held && since == 0) {
+            /* Idle: nothing served since the last look and the holder waits for a request.
+               Sleep until it starts one (then watch it for a stall) or hands the token on. */
+            unsigned long kicks = r->kicks;
+            r->idle_waiters += 1;
+            pthread_cleanup_push(unlock_on_cancel, &r->lock);
+            while (r->kicks == kicks) pthread_cond_wait(&r->busy, &r->lock);
+            pthread_cleanup_pop(0);
+            r->idle_waiters -= 1;
+        }
+        /* Requests flowing (or one just begun): look again soon. */
+        wait_ns = r->stall_ns;
         seen = r->served;
         pthread_mutex_unlock(&r->lock);
     }
@@ -194,8 +221,12 @@ static ssize_t read_request(int fd, void *buf, size_t len, void *userdata) {
             int may_take_long = coffer_fuse_request_may_take_long(buf, (size_t)n);
             pthread_mutex_lock(&r->lock);
             r->served += 1;
-            if (may_take_long) give_up_locked(r);
-            else if (holds_token(r)) r->handling_since = monotonic_ns();
+            if (may_take_long) {
+                give_up_locked(r);
+            } else if (holds_token(r)) {
+                r->handling_since = monotonic_ns();
+                kick_locked(r);
+            }
             pthread_mutex_unlock(&r->lock);
             return n;
         }
@@ -237,6 +268,12 @@ int coffer_fuse_reader_install(struct fuse_session *se, long spin_ns, long stall
         free(r);
         return -ENOMEM;
     }
+    if (pthread_cond_init(&r->busy, NULL) != 0) {
+        pthread_mutex_destroy(&r->lock);
+        sem_destroy(&r->token);
+        free(r);
+        return -ENOMEM;
+    }
     r->fd = fd;
     r->spin_ns = spin_ns;
     r->stall_ns = stall_ns > 0 ? stall_ns : 1;
@@ -260,6 +297,7 @@ void coffer_fuse_reader_free(struct coffer_fuse_reader *r) {
     struct coffer_fuse_reader *expected = r;
     atomic_compare_exchange_strong(&readers[r->fd], &expected, NULL);
     sem_destroy(&r->token);
+    pthread_cond_destroy(&r->busy);
     pthread_mutex_destroy(&r->lock);
     free(r);
 }

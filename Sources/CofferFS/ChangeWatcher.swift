@@ -5,26 +5,52 @@ import Foundation
 import Synchronization
 
 /// Keeps the kernel's caches true when the store changes behind its back (a `coffer` command,
-/// later the sync routine): polls the store's change log and invalidates the affected dentries,
-/// attributes and cached pages. Runs on its own thread, never inside a request handler, because
-/// a notification sent from a handler can deadlock the kernel. Being the daemon's one periodic
-/// thread, it also hands freed memory back to the system (`MountService.returnFreedMemory`).
+/// the sync routine): reads the store's change log whenever the store's log file changes
+/// (inotify on the data directory, so an idle mount does no work at all) and invalidates the
+/// affected dentries, attributes and cached pages. Runs on its own thread, never inside a
+/// request handler, because a notification sent from a handler can deadlock the kernel. It also
+/// writes the folder times the mount coalesces, tells `onStoreChange` (the sync scheduler) that
+/// the store changed, and hands freed memory back to the system after activity
+/// (`MountService.returnFreedMemory`).
 public final class ChangeWatcher: Sendable {
     let fs: CofferFileSystem
     let session: FuseSession
+    /// Shortest time between two reads of the change log: a burst of commits is read in steps
+    /// of this, not once per commit.
     let interval: Double
+    let onStoreChange: @Sendable () -> Void
     let stopped = Atomic<Bool>(false)
     let finished = Mutex<Bool>(false)
+    /// Written to wake the thread for `stop`.
+    let stopPipe: (read: Int32, write: Int32)
 
-    public init(fs: CofferFileSystem, session: FuseSession, interval: Double = 0.2) {
+    public init(
+        fs: CofferFileSystem, session: FuseSession, interval: Double = 0.2,
+        onStoreChange: @escaping @Sendable () -> Void = {}
+    ) {
         self.fs = fs
         self.session = session
         self.interval = interval
+        self.onStoreChange = onStoreChange
+        var fds: [Int32] = [-1, -1]
+        if pipe(&fds) == 0 {
+            for fd in fds {
+                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+                _ = fcntl(fd, F_SETFL, O_NONBLOCK)
+            }
+        } else {
+            fds = [-1, -1]
+        }
+        stopPipe = (fds[0], fds[1])
     }
 
-    /// How often freed memory goes back to the system (`MountService.returnFreedMemory`):
-    /// every 5 ticks, once a second at the default interval.
-    static let ticksPerTrim = 5
+    deinit {
+        if stopPipe.read >= 0 { close(stopPipe.read) }
+        if stopPipe.write >= 0 { close(stopPipe.write) }
+    }
+
+    /// How long after activity freed memory goes back to the system.
+    static let trimDelay = 1.0
 
     public func start() {
         let t = Thread { [self] in self.loop() }
@@ -34,26 +60,70 @@ public final class ChangeWatcher: Sendable {
 
     public func stop() {
         stopped.store(true, ordering: .relaxed)
+        var one: UInt8 = 1
+        if stopPipe.write >= 0 { _ = write(stopPipe.write, &one, 1) }
         let deadline = Date().addingTimeInterval(5)
         while !finished.withLock({ $0 }) && Date() < deadline { usleep(10_000) }
     }
 
     private func loop() {
         defer { finished.withLock { $0 = true } }
-        var ticks = 0
+        let storeFile = (fs.vault.storeDatabasePath as NSString).lastPathComponent
+        let directory = (fs.vault.storeDatabasePath as NSString).deletingLastPathComponent
+        let events = StoreEvents(directory: directory, file: storeFile)
+        if events == nil {
+            fs.log("cannot watch \(directory) for changes (inotify); reading the change log every \(interval) s")
+        }
+        var lastRefresh = -Double.infinity
+        var lastActivity: Double?
         while !stopped.load(ordering: .relaxed) {
-            usleep(UInt32(interval * 1_000_000))
+            // Without an event, only pending folder times or memory to give back wake the thread.
+            let t = Self.now()
+            var timeout: Int32 = -1
+            if events == nil || fs.vault.hasPendingFolderTimes {
+                timeout = Int32(interval * 1000)
+            } else if let a = lastActivity {
+                timeout = Int32(max(0, (a + Self.trimDelay - t) * 1000))
+            }
+            var fds = [
+                pollfd(fd: events?.fd ?? -1, events: Int16(POLLIN), revents: 0),
+                pollfd(fd: stopPipe.read, events: Int16(POLLIN), revents: 0),
+            ]
+            let ready = poll(&fds, 2, timeout)
             if stopped.load(ordering: .relaxed) { break }
-            ticks &+= 1
-            if ticks % Self.ticksPerTrim == 0 { MountService.returnFreedMemory() }
+            var changed = events == nil || (ready > 0 && events?.drain() == true)
+            if let a = lastActivity, Self.now() - a >= Self.trimDelay {
+                MountService.returnFreedMemory()
+                lastActivity = nil
+            }
+            if fs.vault.hasPendingFolderTimes {
+                do { try fs.vault.flushFolderTimes() } catch { fs.log("writing folder times failed: \(error)") }
+                changed = true
+            }
+            guard changed else { continue }
+            // A burst of commits is read in steps of `interval`: what arrives meanwhile is read
+            // with it.
+            let wait = lastRefresh + interval - Self.now()
+            if wait > 0 {
+                usleep(UInt32(wait * 1_000_000))
+                _ = events?.drain()
+            }
+            lastRefresh = Self.now()
+            lastActivity = lastRefresh
             do {
-                try fs.vault.flushFolderTimes()
                 let changed = try fs.vault.refreshAll()
                 if !changed.isEmpty { invalidate(changed) }
             } catch {
                 fs.log("refresh failed: \(error)")
             }
+            onStoreChange()
         }
+    }
+
+    static func now() -> Double {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 
     /// Tells the kernel what changed, for the inodes it holds: each changed file's attributes and
@@ -81,5 +151,52 @@ public final class ChangeWatcher: Sendable {
             try? session.invalidateInode(ino)
         }
         for p in parents { try? session.invalidateInode(p) }
+    }
+}
+
+/// inotify on the store's folder, for events on the store's files (the database, its log and
+/// its shared memory index): every commit of any process writes the log.
+final class StoreEvents {
+    let fd: Int32
+    let file: String
+
+    init?(directory: String, file: String) {
+        let fd = inotify_init1(Int32(O_NONBLOCK | O_CLOEXEC))
+        guard fd >= 0 else { return nil }
+        let mask = UInt32(IN_MODIFY) | UInt32(IN_CREATE) | UInt32(IN_MOVED_TO)
+        guard inotify_add_watch(fd, directory, mask) >= 0 else {
+            close(fd)
+            return nil
+        }
+        self.fd = fd
+        self.file = file
+    }
+
+    deinit { close(fd) }
+
+    /// Reads every queued event; whether one was about the store (not the log file or others
+    /// in the folder).
+    func drain() -> Bool {
+        var about = false
+        let size = 16 * 1024
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 8)
+        defer { buffer.deallocate() }
+        let header = MemoryLayout<inotify_event>.size
+        while true {
+            let n = read(fd, buffer, size)
+            guard n > 0 else { break }
+            var offset = 0
+            while offset + header <= n {
+                let length = Int(buffer.load(fromByteOffset: offset + 12, as: UInt32.self))
+                let nameStart = offset + header
+                guard nameStart + length <= n else { break }
+                if length > 0 {
+                    let name = buffer.advanced(by: nameStart).assumingMemoryBound(to: CChar.self)
+                    if String(cString: name).hasPrefix(file) { about = true }
+                }
+                offset = nameStart + length
+            }
+        }
+        return about
     }
 }

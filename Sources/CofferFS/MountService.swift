@@ -24,6 +24,17 @@ public final class FileLogger: Sendable {
     }
 }
 
+/// Background work the mount runs beside the filesystem (the sync scheduler): told whenever the
+/// store changed, stopped at unmount.
+public struct MountServices: Sendable {
+    public var storeChanged: @Sendable () -> Void
+    public var stop: @Sendable () -> Void
+    public init(storeChanged: @escaping @Sendable () -> Void, stop: @escaping @Sendable () -> Void) {
+        self.storeChanged = storeChanged
+        self.stop = stop
+    }
+}
+
 public struct MountError: Error, CustomStringConvertible {
     public let description: String
     public init(_ d: String) { description = d }
@@ -147,10 +158,10 @@ public enum MountService {
     /// Mounts `vault` at `mountPoint` and serves until unmounted or signalled. `ready` runs once
     /// the kernel has the mount.
     /// `services`, if given, starts background work (the sync scheduler) once serving; it gets a
-    /// function that tells the kernel about changed files and returns a function that stops it.
+    /// function that tells the kernel about changed files.
     public static func serve(
         vault: Vault, mountPoint: String, options: [String], logger: FileLogger,
-        services: (@Sendable (_ changed: @escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil,
+        services: (@Sendable (_ changed: @escaping @Sendable (Set<FileID>) -> Void) -> MountServices)? = nil,
         ready: @escaping @Sendable () -> Void
     ) throws {
         let log: @Sendable (String) -> Void = { logger.log($0) }
@@ -172,13 +183,17 @@ public enum MountService {
             t.name = "coffer-readahead"
             t.start()
         }
-        let watcher = ChangeWatcher(fs: fs, session: session)
-        let stopServices = services?({ ids in
+        // The watcher tells the kernel what the services changed, and the services what the
+        // store's watcher saw: each needs the other, so the second link is made after both exist.
+        let started = Mutex<MountServices?>(nil)
+        let watcher = ChangeWatcher(fs: fs, session: session) { started.withLock { $0 }?.storeChanged() }
+        let running = services?({ ids in
             vault.adoptExternalContent(ids)
             watcher.invalidate(ids)
         })
+        started.withLock { $0 = running }
         fs.beforeDestroy = {
-            stopServices?()
+            running?.stop()
             watcher.stop()
         }
         watcher.start()

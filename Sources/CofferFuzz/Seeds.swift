@@ -194,6 +194,27 @@
                             ])
                         ),
                         ("none", ChunkBundle.encode([])),
+                        (
+                            "content-bundle",
+                            ContentBundle(
+                                chunks: [ContentBundle.Chunk(id: [UInt8](repeating: 3, count: 32), sealed: [9, 9])],
+                                manifests: [
+                                    ContentBundle.Manifest(
+                                        fileID: [UInt8](repeating: 4, count: 16),
+                                        digest: [UInt8](repeating: 5, count: 32),
+                                        sealed: [1, 2, 3], chunkIDs: [[UInt8](repeating: 3, count: 32)])
+                                ]
+                            ).encoded()
+                        ),
+                        (
+                            "manifest-bundle",
+                            ManifestBundle.encode([
+                                ManifestBundle.Entry(
+                                    fileID: [UInt8](repeating: 6, count: 16), digest: [UInt8](repeating: 7, count: 32),
+                                    sealed: [4, 5]),
+                                ManifestBundle.Entry(fileID: [UInt8](repeating: 8, count: 16), digest: [], sealed: nil),
+                            ])
+                        ),
                     ]
                 ),
                 (.messages, messageSeeds),

@@ -79,10 +79,27 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         _ = m.size
     }
 
+    /// The binary bundles: `ChunkBundle` (chunks from a server), `ContentBundle` (content to a
+    /// server) and `ManifestBundle` (manifests from a server), each decoding to what encodes to
+    /// the same bytes again.
     static func chunkBundle(_ bytes: [UInt8]) {
-        guard let chunks = ChunkBundle.decode(bytes) else { return }
-        check(chunks.allSatisfy { $0.id.count == 32 }, "ChunkBundle gave a chunk id that is not 32 bytes")
-        check(ChunkBundle.encode(chunks) == bytes, "ChunkBundle re-encodes to other bytes")
+        if let chunks = ChunkBundle.decode(bytes) {
+            check(chunks.allSatisfy { $0.id.count == 32 }, "ChunkBundle gave a chunk id that is not 32 bytes")
+            check(ChunkBundle.encode(chunks) == bytes, "ChunkBundle re-encodes to other bytes")
+        }
+        if let bundle = ContentBundle(decoding: bytes) {
+            check(bundle.chunks.allSatisfy { $0.id.count == 32 }, "ContentBundle gave a chunk id that is not 32 bytes")
+            check(
+                bundle.manifests.allSatisfy { $0.fileID.count == 16 && $0.digest.count == 32 },
+                "ContentBundle gave a malformed manifest")
+            // Chunks are encoded before manifests, so only a bundle in that order comes back whole.
+            let ordered = bytes.count >= 8 && bundle.encoded() == bytes
+            check(ordered || ContentBundle(decoding: bundle.encoded()) == bundle, "ContentBundle does not round-trip")
+            check(bundle.encoded().count == bundle.encodedSize, "ContentBundle's size estimate is off")
+        }
+        if let entries = ManifestBundle.decode(bytes) {
+            check(ManifestBundle.encode(entries) == bytes, "ManifestBundle re-encodes to other bytes")
+        }
     }
 
     static func packLocator(_ bytes: [UInt8]) {
@@ -139,6 +156,9 @@ enum FuzzTarget: String, CaseIterable, Sendable {
         ("ErrorResponse", { json($0, as: ErrorResponse.self) { _ in } }),
         // New messages go last, so the first byte of the corpus inputs keeps its meaning.
         ("ServerInfoResponse", { json($0, as: ServerInfoResponse.self) { _ in } }),
+        ("WatchRequest", { json($0, as: WatchRequest.self) { _ in } }),
+        ("WatchResponse", { json($0, as: WatchResponse.self) { _ in } }),
+        ("ManyManifestsRequest", { json($0, as: ManyManifestsRequest.self) { _ in } }),
     ]
 
     static func messages(_ bytes: [UInt8]) {

@@ -25,6 +25,9 @@ public enum API {
     public static let updatesPageSize = 5000
     /// Most bytes of records (as JSON, estimated from their lengths) one updates response carries.
     public static let updatesPageBytes = 16 * 1024 * 1024
+    /// Longest a watch (`POST /v1/watch`) is held open before it is answered unchanged: well
+    /// inside clients' 60 s request deadline and proxies' usual idle limits.
+    public static let maxWatchSeconds = 25
 }
 
 /// `GET /v1/server` (unauthenticated): the server's identity, which every request signature
@@ -162,6 +165,40 @@ public struct UpdatesRequest: Codable, Sendable {
         self.shared = shared
         self.feedOnly = feedOnly
         self.origin = origin
+    }
+}
+
+/// `POST /v1/watch`: a long poll. Answered at once when the caller's view moved past what the
+/// device says it has seen (its own tree past `since`, its share feed past `feedSince`, its
+/// contact book past `contactsRevision`), else as soon as it moves, or with `changed: false`
+/// after about `wait` seconds (the server caps it at `API.maxWatchSeconds`). What changed is not
+/// said: the device syncs, as it would on any other nudge (docs/SYNC.md, "Live").
+public struct WatchRequest: Codable, Sendable {
+    public var since: Int64
+    public var feedSince: Int64?
+    public var contactsRevision: Int64?
+    public var wait: Int?
+    public init(since: Int64, feedSince: Int64? = nil, contactsRevision: Int64? = nil, wait: Int? = nil) {
+        self.since = since
+        self.feedSince = feedSince
+        self.contactsRevision = contactsRevision
+        self.wait = wait
+    }
+}
+
+/// Where the caller's view stands: its tree's version, its feed's newest version, its contact
+/// book's revision. A device watches again from these, so an answer it already acted on does
+/// not wake it twice.
+public struct WatchResponse: Codable, Sendable {
+    public var changed: Bool
+    public var latest: Int64
+    public var feedLatest: Int64
+    public var contactsRevision: Int64
+    public init(changed: Bool, latest: Int64, feedLatest: Int64, contactsRevision: Int64) {
+        self.changed = changed
+        self.latest = latest
+        self.feedLatest = feedLatest
+        self.contactsRevision = contactsRevision
     }
 }
 

@@ -86,15 +86,19 @@ extension CofferServer {
 
         let owner = ownerID.map { Data($0.bytes) } ?? caller
         var released: [ChunkKey] = []
+        var told: Set<Data> = []
         let outcome: Result<Int64, OrphanedWrites> = try guarded {
             do {
-                return .success(try upsertBatch(owner: owner, caller: caller, decoded, released: &released))
+                return .success(
+                    try upsertBatch(owner: owner, caller: caller, decoded, released: &released, told: &told))
             } catch let o as OrphanedWrites {
                 return .failure(o)
             }
         }
         switch outcome {
         case .success(let version):
+            // The owner's devices and every grantee whose feed moved learn of it at once.
+            notifier.notify(told.union([owner]))
             // Content after metadata: chunks no manifest lists any more go once the batch is in.
             try? releaseChunks(released)
             return UpsertResponse(version: version)
@@ -119,7 +123,7 @@ extension CofferServer {
 
     /// The one write transaction of an upsert (see `upsert`).
     private func upsertBatch(
-        owner: Data, caller: Data, _ decoded: [Decoded], released: inout [ChunkKey]
+        owner: Data, caller: Data, _ decoded: [Decoded], released: inout [ChunkKey], told: inout Set<Data>
     ) throws -> Int64 {
         try metadata.write { tx -> Int64 in
             if owner != caller, try tx.account(key: caller) == nil {
@@ -151,6 +155,7 @@ extension CofferServer {
             }
             if plan.changed.isEmpty && plan.marked.isEmpty { return account.version }
             let v = try apply(plan, owner: owner, view: view, released: &released, tx: tx)
+            told.formUnion(plan.feed.keys)
             // Records count against the quota of the tree's owner (`QuotaRule`): a batch
             // that leaves usage above the quota is refused unless it lowers usage (as
             // deleting content does).

@@ -24,6 +24,8 @@ public final class CofferServer: Sendable {
     /// Milliseconds since the epoch; injectable for tests.
     let clock: @Sendable () -> Int64
     let lastNoncePurge: Mutex<Int64> = Mutex(0)
+    /// Wakes the watches of accounts whose view a request changed.
+    public let notifier = ChangeNotifier()
     /// Largest `chunks/get` response (the bundle is streamed, so this bounds what the client must
     /// hold, not the server's memory).
     public let maxChunkResponseBytes: Int
@@ -313,6 +315,29 @@ public final class CofferServer: Sendable {
                 try tx.setContactBook(account: caller, sealed: sealed, revision: req.revision)
             }
         }
+        notifier.notify([caller])
+    }
+
+    /// Where the caller's view stands against what a watching device has seen (`WatchRequest`):
+    /// `changed` when its tree, its feed or its contact book moved past that.
+    public func watchState(caller: Data, _ req: WatchRequest) throws(ServerError) -> WatchResponse {
+        guard req.since >= 0, (req.feedSince ?? 0) >= 0, (req.contactsRevision ?? 0) >= 0 else {
+            throw .badRequest("a watch's cursors are not negative")
+        }
+        return try guarded {
+            try metadata.read { tx in
+                guard let account = try tx.account(key: caller) else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let feedLatest = try tx.feedLatest(account: caller)
+                let contacts = try tx.contactBook(account: caller).revision
+                let changed =
+                    account.version > req.since || req.feedSince.map { feedLatest > $0 } == true
+                    || req.contactsRevision.map { contacts > $0 } == true
+                return WatchResponse(
+                    changed: changed, latest: account.version, feedLatest: feedLatest, contactsRevision: contacts)
+            }
+        }
     }
 
     public func createAccount(caller: Data, _ req: CreateAccountRequest) throws(ServerError) -> AccountResponse {
@@ -512,9 +537,10 @@ public final class CofferServer: Sendable {
         let quotaError = ServerError.quotaExceeded(
             "storing this chunk would exceed the account's quota of \(quotaBytes) bytes")
         guard fitsQuota(used: account.bytesUsed, adding: counted) else { throw quotaError }
-        let staged = try guarded { try content.stage(key, bytes: bytes) }
+        let inline = bytes.count <= Self.inlineChunkBytes
+        let staged = inline ? nil : try guarded { try content.stage(key, bytes: bytes) }
         var published = false
-        defer { if !published { content.discard(staged) } }
+        defer { if !published, let staged { content.discard(staged) } }
         let stored: Bool = try guarded {
             try metadata.write { tx in
                 guard let a = try tx.lockAccount(key: owner) else {
@@ -522,20 +548,124 @@ public final class CofferServer: Sendable {
                 }
                 if try !tx.presentChunks(account: owner, ids: [id]).isEmpty { return true }  // another upload won
                 guard fitsQuota(used: a.bytesUsed, adding: counted) else { return false }
-                try content.publish(staged)
-                published = true
-                _ = try tx.insertChunk(key, size: Int64(bytes.count), createdAt: now)
+                if let staged {
+                    try content.publish(staged)
+                    published = true
+                }
+                _ = try tx.insertChunk(
+                    key, size: Int64(bytes.count), createdAt: now, inline: inline ? Data(bytes) : nil)
                 return true
             }
         }
         if !stored { throw quotaError }
     }
 
+    /// Chunks up to this size (sealed) are kept inline in the metadata store: written with the
+    /// transaction that records them, with no file and no fsync of their own. A small file's
+    /// whole content is one such chunk, so a bundle of thousands of them is one commit.
+    /// Larger chunks go to the content store, where a file and its fsync are small next to the
+    /// bytes.
+    public static let inlineChunkBytes = 64 * 1024
+
+    /// Stores a bundle of chunks and manifests (`POST /v1/content`, docs/PROTOCOL.md): all of
+    /// it, in one metadata transaction, or nothing. Chunks already stored are skipped; each
+    /// manifest must list only chunks stored (in this bundle or before) and belong to the
+    /// namespace the bundle writes to (the caller's, or `via`'s owner's). Idempotent, so a
+    /// client interrupted mid-push sends again only what the server still lacks.
+    public func putContent(caller: Data, _ bundle: ContentBundle, via: Data? = nil) throws(ServerError) {
+        for c in bundle.chunks {
+            guard c.id.count == 32 else { throw .badRequest("a chunk id has 32 bytes") }
+        }
+        for m in bundle.manifests {
+            guard m.fileID.count == 16 else { throw .badRequest("a file id has 16 bytes") }
+            guard m.digest.count == 32, blake2b(m.sealed) == m.digest else {
+                throw .badRequest("digest is not the BLAKE2b-256 of the sealed manifest")
+            }
+        }
+        let (owner, present) = try guarded {
+            try metadata.read { tx in
+                guard try tx.account(key: caller) != nil else {
+                    throw ServerError.unauthorized("no account has this key")
+                }
+                let owner = try contentOwner(caller: caller, via: via, needs: .write, tx: tx)
+                return (owner, try tx.presentChunks(account: owner, ids: bundle.chunks.map { Data($0.id) }))
+            }
+        }
+        // New chunks, each once; the large ones staged (written and synced) before the
+        // transaction, as a lone chunk upload does.
+        var seen: Set<[UInt8]> = []
+        let fresh = bundle.chunks.filter { !present.contains(Data($0.id)) && seen.insert($0.id).inserted }
+        var staged: [[UInt8]: StagedChunk] = [:]
+        var published: Set<[UInt8]> = []
+        defer { for (id, s) in staged where !published.contains(id) { content.discard(s) } }
+        for c in fresh where c.sealed.count > Self.inlineChunkBytes {
+            staged[c.id] = try guarded { try content.stage(ChunkKey(account: owner, id: Data(c.id)), bytes: c.sealed) }
+        }
+        do {
+            try guarded { try storeBundle(bundle, fresh: fresh, staged: staged, owner: owner, published: &published) }
+        } catch {
+            // Published, then rolled back: the files go too (cleanup would remove them later).
+            for id in published { try? content.delete(ChunkKey(account: owner, id: Data(id))) }
+            throw error
+        }
+    }
+
+    /// The transaction of `putContent`: everything is checked before any chunk is published.
+    private func storeBundle(
+        _ bundle: ContentBundle, fresh: [ContentBundle.Chunk], staged: [[UInt8]: StagedChunk], owner: Data,
+        published: inout Set<[UInt8]>
+    ) throws {
+        try metadata.write { tx in
+            guard let account = try tx.lockAccount(key: owner) else {
+                throw ServerError.unauthorized("no account has this key")
+            }
+            var adding: Int64 = 0
+            for c in fresh { adding &+= QuotaRule.counted(chunk: Int64(c.sealed.count)) }
+            for m in bundle.manifests { adding &+= QuotaRule.counted(row: Int64(m.sealed.count)) }
+            guard adding >= 0, fitsQuota(used: account.bytesUsed, adding: adding) else {
+                throw ServerError.quotaExceeded(
+                    "storing this content would exceed the account's quota of \(quotaBytes) bytes")
+            }
+            // Every manifest's chunks are stored or in the bundle, and every manifest is the
+            // namespace's, before anything is written.
+            let carried = Set(bundle.chunks.map { Data($0.id) })
+            for m in bundle.manifests {
+                // A stored document's content is its owner's; a new one's, the bundle's.
+                if let stored = try tx.file(id: Data(m.fileID)), stored.account != owner {
+                    throw ServerError.forbidden(Self.unusableFileID(Data(m.fileID)))
+                }
+                let ids = Set(m.chunkIDs.map { Data($0) }).subtracting(carried)
+                guard try tx.presentChunks(account: owner, ids: Array(ids)).count == ids.count else {
+                    throw ServerError.conflict(
+                        "a manifest lists chunks that are not on the server; send them first")
+                }
+            }
+            for c in fresh {
+                let key = ChunkKey(account: owner, id: Data(c.id))
+                if let s = staged[c.id] {
+                    if try !tx.presentChunks(account: owner, ids: [key.id]).isEmpty { continue }
+                    try content.publish(s)
+                    published.insert(c.id)
+                    _ = try tx.insertChunk(key, size: Int64(c.sealed.count), createdAt: now, inline: nil)
+                } else {
+                    _ = try tx.insertChunk(key, size: Int64(c.sealed.count), createdAt: now, inline: Data(c.sealed))
+                }
+            }
+            for m in bundle.manifests {
+                let key = ManifestKey(account: owner, fileID: Data(m.fileID), digest: Data(m.digest))
+                if try tx.hasManifest(key) { continue }
+                let ids = Array(Set(m.chunkIDs.map { Data($0) }))
+                _ = try tx.putManifest(key, sealed: Data(m.sealed), chunkIDs: ids, createdAt: now)
+            }
+        }
+    }
+
     /// What a `chunks/get` answer will hold, worked out from the sizes the metadata store
     /// recorded, before any chunk is read: each distinct id once, in the order first asked.
     public struct ChunkBundlePlan: Sendable {
         public let account: Data
-        public let entries: [(id: Data, size: Int)]
+        /// Each chunk, its size, and whether its bytes are inline in the metadata store.
+        public let entries: [(id: Data, size: Int, inline: Bool)]
         /// The whole `ChunkBundle`'s length.
         public let byteCount: Int
     }
@@ -550,13 +680,13 @@ public final class CofferServer: Sendable {
         let (owner, sizes) = try guarded {
             try metadata.read { tx in
                 let owner = try contentOwner(caller: caller, via: via, needs: .read, tx: tx)
-                return (owner, try tx.chunkSizes(account: owner, ids: unique))
+                return (owner, try tx.chunkPlacement(account: owner, ids: unique))
             }
         }
-        var entries: [(id: Data, size: Int)] = []
+        var entries: [(id: Data, size: Int, inline: Bool)] = []
         var total = 4
         for id in unique {
-            guard let stored = sizes[id], let size = Int(exactly: stored), size >= 0 else {
+            guard let stored = sizes[id]?.size, let size = Int(exactly: stored), size >= 0 else {
                 throw .notFound("chunk \(RequestSigning.hex(Array(id))) is not on the server")
             }
             // total <= maxChunkResponseBytes here, so with size bounded first the sum cannot overflow.
@@ -564,7 +694,7 @@ public final class CofferServer: Sendable {
                 throw .tooLarge("the chunks asked for exceed \(maxChunkResponseBytes) bytes; ask for fewer at once")
             }
             total += 36 + size
-            entries.append((id, size))
+            entries.append((id, size, sizes[id]?.inline ?? false))
         }
         return ChunkBundlePlan(account: owner, entries: entries, byteCount: total)
     }
@@ -621,6 +751,34 @@ public final class CofferServer: Sendable {
                 _ = try tx.putManifest(key, sealed: req.sealed, chunkIDs: Array(Set(req.chunkIDs)), createdAt: now)
             }
         }
+    }
+
+    /// Many manifests at once (`POST /v1/manifests/many`), each as `getManifest` reads it; one
+    /// the server lacks, or the caller may not read, is answered without bytes.
+    public func getManifests(caller: Data, _ req: ManyManifestsRequest) throws(ServerError) -> [UInt8] {
+        guard req.items.count <= ManyManifestsRequest.maxItems else {
+            throw .tooLarge("ask for at most \(ManyManifestsRequest.maxItems) manifests at once")
+        }
+        for item in req.items {
+            guard item.fileID.count == 16, item.digest.count <= 64 else {
+                throw .badRequest("malformed file id or digest")
+            }
+        }
+        let entries = try guarded {
+            try metadata.read { tx in
+                var owners: [Data: Data] = [:]
+                return try req.items.map { item -> ManifestBundle.Entry in
+                    let owner =
+                        try owners[item.fileID]
+                        ?? grantedOwner(caller: caller, file: item.fileID, needs: .read, tx: tx) ?? caller
+                    owners[item.fileID] = owner
+                    let sealed = try tx.manifest(ManifestKey(account: owner, fileID: item.fileID, digest: item.digest))
+                    return ManifestBundle.Entry(
+                        fileID: Array(item.fileID), digest: Array(item.digest), sealed: sealed.map { Array($0) })
+                }
+            }
+        }
+        return ManifestBundle.encode(entries)
     }
 
     public func getManifest(caller: Data, _ req: GetManifestRequest) throws(ServerError) -> Data {
@@ -778,7 +936,16 @@ public final class ChunkBundleReader: Sendable {
                 guard s.index < plan.entries.count else { return nil }
                 let entry = plan.entries[s.index]
                 s.index += 1
-                guard let reader = try server.content.open(ChunkKey(account: plan.account, id: entry.id)) else {
+                let key = ChunkKey(account: plan.account, id: entry.id)
+                if entry.inline {
+                    // Small: read whole, with its header.
+                    guard let data = try server.metadata.read({ try $0.inlineChunk(key) }), data.count == entry.size
+                    else {
+                        throw StorageError("a chunk vanished or changed while being sent")
+                    }
+                    return ChunkBundle.entryHeader(id: Array(entry.id), size: entry.size) + Array(data)
+                }
+                guard let reader = try server.content.open(key) else {
                     throw StorageError("a chunk vanished while being sent")
                 }
                 s.reader = entry.size > 0 ? reader : nil

@@ -143,6 +143,11 @@ public final class SQLiteMetadataStorage: MetadataStorage {
                     """)
             try SQLiteMetadataStorage.backfillWriters(db)
         }
+        m.registerMigration("v6") { db in
+            // Small chunks kept inline (docs/SERVER.md, "Content"): a bundle of many small files
+            // is one transaction, not a file and an fsync per chunk. NULL: in the content store.
+            try db.execute(sql: "ALTER TABLE chunk ADD COLUMN data BLOB")
+        }
         return m
     }
 
@@ -362,6 +367,12 @@ struct SQLiteTransaction: MetadataWriter {
             arguments: [sealed, revision, account])
     }
 
+    func feedLatest(account: Data) throws -> Int64 {
+        // The last entry of feed_by_version for the account.
+        try Int64.fetchOne(
+            db.cachedStatement(sql: "SELECT MAX(version) FROM feed WHERE account = ?"), arguments: [account]) ?? 0
+    }
+
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool {
         try Bool.fetchOne(
             db.cachedStatement(sql: "SELECT 1 FROM feed WHERE account = ? AND file_id = ?"),
@@ -429,13 +440,6 @@ struct SQLiteTransaction: MetadataWriter {
         try Int64.fetchOne(db, sql: "SELECT " + SQLiteMetadataStorage.usageSQL("?1"), arguments: [account]) ?? 0
     }
 
-    func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64] {
-        var out: [Data: Int64] = [:]
-        let statement = try db.cachedStatement(sql: "SELECT size FROM chunk WHERE account = ? AND id = ?")
-        for id in ids { if let size = try Int64.fetchOne(statement, arguments: [account, id]) { out[id] = size } }
-        return out
-    }
-
     func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey] {
         try Row.fetchAll(
             db,
@@ -459,9 +463,27 @@ struct SQLiteTransaction: MetadataWriter {
         ).map { ChunkKey(account: $0["account"], id: $0["id"]) }
     }
 
+    func inlineChunk(_ key: ChunkKey) throws -> Data? {
+        try Data.fetchOne(
+            db.cachedStatement(sql: "SELECT data FROM chunk WHERE account = ? AND id = ?"),
+            arguments: [key.account, key.id])
+    }
+
+    func chunkPlacement(account: Data, ids: [Data]) throws -> [Data: (size: Int64, inline: Bool)] {
+        var out: [Data: (size: Int64, inline: Bool)] = [:]
+        let statement = try db.cachedStatement(
+            sql: "SELECT size, data IS NOT NULL AS inline FROM chunk WHERE account = ? AND id = ?")
+        for id in ids {
+            if let row = try Row.fetchOne(statement, arguments: [account, id]) {
+                out[id] = (row["size"], row["inline"])
+            }
+        }
+        return out
+    }
+
     func allChunkKeys() throws -> Set<ChunkKey> {
         var out: Set<ChunkKey> = []
-        let rows = try Row.fetchCursor(db, sql: "SELECT account, id FROM chunk")
+        let rows = try Row.fetchCursor(db, sql: "SELECT account, id FROM chunk WHERE data IS NULL")
         while let row = try rows.next() { out.insert(ChunkKey(account: row["account"], id: row["id"])) }
         return out
     }
@@ -594,10 +616,10 @@ struct SQLiteTransaction: MetadataWriter {
         return chunks
     }
 
-    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool {
-        try db.execute(
-            sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at) VALUES (?, ?, ?, ?)",
-            arguments: [key.account, key.id, size, createdAt])
+    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64, inline: Data?) throws -> Bool {
+        try db.cachedStatement(
+            sql: "INSERT OR IGNORE INTO chunk (account, id, size, created_at, data) VALUES (?, ?, ?, ?, ?)"
+        ).execute(arguments: [key.account, key.id, size, createdAt, inline])
         guard db.changesCount == 1 else { return false }
         try addUsage(account: key.account, bytes: QuotaRule.counted(chunk: size))
         return true

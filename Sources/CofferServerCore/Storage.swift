@@ -184,6 +184,8 @@ public protocol MetadataReader {
     /// The account's contact book as its devices sealed it, and its revision (0 and nil before
     /// the first).
     func contactBook(account: Data) throws -> (sealed: Data?, revision: Int64)
+    /// The newest version in `account`'s share feed (0 when it has none).
+    func feedLatest(account: Data) throws -> Int64
     /// Whether `account`'s feed has a row for `fileID`: it was told of that file before.
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool
     /// Until when (ms) `writer`'s changes to `account`'s tree are held back while its owner ends
@@ -206,14 +208,20 @@ public protocol MetadataReader {
     func presentChunks(account: Data, ids: [Data]) throws -> Set<Data>
     /// The account's usage counted afresh from what is stored (`QuotaRule`), for the audit.
     func recountedUsage(account: Data) throws -> Int64
-    /// The stored length of each of these chunks the metadata store knows.
-    func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64]
     /// Manifests that no current (not deleted) document record names, created before `before`
     /// (ms since the epoch).
     func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey]
     /// Chunks that no stored manifest lists, created before `before`.
     func unreferencedChunks(createdBefore before: Int64) throws -> [ChunkKey]
+    /// Every chunk whose bytes are in the content store (not inline, see `insertChunk`): what
+    /// the audit checks is stored and cleanup keeps.
     func allChunkKeys() throws -> Set<ChunkKey>
+    /// The bytes of a chunk kept inline in the metadata store; nil when it is not stored or is
+    /// in the content store.
+    func inlineChunk(_ key: ChunkKey) throws -> Data?
+    /// The stored length of each of these chunks the metadata store knows, and whether it is
+    /// kept inline.
+    func chunkPlacement(account: Data, ids: [Data]) throws -> [Data: (size: Int64, inline: Bool)]
 }
 
 public protocol MetadataWriter: MetadataReader {
@@ -248,8 +256,10 @@ public protocol MetadataWriter: MetadataReader {
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool
     /// Removes a manifest; returns the chunk ids it listed (empty if it was not stored).
     func deleteManifest(_ key: ManifestKey) throws -> [Data]
-    /// Records a chunk; returns false if it was already recorded.
-    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool
+    /// Records a chunk; returns false if it was already recorded. With `inline`, its bytes are
+    /// kept in the metadata store itself (small chunks: written with the transaction, no file
+    /// and no fsync of their own, docs/SERVER.md); without, they are in the content store.
+    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64, inline: Data?) throws -> Bool
     /// Forgets a chunk if no stored manifest of its account lists it; returns whether it did.
     func deleteChunkIfUnreferenced(_ key: ChunkKey) throws -> Bool
     /// Adds to (or, negative, subtracts from) an account's stored bytes. The record, manifest and

@@ -8,6 +8,7 @@ import HummingbirdTLS
 import Logging
 import NIOCore
 import NIOSSL
+import ServiceLifecycle
 
 /// The HTTP face of `CofferServer`: the routes of docs/PROTOCOL.md, request authentication, body
 /// limits, the account-creation rate limit, error mapping and request logs.
@@ -149,6 +150,35 @@ public enum CofferHTTP {
                 })
         }
 
+        // A long poll (docs/SYNC.md, "Live"): registered before the state is read, so a change
+        // committed in between still wakes it; answered at once if the caller's view already
+        // moved, else when it moves, after the wait, or when the server shuts down.
+        router.post("/v1/watch") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(WatchRequest.self, context.body)
+            guard let ticket = server.notifier.register(caller) else {
+                throw ServerError.rateLimited("too many watches for this account at once; try again later")
+            }
+            let first: WatchResponse
+            do {
+                first = try await offload { () throws(ServerError) in try server.watchState(caller: caller, req) }
+            } catch {
+                server.notifier.forget(ticket)
+                throw error
+            }
+            if first.changed {
+                server.notifier.forget(ticket)
+                return try json(first)
+            }
+            let seconds = min(max(req.wait ?? API.maxWatchSeconds, 1), API.maxWatchSeconds)
+            await withGracefulShutdownHandler {
+                await server.notifier.wait(ticket, timeout: .seconds(seconds))
+            } onGracefulShutdown: {
+                server.notifier.wake(ticket)
+            }
+            return try json(try await offload { () throws(ServerError) in try server.watchState(caller: caller, req) })
+        }
+
         router.post("/v1/chunks/missing") { _, context -> Response in
             let caller = try context.requireCaller()
             let req = try decode(ChunkIDsRequest.self, context.body)
@@ -180,19 +210,28 @@ public enum CofferHTTP {
             guard let hex = context.parameters.get("id"), let id = RequestSigning.unhex(hex), id.count == 32 else {
                 throw ServerError.badRequest("the path names a chunk by its 32-byte id in hex")
             }
-            // `?via=FILE` (hex): a chunk for a share another account owns (docs/SHARING.md).
-            var via: Data?
-            if let hex = request.uri.queryParameters["via"].map(String.init) {
-                guard let bytes = RequestSigning.unhex(hex), bytes.count == 16 else {
-                    throw ServerError.badRequest("via names a file by its 16-byte id in hex")
-                }
-                via = Data(bytes)
-            }
+            let via = try viaParameter(request)
             let body = context.body
             try await offload { [via] () throws(ServerError) in
                 try server.putChunk(caller: caller, id: Data(id), bytes: body, via: via)
             }
             return Response(status: .noContent)
+        }
+
+        router.post("/v1/content") { request, context -> Response in
+            let caller = try context.requireCaller()
+            let via = try viaParameter(request)
+            guard let bundle = ContentBundle(decoding: context.body) else {
+                throw ServerError.badRequest("malformed content bundle")
+            }
+            try await offload { () throws(ServerError) in try server.putContent(caller: caller, bundle, via: via) }
+            return Response(status: .noContent)
+        }
+
+        router.post("/v1/manifests/many") { _, context -> Response in
+            let caller = try context.requireCaller()
+            let req = try decode(ManyManifestsRequest.self, context.body)
+            return octets(try await offload { () throws(ServerError) in try server.getManifests(caller: caller, req) })
         }
 
         router.post("/v1/manifests") { _, context -> Response in
@@ -252,6 +291,15 @@ public enum CofferHTTP {
     }
 
     // MARK: - Helpers
+
+    /// `?via=FILE` (hex): content for a share another account owns (docs/SHARING.md).
+    static func viaParameter(_ request: Request) throws(ServerError) -> Data? {
+        guard let hex = request.uri.queryParameters["via"].map(String.init) else { return nil }
+        guard let bytes = RequestSigning.unhex(hex), bytes.count == 16 else {
+            throw .badRequest("via names a file by its 16-byte id in hex")
+        }
+        return Data(bytes)
+    }
 
     static func decode<T: Decodable>(_ type: T.Type, _ body: [UInt8]) throws(ServerError) -> T {
         do { return try JSONDecoder().decode(T.self, from: Data(body)) } catch {

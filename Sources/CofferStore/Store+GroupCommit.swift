@@ -25,6 +25,9 @@ final class GroupCommit: Sendable {
         /// The last statement in `queued` that changes each file's tree row (its position),
         /// and whether it is a put of that table.
         var lastRowWrite: [Data: (position: Int, putTable: String?)] = [:]
+        /// The commit thread waits on `wakeup` until a write opens a group (or queues work, or
+        /// group commit is turned off); whoever clears this signals it.
+        var sleeping = false
 
         /// Empties the queue. Every position in `lastRowWrite` is of a statement gone with it.
         mutating func clearQueue() {
@@ -34,6 +37,28 @@ final class GroupCommit: Sendable {
         }
     }
     private let state = Mutex(State())
+    private let wakeup = DispatchSemaphore(value: 0)
+
+    /// Clears `sleeping` and says whether the thread must be signalled (after the lock).
+    private static func takeSleeper(_ s: inout State) -> Bool {
+        defer { s.sleeping = false }
+        return s.sleeping
+    }
+
+    /// Called by the commit thread once nothing is left to do (no group open, nothing queued,
+    /// the log checkpointed since the last commit): waits for the next write, so an idle store
+    /// costs no wakeups at all.
+    func sleepUntilWritten() {
+        let sleep = state.withLock { s -> Bool in
+            guard s.window != nil, s.openedAt == nil, s.head >= s.queued.count else { return false }
+            s.sleeping = true
+            return true
+        }
+        if sleep { wakeup.wait() }
+    }
+
+    /// When the last group closed (monotonic seconds), nil if none has.
+    var lastClosed: Double? { state.withLock { $0.closedAt } }
 
     var window: Double? { state.withLock { $0.window } }
     var isOpen: Bool { state.withLock { $0.openedAt != nil } }
@@ -71,13 +96,21 @@ final class GroupCommit: Sendable {
             return Self.now() - closed
         }
     }
-    func disable() { state.withLock { $0.window = nil } }
+    func disable() {
+        let wake = state.withLock { s in
+            s.window = nil
+            return Self.takeSleeper(&s)
+        }
+        if wake { wakeup.signal() }
+    }
     func opened() {
-        state.withLock { s in
+        let wake = state.withLock { s in
             s.openedAt = Self.now()
             s.generation &+= 1
             s.clearQueue()
+            return Self.takeSleeper(&s)
         }
+        if wake { wakeup.signal() }
     }
     /// Which group transaction is open (each one gets a new number), nil if none.
     var openGeneration: UInt64? { state.withLock { $0.openedAt == nil ? nil : $0.generation } }
@@ -117,8 +150,8 @@ final class GroupCommit: Sendable {
     /// change), and the group commits whole or not at all, so the store ends the same, with one
     /// row write fewer.
     func enqueue(_ statements: [QueuedStatement], generation: UInt64) {
-        state.withLock { s in
-            guard s.openedAt != nil, s.generation == generation else { return }
+        let wake = state.withLock { s in
+            guard s.openedAt != nil, s.generation == generation else { return Self.takeSleeper(&s) }
             s.lastWriteAt = Self.now()
             for statement in statements {
                 let position = s.queued.count
@@ -139,7 +172,9 @@ final class GroupCommit: Sendable {
                     s.queued.append(.put(put))
                 }
             }
+            return Self.takeSleeper(&s)
         }
+        if wake { wakeup.signal() }
     }
 
     /// Hands the oldest queued statements (all of them, or at most `limit`) to the caller, which

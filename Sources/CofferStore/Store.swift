@@ -456,7 +456,7 @@ public final class Store: Sendable {
     }
 
     /// Whether this device holds changes not yet pushed (see `StoreReader.hasLocalChanges`). One
-    /// statement, so no transaction: the sync scheduler asks every 100 ms.
+    /// statement, so no transaction: the sync scheduler asks whenever the store changed.
     public func hasLocalChanges() throws -> Bool { try readOne { try $0.hasLocalChanges() } }
 
     /// Whether a read of the store now waits for the writer's connection (a group is open, see
@@ -721,6 +721,13 @@ public final class Store: Sendable {
             // Runs what writes queued, and closes each group when it is due; writes leave both
             // to this thread, so neither runs inside a caller's request.
             while let w = group.window {
+                // Idle once the last group's writes are checkpointed and the log was looked at
+                // for trimming: then only the next write wakes this thread.
+                let closed = group.lastClosed ?? -Double.infinity
+                if !group.isOpen, !group.hasQueued, lastCheckpoint > closed, lastTrim > closed {
+                    group.sleepUntilWritten()
+                    continue
+                }
                 Thread.sleep(forTimeInterval: w / 4)
                 // Once a second: often enough to keep the log to about a second of writes, rare
                 // enough that its two syncs (log, then database) stay cheap.

@@ -203,7 +203,7 @@ final class BoundedReply: HTTPClientResponseDelegate, @unchecked Sendable {
     private var status = 0
     private var body: [UInt8] = []
     private var finished = false
-    private var timer: RepeatedTask?
+    private var timer: Scheduled<Void>?
 
     init(what: String, timeout: TimeAmount, minimumBytesPerSecond: Int, maxBytes: Int, sent: Int) {
         self.what = what
@@ -219,24 +219,24 @@ final class BoundedReply: HTTPClientResponseDelegate, @unchecked Sendable {
         return start + timeout + .seconds(min(extra, 1 << 30))
     }
 
-    /// Starts the clock on `task`'s event loop.
+    /// Starts the clock on `task`'s event loop: one timer at the deadline, set again further on
+    /// when bytes moved meanwhile, so a reply held open (the live channel's long poll) costs no
+    /// wakeups while it waits.
     func watch(_ task: HTTPClient.Task<Reply>) {
         task.eventLoop.execute { [self] in
             guard !finished else { return }
-            timer = task.eventLoop.scheduleRepeatedTask(initialDelay: .milliseconds(250), delay: .milliseconds(250)) {
-                [self] t in
-                guard !finished else {
-                    t.cancel()
-                    return
-                }
-                if NIODeadline.now() > deadline {
-                    finished = true
-                    t.cancel()
-                    task.fail(
-                        reason: SyncError.offline(
-                            "no complete reply to \(what) in time (\(timeout.nanoseconds / 1_000_000_000) s)"))
-                }
-            }
+            arm(task)
+        }
+    }
+
+    private func arm(_ task: HTTPClient.Task<Reply>) {
+        timer = task.eventLoop.scheduleTask(deadline: deadline) { [self] in
+            guard !finished else { return }
+            guard NIODeadline.now() >= deadline else { return arm(task) }
+            finished = true
+            task.fail(
+                reason: SyncError.offline(
+                    "no complete reply to \(what) in time (\(timeout.nanoseconds / 1_000_000_000) s)"))
         }
     }
 

@@ -268,6 +268,12 @@ public struct ServerClient: Sendable {
                 origin: origin))
     }
 
+    /// Waits until the account's view moves past `request`'s cursors (or the server's wait ends):
+    /// the live channel's long poll (docs/SYNC.md, "Live").
+    public func watch(_ request: WatchRequest) async throws -> WatchResponse {
+        try await json("POST", API.prefix + "/watch", request)
+    }
+
     /// With `via`, about the namespace of the owner of that shared file (docs/SHARING.md, "Content").
     public func missingChunks(_ ids: [[UInt8]], via: FileID? = nil) async throws -> [[UInt8]] {
         let r: MissingChunksResponse = try await json(
@@ -293,6 +299,28 @@ public struct ServerClient: Sendable {
         var out: [[UInt8]: [UInt8]] = [:]
         for c in chunks { out[c.id] = c.sealed }
         return out
+    }
+
+    /// Many chunks and manifests in one request (`POST /v1/content`), stored all at once or
+    /// not at all; with `via`, into the namespace of the owner of that shared file.
+    public func putContent(_ bundle: ContentBundle, via: FileID? = nil) async throws {
+        let query = via.map { "?via=" + RequestSigning.hex($0.bytes) } ?? ""
+        _ = try await raw(
+            "POST", API.prefix + "/content" + query, body: bundle.encoded(), contentType: "application/octet-stream")
+    }
+
+    /// The sealed manifests of many documents in one request, in the order asked; one the
+    /// server does not hold comes back without bytes.
+    public func getManifests(_ items: [GetManifestRequest]) async throws -> [ManifestBundle.Entry] {
+        let body = try [UInt8](JSONEncoder().encode(ManyManifestsRequest(items: items)))
+        let data = try await raw("POST", API.prefix + "/manifests/many", body: body)
+        guard let entries = ManifestBundle.decode(data), entries.count == items.count else {
+            throw SyncError.protocolError("malformed manifest bundle")
+        }
+        for (e, asked) in zip(entries, items) where e.fileID != Array(asked.fileID) || e.digest != Array(asked.digest) {
+            throw SyncError.protocolError("the server answered for other manifests than were asked")
+        }
+        return entries
     }
 
     public func putManifest(_ request: PutManifestRequest) async throws {

@@ -254,33 +254,6 @@ public final class SyncEngine: Sendable {
         report.changed.formUnion(changed)
     }
 
-    /// Fetches and stores the content `needs` name, several documents in flight at once; with
-    /// `shared`, through each document itself (`via`), as another account's content is kept in
-    /// its owner's namespace. Returns the number of chunks fetched.
-    func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
-        let fetched = try await forEachConcurrently(needs) { [vault, client] need -> Int in
-            let sealed = try await client.getManifest(fileID: need.fileID, digest: need.digest)
-            let manifest = try vault.openRemoteManifest(need, sealed: sealed)
-            let missing = try vault.missingChunks(manifest.chunks.map(\.id))
-            var chunks: [[UInt8]: [UInt8]] = [:]
-            var start = 0
-            while start < missing.count {
-                let batch = Array(missing[start..<min(missing.count, start + 64)])
-                let got = try await client.getChunks(batch, via: shared ? need.fileID : nil)
-                for id in batch {
-                    guard let c = got[id] else {
-                        throw SyncError.protocolError("the server did not send a requested chunk")
-                    }
-                    chunks[id] = c
-                }
-                start += batch.count
-            }
-            try vault.storeRemoteContent(need, manifest: manifest, sealedManifest: sealed, chunks: chunks)
-            return chunks.count
-        }
-        return fetched.reduce(0, +)
-    }
-
     /// Body bytes sent and received by this engine so far.
     public var traffic: (sent: Int, received: Int, requests: Int) {
         (client.traffic.bytesSent, client.traffic.bytesReceived, client.traffic.requestCount)
@@ -290,38 +263,6 @@ public final class SyncEngine: Sendable {
 
     func pushContent(_ report: inout SyncReport) async throws {
         try await upload(try vault.pendingContent(), &report)
-    }
-
-    /// Chunks the server lacks, then the manifests: content before the metadata naming it. With
-    /// `via`, into the namespace of the owner of that shared file.
-    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport, via: FileID? = nil) async throws {
-        guard !uploads.isEmpty else { return }
-        var all: [[UInt8]] = []
-        var seen: Set<[UInt8]> = []
-        for u in uploads { for id in u.chunkIDs where seen.insert(id).inserted { all.append(id) } }
-        var missing: [[UInt8]] = []
-        var start = 0
-        while start < all.count {
-            let batch = Array(all[start..<min(all.count, start + 4096)])
-            missing += try await client.missingChunks(batch, via: via)
-            start += batch.count
-        }
-        _ = try await forEachConcurrently(missing) { [vault, client] id -> Int in
-            guard let sealed = try vault.sealedChunk(id) else {
-                throw SyncError.protocolError("a local chunk vanished during sync")
-            }
-            try await client.putChunk(id: id, sealed: sealed, via: via)
-            return 1
-        }
-        report.pushedChunks += missing.count
-        _ = try await forEachConcurrently(uploads) { [client] u -> Int in
-            try await client.putManifest(
-                PutManifestRequest(
-                    fileID: Data(u.fileID.bytes), digest: Data(u.digest),
-                    sealed: Data(u.sealedManifest), chunkIDs: u.chunkIDs.map { Data($0) },
-                    via: via.map { Data($0.bytes) }))
-            return 1
-        }
     }
 
     /// Records per upsert request. One batch is validated as a whole on the server; a larger

@@ -81,6 +81,10 @@ extension Vault {
         try store.read { try $0.lastChange() }
     }
 
+    /// The store's database file: every commit of every process writes its log (the same path
+    /// with `-wal`), which is how the mount notices changes made by others without polling.
+    public var storeDatabasePath: String { store.databasePath }
+
     /// Whether local changes wait to be pushed.
     public func hasPendingLocalChanges() throws -> Bool {
         try store.hasLocalChanges() || store.readOne { try $0.hasSharedLocal() }

@@ -330,6 +330,9 @@ extension Vault {
     static let folderTimesWindow: Int64 = 50_000_000  // nanoseconds
 
     /// Writes every pending folder time now.
+    /// Whether folder times wait to be written (`flushFolderTimes`).
+    public var hasPendingFolderTimes: Bool { state.withLock { !$0.pendingFolderTimes.isEmpty } }
+
     public func flushFolderTimes() throws {
         guard state.withLock({ !$0.pendingFolderTimes.isEmpty }) else { return }
         try commit { batch, s, _ in try writeDueFolderTimes(&batch, &s, force: true) }

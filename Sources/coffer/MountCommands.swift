@@ -17,8 +17,16 @@ struct Mount: ParsableCommand {
     @Flag(name: .long, help: "Stay attached to the terminal instead of running in the background.") var foreground =
         false
     @Option(name: .short, help: "FUSE mount options, e.g. -o allow_other (may repeat).") var o: [String] = []
-    @Option(help: "Seconds between syncs when idle (with a server).") var syncInterval: Double = 30
-    @Option(help: "Seconds of quiet after local writes before they are pushed.") var syncQuiet: Double = 2
+    @Option(
+        help: ArgumentHelp(
+            "Seconds between syncs while the live channel to the server is down (it pulls changes as they happen "
+                + "while it is up)."))
+    var syncInterval: Double = 30
+    @Option(
+        help: ArgumentHelp(
+            "Seconds of quiet after a local change before it is pushed (a file's writes reach the store when it "
+                + "is closed or fsynced); during a burst, changes go up at least every second."))
+    var syncQuiet: Double = 0.1
     @Option(
         help: ArgumentHelp(
             "Most records, keys, names and attributes each of the tree's caches holds (about 2 KB per entry in "
@@ -76,7 +84,7 @@ struct Mount: ParsableCommand {
         if readyFD == nil {
             print("Coffer mounted at \(mountPoint); press Ctrl-C or run `coffer unmount \(mountPoint)` to unmount.")
         }
-        var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> (@Sendable () -> Void))? = nil
+        var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> MountServices)? = nil
         if vault.syncStatus.server != nil {
             let engine = try SyncEngine.forStore(vault)
             let (interval, quiet) = (syncInterval, syncQuiet)
@@ -85,7 +93,7 @@ struct Mount: ParsableCommand {
                     engine: engine, quietPeriod: quiet, interval: interval, onChange: changed,
                     log: { logger.log($0) })
                 scheduler.start()
-                return { scheduler.stop() }
+                return MountServices(storeChanged: { scheduler.storeChanged() }, stop: { scheduler.stop() })
             }
         }
         try MountService.serve(vault: vault, mountPoint: mountPoint, options: o, logger: logger, services: services) {

@@ -256,6 +256,11 @@ struct Status: ParsableCommand {
             }
             if MountLock.isHeld(in: vault.dataDirectory), let m = MountLock.recorded(in: vault.dataDirectory) {
                 print("mounted:  \(m.mountPoint) (pid \(m.pid))")
+                if sync.server != nil, let live = vault.liveChannel {
+                    let since = timeString(Timespec(seconds: live.sinceMillis / 1000))
+                    let why = live.detail.map { ": " + ServerText.sanitized($0) } ?? ""
+                    print("live channel: \(ServerText.sanitized(live.state, limit: 32)) since \(since)\(why)")
+                }
             } else {
                 print("mounted:  no")
             }

@@ -77,6 +77,7 @@ struct CountingTransaction: MetadataWriter {
     func setContactBook(account: Data, sealed: Data, revision: Int64) throws {
         try w().setContactBook(account: account, sealed: sealed, revision: revision)
     }
+    func feedLatest(account: Data) throws -> Int64 { try reader.feedLatest(account: account) }
     func hasFeedRow(account: Data, fileID: Data) throws -> Bool {
         try reader.hasFeedRow(account: account, fileID: fileID)
     }
@@ -110,9 +111,6 @@ struct CountingTransaction: MetadataWriter {
         try reader.presentChunks(account: account, ids: ids)
     }
     func recountedUsage(account: Data) throws -> Int64 { try reader.recountedUsage(account: account) }
-    func chunkSizes(account: Data, ids: [Data]) throws -> [Data: Int64] {
-        try reader.chunkSizes(account: account, ids: ids)
-    }
     func unreferencedManifests(createdBefore before: Int64) throws -> [ManifestKey] {
         try reader.unreferencedManifests(createdBefore: before)
     }
@@ -120,6 +118,10 @@ struct CountingTransaction: MetadataWriter {
         try reader.unreferencedChunks(createdBefore: before)
     }
     func allChunkKeys() throws -> Set<ChunkKey> { try reader.allChunkKeys() }
+    func inlineChunk(_ key: ChunkKey) throws -> Data? { try reader.inlineChunk(key) }
+    func chunkPlacement(account: Data, ids: [Data]) throws -> [Data: (size: Int64, inline: Bool)] {
+        try reader.chunkPlacement(account: account, ids: ids)
+    }
 
     func insertAccount(_ account: AccountRecord) throws -> Bool { try w().insertAccount(account) }
     func lockAccount(key: Data) throws -> AccountRecord? { try w().lockAccount(key: key) }
@@ -137,8 +139,8 @@ struct CountingTransaction: MetadataWriter {
         try w().putManifest(key, sealed: sealed, chunkIDs: chunkIDs, createdAt: createdAt)
     }
     func deleteManifest(_ key: ManifestKey) throws -> [Data] { try w().deleteManifest(key) }
-    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64) throws -> Bool {
-        try w().insertChunk(key, size: size, createdAt: createdAt)
+    func insertChunk(_ key: ChunkKey, size: Int64, createdAt: Int64, inline: Data?) throws -> Bool {
+        try w().insertChunk(key, size: size, createdAt: createdAt, inline: inline)
     }
     func deleteChunkIfUnreferenced(_ key: ChunkKey) throws -> Bool { try w().deleteChunkIfUnreferenced(key) }
     func addUsage(account: Data, bytes: Int64) throws { try w().addUsage(account: account, bytes: bytes) }

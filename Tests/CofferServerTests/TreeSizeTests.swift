@@ -182,15 +182,16 @@ import Testing
     }
 
     /// The server keeps nothing per account between requests (it once cached every account's
-    /// whole decoded tree): its stored properties are its configuration and its storages. A
-    /// property added here should be as bounded as these.
+    /// whole decoded tree): its stored properties are its configuration and its storages, and
+    /// the watches open now (`notifier`, capped per account and in all). A property added here
+    /// should be as bounded as these.
     @Test func theServerHoldsNoStatePerAccount() throws {
         let (server, _) = try makeServer()
         let stored = Set(Mirror(reflecting: server).children.compactMap(\.label))
         #expect(
             stored == [
                 "metadata", "content", "nonces", "quotaBytes", "identity", "registration", "clock", "lastNoncePurge",
-                "maxChunkResponseBytes",
+                "maxChunkResponseBytes", "notifier",
             ])
     }
 

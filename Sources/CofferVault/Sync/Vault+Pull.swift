@@ -24,6 +24,20 @@ public struct RemoteFile: Sendable {
 }
 
 /// A document version to fetch before the pull that names it can be applied.
+/// A document's content as fetched, before it is verified and stored.
+public struct FetchedContent: Sendable {
+    public let need: ContentNeed
+    public let manifest: Manifest
+    public let sealedManifest: [UInt8]
+    public let chunks: [[UInt8]: [UInt8]]
+    public init(need: ContentNeed, manifest: Manifest, sealedManifest: [UInt8], chunks: [[UInt8]: [UInt8]]) {
+        self.need = need
+        self.manifest = manifest
+        self.sealedManifest = sealedManifest
+        self.chunks = chunks
+    }
+}
+
 public struct ContentNeed: Sendable {
     public let fileID: FileID
     public let digest: [UInt8]
@@ -312,18 +326,36 @@ extension Vault {
     public func storeRemoteContent(
         _ need: ContentNeed, manifest: Manifest, sealedManifest: [UInt8], chunks: [[UInt8]: [UInt8]]
     ) throws {
-        var refs: [[UInt8]: ChunkRef] = [:]
-        for r in manifest.chunks { refs[r.id] = r }
-        for (id, sealed) in chunks {
-            guard let ref = refs[id] else { continue }
-            _ = try need.cipher.openChunk(sealed, ref: ref)
+        try storeRemoteContents([
+            FetchedContent(need: need, manifest: manifest, sealedManifest: sealedManifest, chunks: chunks)
+        ])
+    }
+
+    /// `storeRemoteContent` for many documents in one transaction (a first sync brings
+    /// thousands): every chunk is verified against its manifest before anything is written.
+    public func storeRemoteContents(_ items: [FetchedContent]) throws {
+        guard !items.isEmpty else { return }
+        var kept: [[([UInt8], [UInt8])]] = []
+        for item in items {
+            var refs: [[UInt8]: ChunkRef] = [:]
+            for r in item.manifest.chunks { refs[r.id] = r }
+            var chunks: [([UInt8], [UInt8])] = []
+            for (id, sealed) in item.chunks {
+                guard let ref = refs[id] else { continue }
+                _ = try item.need.cipher.openChunk(sealed, ref: ref)
+                chunks.append((id, sealed))
+            }
+            kept.append(chunks)
         }
         try store.write { w in
-            try w.putChunks(chunks.filter { refs[$0.key] != nil }.map { ($0.key, $0.value) })
-            for r in manifest.chunks where try !w.reader.hasChunk(r.id) {
-                throw VaultError.corrupt("chunk missing for \(need.fileID) after download")
+            for (item, chunks) in zip(items, kept) {
+                try w.putChunks(chunks)
+                for r in item.manifest.chunks where try !w.reader.hasChunk(r.id) {
+                    throw VaultError.corrupt("chunk missing for \(item.need.fileID) after download")
+                }
+                try w.putManifest(
+                    digest: item.need.digest, sealed: item.sealedManifest, chunkIDs: item.manifest.chunks.map(\.id))
             }
-            try w.putManifest(digest: need.digest, sealed: sealedManifest, chunkIDs: manifest.chunks.map(\.id))
         }
     }
 }

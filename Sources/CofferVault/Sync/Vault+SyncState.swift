@@ -61,6 +61,31 @@ extension Vault {
         try store.write { w in try w.setSetting("serverID", id) }
     }
 
+    /// The mount daemon's live channel to the server (docs/SYNC.md, "Live"), as `coffer status`
+    /// shows it: its state, since when (ms), and why it is down.
+    public struct LiveChannelStatus: Sendable, Equatable {
+        public var state: String
+        public var sinceMillis: Int64
+        public var detail: String?
+    }
+
+    /// Records the live channel's new state (nil: the daemon stopped holding one).
+    public func recordLiveChannel(state: String?, detail: String?) {
+        let t = now()
+        let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
+        let value = state.map { s in Array("\(s)\n\(ms)\n\(detail ?? "")".utf8) } ?? []
+        try? store.write { w in try w.setSetting("liveChannel", value) }
+    }
+
+    public var liveChannel: LiveChannelStatus? {
+        guard let raw = try? store.read({ try $0.setting("liveChannel") }) ?? nil, !raw.isEmpty else { return nil }
+        let parts = String(decoding: raw, as: UTF8.self).split(
+            separator: "\n", maxSplits: 2, omittingEmptySubsequences: false)
+        guard parts.count >= 2, let ms = Int64(parts[1]) else { return nil }
+        let detail = parts.count > 2 && !parts[2].isEmpty ? String(parts[2]) : nil
+        return LiveChannelStatus(state: String(parts[0]), sinceMillis: ms, detail: detail)
+    }
+
     /// Records the outcome of a sync attempt for `coffer status`.
     public func recordSyncOutcome(error: String?) {
         let t = now()

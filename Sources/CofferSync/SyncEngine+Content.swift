@@ -1,0 +1,200 @@
+import CofferContent
+import CofferModel
+import CofferProtocol
+import CofferVault
+import Foundation
+import Synchronization
+
+/// Content in bundles (docs/SYNC.md, "Content in bundles"): pushing or pulling a tree costs
+/// requests in proportion to its bytes, not its files.
+extension SyncEngine {
+    /// Bytes of chunks and manifests one upload bundle carries at most (the server takes up to
+    /// `API.maxBodyBytes`); a few are in flight at once.
+    static let bundleBytes = 8 * 1024 * 1024
+    /// Bundles (or chunk downloads) in flight at once.
+    static let bundleWidth = 3
+    /// Chunk bytes one download asks for at most, and documents per manifest request.
+    static let fetchBytes = 16 * 1024 * 1024
+    static let manifestsPerRequest = 2000
+
+    /// Chunks the server lacks, then the manifests: content before the metadata naming it, in
+    /// bundles (`POST /v1/content`) filled in order and sent a few at a time, each chunk read
+    /// once, as its bundle is filled. A document's manifest rides in the bundle that carries
+    /// its last chunk when all its chunks are in that bundle (or already on the server); any
+    /// other manifest (a document larger than a bundle, or sharing chunks with another) goes
+    /// in a last bundle, once every chunk is stored. A bundle the server stored stays stored,
+    /// so an interrupted push sends only the rest the next time. With `via`, into the
+    /// namespace of the owner of that shared file.
+    func upload(_ uploads: [PendingUpload], _ report: inout SyncReport, via: FileID? = nil) async throws {
+        guard !uploads.isEmpty else { return }
+        var all: [[UInt8]] = []
+        var seen: Set<[UInt8]> = []
+        for u in uploads { for id in u.chunkIDs where seen.insert(id).inserted { all.append(id) } }
+        var missing: Set<[UInt8]> = []
+        var start = 0
+        while start < all.count {
+            let batch = Array(all[start..<min(all.count, start + 4096)])
+            missing.formUnion(try await client.missingChunks(batch, via: via))
+            start += batch.count
+        }
+        let vault = self.vault
+        let sent = try await withThrowingTaskGroup(of: Int.self) { group in
+            var inFlight = 0
+            var total = 0
+            var bundle = ContentBundle()
+            var later: [ContentBundle.Manifest] = []
+            var taken: Set<[UInt8]> = []
+            func dispatch(_ b: ContentBundle) async throws {
+                if inFlight >= Self.bundleWidth, let n = try await group.next() {
+                    total += n
+                    inFlight -= 1
+                }
+                group.addTask { [self] in try await send(b, via: via) }
+                inFlight += 1
+            }
+            for u in uploads {
+                let manifest = ContentBundle.Manifest(
+                    fileID: u.fileID.bytes, digest: u.digest, sealed: u.sealedManifest, chunkIDs: u.chunkIDs)
+                var whole = true
+                for id in Set(u.chunkIDs) where missing.contains(id) {
+                    guard taken.insert(id).inserted else {
+                        whole = false
+                        continue
+                    }
+                    guard let sealed = try vault.sealedChunk(id) else {
+                        throw SyncError.protocolError("a local chunk vanished during sync")
+                    }
+                    if !bundle.isEmpty, bundle.encodedSize + sealed.count + 37 > Self.bundleBytes {
+                        try await dispatch(bundle)
+                        bundle = ContentBundle()
+                        whole = false
+                    }
+                    bundle.chunks.append(ContentBundle.Chunk(id: id, sealed: sealed))
+                }
+                if whole, bundle.chunks.count + bundle.manifests.count < ContentBundle.maxItems {
+                    bundle.manifests.append(manifest)
+                } else {
+                    later.append(manifest)
+                }
+                if bundle.chunks.count + bundle.manifests.count >= ContentBundle.maxItems - 1 {
+                    try await dispatch(bundle)
+                    bundle = ContentBundle()
+                }
+            }
+            if !bundle.isEmpty { try await dispatch(bundle) }
+            while let n = try await group.next() { total += n }
+            // Manifests whose chunks other bundles carried, now that those are all stored.
+            var tail = ContentBundle()
+            for m in later {
+                if !tail.isEmpty,
+                    tail.encodedSize + m.sealed.count + 32 * m.chunkIDs.count + 60 > Self.bundleBytes
+                        || tail.manifests.count + 1 >= ContentBundle.maxItems
+                {
+                    total += try await send(tail, via: via)
+                    tail = ContentBundle()
+                }
+                tail.manifests.append(m)
+            }
+            if !tail.isEmpty { total += try await send(tail, via: via) }
+            return total
+        }
+        report.pushedChunks += sent
+    }
+
+    /// Sends one bundle; returns how many chunks it carried. An older server without bundles is
+    /// sent the same content a request per chunk and manifest.
+    func send(_ bundle: ContentBundle, via: FileID?) async throws -> Int {
+        do {
+            try await client.putContent(bundle, via: via)
+        } catch let e as SyncError where e.isUnknownEndpoint {
+            for c in bundle.chunks { try await client.putChunk(id: c.id, sealed: c.sealed, via: via) }
+            for m in bundle.manifests {
+                try await client.putManifest(
+                    PutManifestRequest(
+                        fileID: Data(m.fileID), digest: Data(m.digest), sealed: Data(m.sealed),
+                        chunkIDs: m.chunkIDs.map { Data($0) }, via: via.map { Data($0.bytes) }))
+            }
+        }
+        return bundle.chunks.count
+    }
+
+    /// Fetches and stores the content `needs` name: manifests many to a request, then the
+    /// chunks this device lacks, many to a request and a few requests in flight, then each
+    /// wave of documents stored in one transaction. With `shared`, through each document itself
+    /// (`via`), as another account's content is kept in its owner's namespace. Returns the
+    /// number of chunks fetched. Memory holds one wave: at most `manifestsPerRequest`
+    /// documents and about `fetchBytes` × `bundleWidth` of chunks.
+    func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
+        var fetched = 0
+        var start = 0
+        while start < needs.count {
+            let wave = Array(needs[start..<min(needs.count, start + Self.manifestsPerRequest)])
+            start += wave.count
+            let entries = try await client.getManifests(
+                wave.map { GetManifestRequest(fileID: Data($0.fileID.bytes), digest: Data($0.digest)) })
+            var opened: [(need: ContentNeed, manifest: Manifest, sealed: [UInt8])] = []
+            for (need, entry) in zip(wave, entries) {
+                guard let sealed = entry.sealed else {
+                    throw SyncError.protocolError("the server does not hold the content of \(need.fileID)")
+                }
+                opened.append((need, try vault.openRemoteManifest(need, sealed: sealed), sealed))
+            }
+            // The chunks to ask for, by document (a shared one's through itself), in requests
+            // of about `fetchBytes`.
+            var requests: [(ids: [[UInt8]], via: FileID?)] = []
+            var current: [[UInt8]] = []
+            var currentBytes = 0
+            var asked: Set<[UInt8]> = []
+            for o in opened {
+                let lacking = Set(try vault.missingChunks(o.manifest.chunks.map(\.id)))
+                var mine: [[UInt8]] = []
+                for ref in o.manifest.chunks where lacking.contains(ref.id) && asked.insert(ref.id).inserted {
+                    mine.append(ref.id)
+                    if !shared {
+                        let bytes = Int(ref.length) + 64
+                        if currentBytes + bytes > Self.fetchBytes, !current.isEmpty {
+                            requests.append((current, nil))
+                            current = []
+                            currentBytes = 0
+                        }
+                        current.append(ref.id)
+                        currentBytes += bytes
+                    }
+                }
+                if shared, !mine.isEmpty {
+                    var from = 0
+                    while from < mine.count {
+                        requests.append((Array(mine[from..<min(mine.count, from + 64)]), o.need.fileID))
+                        from += 64
+                    }
+                }
+            }
+            if !current.isEmpty { requests.append((current, nil)) }
+            let got = try await forEachConcurrently(requests, width: Self.bundleWidth) { [client] r in
+                let chunks = try await client.getChunks(r.ids, via: r.via)
+                for id in r.ids where chunks[id] == nil {
+                    throw SyncError.protocolError("the server did not send a requested chunk")
+                }
+                return chunks
+            }
+            var chunks: [[UInt8]: [UInt8]] = [:]
+            for part in got { chunks.merge(part) { a, _ in a } }
+            fetched += chunks.count
+            try vault.storeRemoteContents(
+                opened.map { o in
+                    var mine: [[UInt8]: [UInt8]] = [:]
+                    for ref in o.manifest.chunks { if let c = chunks[ref.id] { mine[ref.id] = c } }
+                    return FetchedContent(need: o.need, manifest: o.manifest, sealedManifest: o.sealed, chunks: mine)
+                })
+        }
+        return fetched
+    }
+}
+
+extension SyncError {
+    /// The server does not know the endpoint (an older server): the caller falls back.
+    var isUnknownEndpoint: Bool {
+        if case .server(let status, _, _) = self { return status == 404 || status == 405 }
+        return false
+    }
+}
