@@ -303,6 +303,23 @@ public struct StoreReader {
         return try files.resolve(id, row: [UInt8](found.sealed), place: found.place)
     }
 
+    /// The sealed length of a stored chunk (from its row, or its pack locator), without reading
+    /// a pack; nil if it is not stored.
+    public func sealedChunkLength(_ id: [UInt8]) throws -> Int? {
+        let found = try with { db -> (length: Int, row: Data, place: Int64)? in
+            guard
+                let row = try Row.fetchOne(
+                    db.cachedStatement(
+                        sql: "SELECT length(sealed) AS length, CASE WHEN place = 0 THEN X'' ELSE sealed END AS row, "
+                            + "place FROM chunks WHERE id = ?"), arguments: [Data(id)])
+            else { return nil }
+            return (row["length"], row["row"], row["place"])
+        }
+        guard let found else { return nil }
+        if found.place == 0 { return found.length }
+        return Int(try PackLocator(decoding: [UInt8](found.row)).length)
+    }
+
     public func hasChunk(_ id: [UInt8]) throws -> Bool {
         try with { db in
             try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)])

@@ -222,48 +222,131 @@ struct Export: ParsableCommand {
 }
 
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the store, pending changes and mount state.")
+    static let configuration = CommandConfiguration(
+        abstract: "Show the store, pending changes, sync and mount state.",
+        discussion:
+            "With --json, one JSON object for scripts (times in ms since the epoch; `sync`, `live` and `mounted` "
+            + "absent without a server or a mount); the fields are documented in docs/SYNC.md, \"Status\"."
+    )
     @OptionGroup var store: StoreOptions
+    @Flag(help: "Print one JSON object instead of text.") var json = false
 
     func run() throws {
         try guarded {
             let vault = try store.openVault()
-            let pending = try vault.pendingChanges()
-            print("account:  \(vault.username) (\(vault.accountID))")
-            print("store:    \(vault.dataDirectory)")
-            print("files:    \(vault.fileCount)")
-            print(
-                "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not "
-                    + "yet synced)"
-            )
-            let shared = try vault.pendingSharedChanges()
-            if shared > 0 { print("shared:   \(shared) changes in shares not yet synced") }
-            let waiting = vault.recoveryWaiting
-            if waiting > 0 { print("saving:   \(waiting) files from shares wait to be saved in your tree (next sync)") }
-            for path in vault.recoveredFromShares {
-                print("recovered: \(path) (written in a share this account can no longer write to)")
-            }
-            let sync = vault.syncStatus
-            if let server = sync.server {
-                let last = sync.lastSuccessMillis.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
-                print("sync:     \(server), last success \(last), server version \(sync.cursor)")
-                if let n = vault.serverCatchUpNotice { print("notice:   \(ServerText.sanitized(n))") }
-                if let e = sync.lastError {
-                    print("error:    last attempt failed: \(ServerText.sanitized(e, limit: 1000))")
-                }
+            let report = try StatusReport(vault)
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys]
+                print(String(decoding: try encoder.encode(report), as: UTF8.self))
             } else {
-                print("sync:     no server configured (local only)")
+                report.printText()
             }
-            if MountLock.isHeld(in: vault.dataDirectory), let m = MountLock.recorded(in: vault.dataDirectory) {
-                print("mounted:  \(m.mountPoint) (pid \(m.pid))")
-                if sync.server != nil, let live = vault.liveChannel {
-                    let since = timeString(Timespec(seconds: live.sinceMillis / 1000))
-                    let why = live.detail.map { ": " + ServerText.sanitized($0) } ?? ""
-                    print("live channel: \(ServerText.sanitized(live.state, limit: 32)) since \(since)\(why)")
-                }
-            } else {
-                print("mounted:  no")
+        }
+    }
+}
+
+/// What `coffer status` reports, as text or as JSON (docs/SYNC.md, "Status"). Every string that
+/// came from a server went through `ServerText.sanitized`.
+struct StatusReport: Encodable {
+    struct Pending: Encodable {
+        var created: Int
+        var modified: Int
+        var deleted: Int
+        /// Changes in other accounts' shares not pushed yet.
+        var shared: Int
+        /// Files from shares this account can no longer write to, waiting to be saved in its tree.
+        var saving: Int
+        /// Sealed bytes of content not pushed yet.
+        var bytesUp: Int
+    }
+    struct Sync: Encodable {
+        var server: String
+        var lastSuccess: Int64?
+        var lastAttempt: Int64?
+        var cursor: Int64
+        var lastError: String?
+        var notice: String?
+    }
+    struct Live: Encodable {
+        var state: String
+        var since: Int64
+        var detail: String?
+    }
+    struct Mounted: Encodable {
+        var mountPoint: String
+        var pid: Int32
+    }
+
+    var account: String
+    var accountID: String
+    var store: String
+    var files: Int
+    var pending: Pending
+    var recovered: [String]
+    /// nil without a server (local only).
+    var sync: Sync?
+    /// The mount daemon's live channel; nil when not mounted or without a server.
+    var live: Live?
+    var mounted: Mounted?
+
+    init(_ vault: Vault) throws {
+        account = vault.username
+        accountID = "\(vault.accountID)"
+        store = vault.dataDirectory
+        files = vault.fileCount
+        let counts = try vault.pendingChanges()
+        pending = Pending(
+            created: counts.created, modified: counts.modified, deleted: counts.deleted,
+            shared: try vault.pendingSharedChanges(), saving: vault.recoveryWaiting,
+            bytesUp: try vault.pendingUploadBytes())
+        recovered = vault.recoveredFromShares
+        let status = vault.syncStatus
+        sync = status.server.map { server in
+            Sync(
+                server: server, lastSuccess: status.lastSuccessMillis, lastAttempt: status.lastAttemptMillis,
+                cursor: status.cursor, lastError: status.lastError.map { ServerText.sanitized($0, limit: 1000) },
+                notice: vault.serverCatchUpNotice.map { ServerText.sanitized($0) })
+        }
+        if MountLock.isHeld(in: vault.dataDirectory), let m = MountLock.recorded(in: vault.dataDirectory) {
+            mounted = Mounted(mountPoint: m.mountPoint, pid: m.pid)
+            if status.server != nil, let l = vault.liveChannel {
+                live = Live(
+                    state: ServerText.sanitized(l.state, limit: 32), since: l.sinceMillis,
+                    detail: l.detail.map { ServerText.sanitized($0) })
             }
+        }
+    }
+
+    func printText() {
+        print("account:  \(account) (\(accountID))")
+        print("store:    \(store)")
+        print("files:    \(files)")
+        print(
+            "pending:  \(pending.created) created, \(pending.modified) modified, \(pending.deleted) deleted (not "
+                + "yet synced)" + (pending.bytesUp > 0 ? ", \(pending.bytesUp) bytes to upload" : "")
+        )
+        if pending.shared > 0 { print("shared:   \(pending.shared) changes in shares not yet synced") }
+        if pending.saving > 0 {
+            print("saving:   \(pending.saving) files from shares wait to be saved in your tree (next sync)")
+        }
+        for path in recovered { print("recovered: \(path) (written in a share this account can no longer write to)") }
+        if let sync {
+            let last = sync.lastSuccess.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
+            print("sync:     \(sync.server), last success \(last), server version \(sync.cursor)")
+            if let n = sync.notice { print("notice:   \(n)") }
+            if let e = sync.lastError { print("error:    last attempt failed: \(e)") }
+        } else {
+            print("sync:     no server configured (local only)")
+        }
+        if let mounted {
+            print("mounted:  \(mounted.mountPoint) (pid \(mounted.pid))")
+            if let live {
+                let why = live.detail.map { ": " + $0 } ?? ""
+                print("live channel: \(live.state) since \(timeString(Timespec(seconds: live.since / 1000)))\(why)")
+            }
+        } else {
+            print("mounted:  no")
         }
     }
 }

@@ -32,6 +32,15 @@ import Testing
             eventually(timeout: 20) { coffer(b.dataDir, ["status"]).out.contains("live channel: live") },
             "B's channel never came up: \(coffer(b.dataDir, ["status"]).out)\n\(b.log)")
 
+        // The same for scripts.
+        let json = coffer(b.dataDir, ["status", "--json"])
+        let status = try #require(
+            try JSONSerialization.jsonObject(with: Data(json.stdout)) as? [String: Any], "\(json.out)")
+        #expect((status["live"] as? [String: Any])?["state"] as? String == "live")
+        #expect((status["mounted"] as? [String: Any])?["mountPoint"] as? String == b.mountPoint)
+        #expect((status["sync"] as? [String: Any])?["server"] as? String == server.url)
+        #expect((status["pending"] as? [String: Any])?["created"] as? Int == 0)
+
         // Written and closed in A, readable in B: A pushes on the close, the server tells B.
         for i in 0..<3 {
             #expect(writeFile(a.path("note-\(i).txt"), "note \(i)\n") == 0)
@@ -67,6 +76,12 @@ import Testing
             eventually(timeout: 20) { coffer(a.dataDir, ["status"]).out.contains("live channel: down") },
             "status: \(coffer(a.dataDir, ["status"]).out)")
         #expect(writeFile(a.path("while-down.txt"), "offline\n") == 0)
+        #expect(
+            eventually(timeout: 10) {
+                let r = coffer(a.dataDir, ["status", "--json"])
+                let pending = (try? JSONSerialization.jsonObject(with: Data(r.stdout)) as? [String: Any])?["pending"]
+                return ((pending as? [String: Any])?["bytesUp"] as? Int ?? 0) > 0
+            }, "the file written while down is not counted as waiting to go up")
         try server.start()
         #expect(
             eventually(timeout: 60) { text(b.path("while-down.txt")) == "offline\n" },
