@@ -320,6 +320,41 @@ public struct StoreReader {
         return Int(try PackLocator(decoding: [UInt8](found.row)).length)
     }
 
+    /// Sealed bytes of every chunk this device holds (rows and packs): what content on demand
+    /// bounds by its cache size. A scan of the chunks' rows, run when a cache is trimmed.
+    public func heldContentBytes() throws -> Int {
+        try with { db in
+            var total =
+                try Int.fetchOne(db, sql: "SELECT COALESCE(SUM(length(sealed)), 0) FROM chunks WHERE place = 0") ?? 0
+            let packed = try Data.fetchCursor(db, sql: "SELECT sealed FROM chunks WHERE place <> 0")
+            while let locator = try packed.next() {
+                total += Int((try? PackLocator(decoding: [UInt8](locator)))?.length ?? 0)
+            }
+            return total
+        }
+    }
+
+    /// Documents whose content this device holds and has pushed (no unpushed change of their
+    /// own, in its tree or in a share): content the server has, which a cache may drop. With the
+    /// digest of that content.
+    public func evictableContent() throws -> [(id: FileID, digest: [UInt8])] {
+        try with { db in
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT b.id, b.content_digest FROM base_files b JOIN manifests m ON m.digest = b.content_digest
+                    WHERE NOT EXISTS (SELECT 1 FROM local_files l WHERE l.id = b.id)
+                    UNION ALL
+                    SELECT f.id, f.content_digest FROM shared_files f JOIN manifests m ON m.digest = f.content_digest
+                    WHERE NOT EXISTS (SELECT 1 FROM shared_local l WHERE l.id = f.id)
+                    """)
+            return rows.compactMap { row in
+                guard let id = try? FileID(bytes: [UInt8](row[0] as Data)) else { return nil }
+                return (id, [UInt8](row[1] as Data))
+            }
+        }
+    }
+
     public func hasChunk(_ id: [UInt8]) throws -> Bool {
         try with { db in
             try Bool.fetchOne(db.cachedStatement(sql: "SELECT 1 FROM chunks WHERE id = ?"), arguments: [Data(id)])

@@ -327,6 +327,23 @@ public struct StoreWriter {
         }
     }
 
+    /// Drops a manifest this device holds and the chunks no other manifest lists (content on
+    /// demand trimming its cache: the server keeps it, and a read fetches it again). Chunk rows
+    /// go at once; bytes in packs stay until garbage collection rewrites the pack.
+    public func dropContent(digest: [UInt8]) throws {
+        let key = Data(digest)
+        try session.run { db in
+            let chunks = try Data.fetchAll(
+                db.cachedStatement(sql: "SELECT chunk_id FROM manifest_chunks WHERE digest = ?"), arguments: [key])
+            try db.cachedStatement(sql: "DELETE FROM manifest_chunks WHERE digest = ?").execute(arguments: [key])
+            try db.cachedStatement(sql: "DELETE FROM manifests WHERE digest = ?").execute(arguments: [key])
+            let drop = try db.cachedStatement(
+                sql: "DELETE FROM chunks WHERE id = ? AND NOT EXISTS (SELECT 1 FROM manifest_chunks WHERE chunk_id = ?)"
+            )
+            for c in chunks { try drop.execute(arguments: [c, c]) }
+        }
+    }
+
     public func removeSetting(_ key: String) throws {
         try session.run { db in
             try db.cachedStatement(sql: "DELETE FROM settings WHERE key = ?").execute(arguments: [key])

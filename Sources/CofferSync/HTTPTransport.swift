@@ -147,9 +147,24 @@ public struct HTTPTransport: ServerTransport {
         return false
     }
 
-    public func send(
+    /// `send`, waiting on the request's future: the reply is handled on NIO's event loop, so
+    /// this needs none of Swift's cooperative threads (it may run on one, in a sync).
+    public func sendBlocking(
         method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
-    ) async throws -> (status: Int, body: [UInt8]) {
+    ) throws -> (status: Int, body: [UInt8]) {
+        let (task, _) = try start(method: method, path: path, headers: headers, body: body, contentType: contentType)
+        do {
+            let r = try task.futureResult.wait()
+            return (r.status, r.body)
+        } catch let e as NIOSSLError {
+            throw SyncError.protocolError("the TLS handshake with \(baseURL) failed (\(e))")
+        }
+    }
+
+    /// Starts a request with its deadline and size limit.
+    private func start(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) throws -> (HTTPClient.Task<BoundedReply.Reply>, BoundedReply) {
         var fields = HTTPHeaders()
         for (name, value) in headers { fields.add(name: name, value: value) }
         var payload: HTTPClient.Body?
@@ -164,6 +179,13 @@ public struct HTTPTransport: ServerTransport {
             maxBytes: maxResponseBytes, sent: body.count)
         let task = client.execute(request: request, delegate: reply)
         reply.watch(task)
+        return (task, reply)
+    }
+
+    public func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8]) {
+        let (task, _) = try start(method: method, path: path, headers: headers, body: body, contentType: contentType)
         let r = try await withTaskCancellationHandler {
             do { return try await task.futureResult.get() } catch let e as NIOSSLError {
                 // Not "offline": retrying will not help until the certificate is trusted.

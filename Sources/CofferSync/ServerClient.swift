@@ -11,6 +11,22 @@ public protocol ServerTransport: Sendable {
     ) async throws -> (status: Int, body: [UInt8])
     /// A quick check that the server can be reached at all.
     func reachable(timeout: Double) -> Bool
+    /// `send` for a thread that must not await (a FUSE request fetching content on demand), and
+    /// may be inside a Swift task: it waits without needing another of the runtime's threads.
+    func sendBlocking(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) throws -> (status: Int, body: [UInt8])
+}
+
+extension ServerTransport {
+    /// For transports without a blocking path of their own (tests): waits for `send`.
+    public func sendBlocking(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) throws -> (status: Int, body: [UInt8]) {
+        try runBlocking { [self] in
+            try await send(method: method, path: path, headers: headers, body: body, contentType: contentType)
+        }
+    }
 }
 
 /// Why a sync step failed.
@@ -190,7 +206,34 @@ public struct ServerClient: Sendable {
         } catch {
             throw SyncError.offline(ServerText.sanitized("\(error)"))
         }
-        traffic.sent.add(body.count, ordering: .relaxed)
+        return try checked(status, response, sent: body.count)
+    }
+
+    /// `raw` without awaiting (`ServerTransport.sendBlocking`), for content on demand. The
+    /// server's id must be known already (a sync has run); until then, nothing is fetched.
+    func rawBlocking(
+        _ method: String, _ path: String, body: [UInt8] = [], contentType: String = "application/json"
+    ) throws -> [UInt8] {
+        guard let server = identity.known.withLock({ $0 }) ?? identity.pinned() else {
+            throw SyncError.offline("this device has not reached its server yet")
+        }
+        let headers = RequestSigning.headers(
+            keys: keys, server: server, method: method, path: path, body: body, timestamp: now())
+        let (status, response): (Int, [UInt8])
+        do {
+            (status, response) = try transport.sendBlocking(
+                method: method, path: path, headers: headers, body: body, contentType: contentType)
+        } catch let e as SyncError {
+            throw e
+        } catch {
+            throw SyncError.offline(ServerText.sanitized("\(error)"))
+        }
+        return try checked(status, response, sent: body.count)
+    }
+
+    /// Counts a reply and turns a refusal into a `SyncError`.
+    private func checked(_ status: Int, _ response: [UInt8], sent: Int) throws -> [UInt8] {
+        traffic.sent.add(sent, ordering: .relaxed)
         traffic.received.add(response.count, ordering: .relaxed)
         traffic.requests.add(1, ordering: .relaxed)
         guard (200..<300).contains(status) else {
@@ -294,11 +337,7 @@ public struct ServerClient: Sendable {
     public func getChunks(_ ids: [[UInt8]], via: FileID? = nil) async throws -> [[UInt8]: [UInt8]] {
         let body = try [UInt8](
             JSONEncoder().encode(ChunkIDsRequest(ids: ids.map { Data($0) }, via: via.map { Data($0.bytes) })))
-        let data = try await raw("POST", API.prefix + "/chunks/get", body: body)
-        guard let chunks = ChunkBundle.decode(data) else { throw SyncError.protocolError("malformed chunk bundle") }
-        var out: [[UInt8]: [UInt8]] = [:]
-        for c in chunks { out[c.id] = c.sealed }
-        return out
+        return try Self.chunks(try await raw("POST", API.prefix + "/chunks/get", body: body))
     }
 
     /// Many chunks and manifests in one request (`POST /v1/content`), stored all at once or
@@ -313,7 +352,34 @@ public struct ServerClient: Sendable {
     /// server does not hold comes back without bytes.
     public func getManifests(_ items: [GetManifestRequest]) async throws -> [ManifestBundle.Entry] {
         let body = try [UInt8](JSONEncoder().encode(ManyManifestsRequest(items: items)))
-        let data = try await raw("POST", API.prefix + "/manifests/many", body: body)
+        return try Self.manifestEntries(try await raw("POST", API.prefix + "/manifests/many", body: body), items)
+    }
+
+    public func putManifest(_ request: PutManifestRequest) async throws {
+        try await send("POST", API.prefix + "/manifests", request)
+    }
+
+    /// `getManifests` without awaiting (content on demand).
+    public func getManifestsBlocking(_ items: [GetManifestRequest]) throws -> [ManifestBundle.Entry] {
+        let body = try [UInt8](JSONEncoder().encode(ManyManifestsRequest(items: items)))
+        return try Self.manifestEntries(try rawBlocking("POST", API.prefix + "/manifests/many", body: body), items)
+    }
+
+    /// `getChunks` without awaiting (content on demand).
+    public func getChunksBlocking(_ ids: [[UInt8]], via: FileID? = nil) throws -> [[UInt8]: [UInt8]] {
+        let body = try [UInt8](
+            JSONEncoder().encode(ChunkIDsRequest(ids: ids.map { Data($0) }, via: via.map { Data($0.bytes) })))
+        return try Self.chunks(try rawBlocking("POST", API.prefix + "/chunks/get", body: body))
+    }
+
+    static func chunks(_ data: [UInt8]) throws -> [[UInt8]: [UInt8]] {
+        guard let chunks = ChunkBundle.decode(data) else { throw SyncError.protocolError("malformed chunk bundle") }
+        var out: [[UInt8]: [UInt8]] = [:]
+        for c in chunks { out[c.id] = c.sealed }
+        return out
+    }
+
+    static func manifestEntries(_ data: [UInt8], _ items: [GetManifestRequest]) throws -> [ManifestBundle.Entry] {
         guard let entries = ManifestBundle.decode(data), entries.count == items.count else {
             throw SyncError.protocolError("malformed manifest bundle")
         }
@@ -321,10 +387,6 @@ public struct ServerClient: Sendable {
             throw SyncError.protocolError("the server answered for other manifests than were asked")
         }
         return entries
-    }
-
-    public func putManifest(_ request: PutManifestRequest) async throws {
-        try await send("POST", API.prefix + "/manifests", request)
     }
 
     public func getManifest(fileID: FileID, digest: [UInt8]) async throws -> [UInt8] {

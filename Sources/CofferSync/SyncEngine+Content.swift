@@ -198,3 +198,38 @@ extension SyncError {
         return false
     }
 }
+
+extension SyncEngine {
+    /// Fetches the content of everything at or below `roots` this device lacks (`coffer pin`,
+    /// and a store that stops keeping content on demand); returns the chunks fetched.
+    public func fetchContent(under roots: [FileID]) async throws -> Int {
+        try await fetch(try vault.contentNeeds(under: roots), shared: false)
+    }
+
+    /// What a store on demand fetches content through (`Vault.setRemoteContent`): this engine's
+    /// client, blocking without Swift concurrency (`ServerTransport.sendBlocking`), so a FUSE
+    /// thread, the CLI or a sync's own task can wait on it.
+    public var contentSource: any RemoteContentSource { EngineContentSource(client: client) }
+}
+
+struct EngineContentSource: RemoteContentSource {
+    let client: ServerClient
+
+    func manifests(_ items: [(fileID: FileID, digest: [UInt8])]) throws -> [[UInt8]?] {
+        try client.getManifestsBlocking(
+            items.map { GetManifestRequest(fileID: Data($0.fileID.bytes), digest: Data($0.digest)) }
+        ).map(\.sealed)
+    }
+
+    func chunks(_ ids: [[UInt8]], via: FileID?) throws -> [[UInt8]: [UInt8]] {
+        var out: [[UInt8]: [UInt8]] = [:]
+        var start = 0
+        // About 64 MiB per request at 1 MiB chunks: well inside a reply's limit.
+        while start < ids.count {
+            let batch = Array(ids[start..<min(ids.count, start + 64)])
+            out.merge(try client.getChunksBlocking(batch, via: via)) { a, _ in a }
+            start += batch.count
+        }
+        return out
+    }
+}

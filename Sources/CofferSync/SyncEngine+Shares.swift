@@ -19,7 +19,8 @@ extension SyncEngine {
         let (accepted, refused) = try vault.checkFeed(Array(read.files.values))
         report.refusedShared += refused
         // Content before the metadata that names it.
-        report.fetchedChunks += try await fetch(try vault.feedContentNeeds(accepted), shared: true)
+        report.fetchedChunks += try await fetch(
+            try vault.onDemandFilter(try vault.feedContentNeeds(accepted)), shared: true)
         let (changed, removedLinks) = try vault.applyFeed(
             accepted, gone: Array(read.gone), regranted: read.regranted, cursor: read.latest)
         report.removedLinks += removedLinks

@@ -248,10 +248,12 @@ public final class SyncEngine: Sendable {
         let files = Array(byID.values)
         try vault.verifyRemote(files)
         // Content before the metadata that names it.
-        report.fetchedChunks += try await fetch(try vault.contentNeeds(files), shared: false)
+        report.fetchedChunks += try await fetch(try vault.onDemandFilter(try vault.contentNeeds(files)), shared: false)
         let changed = try vault.applyPull(files, cursor: since)
         report.pulled += files.count
         report.changed.formUnion(changed)
+        // A store on demand keeps its pinned folders' content: what the pull brought into them.
+        if vault.isOnDemand { report.fetchedChunks += try await fetch(try vault.pinnedContentNeeds(), shared: false) }
     }
 
     /// Body bytes sent and received by this engine so far.

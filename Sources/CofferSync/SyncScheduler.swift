@@ -27,6 +27,8 @@ public final class SyncScheduler: Sendable {
     let onChange: @Sendable (Set<FileID>) -> Void
     let log: @Sendable (String) -> Void
     let live: LiveChannel?
+    /// Runs after each successful sync (the mount trims a store on demand to its cache size).
+    let afterSync: @Sendable () -> Void
 
     private struct Signals {
         var stopped = false
@@ -67,9 +69,11 @@ public final class SyncScheduler: Sendable {
     public init(
         engine: SyncEngine, quietPeriod: Double = 0.1, longestHold: Double = 1, interval: Double = 30,
         liveInterval: Double = 300, live: Bool = true,
-        onChange: @escaping @Sendable (Set<FileID>) -> Void, log: @escaping @Sendable (String) -> Void
+        onChange: @escaping @Sendable (Set<FileID>) -> Void, log: @escaping @Sendable (String) -> Void,
+        afterSync: @escaping @Sendable () -> Void = {}
     ) {
         self.engine = engine
+        self.afterSync = afterSync
         self.quietPeriod = max(0, quietPeriod)
         self.longestHold = max(longestHold, quietPeriod)
         self.interval = max(interval, 0.1)
@@ -217,6 +221,7 @@ public final class SyncScheduler: Sendable {
                     stuckAt =
                         (try? engine.vault.hasPendingLocalChanges()) == true ? try? engine.vault.lastChange() : nil
                     if !report.changed.isEmpty { onChange(report.changed) }
+                    afterSync()
                     if let n = report.resentToServer {
                         log(
                             "sync: the server was behind this device (restored from a backup?); re-sent \(n) "

@@ -81,6 +81,8 @@ public final class OpenDocument: Sendable {
         /// Where the last read ended, and the chunks up to which a sequential run of reads has
         /// asked the store to prefetch (`readPieces`).
         var lastReadEnd: UInt64 = 0
+        /// Whether the last read that loaded chunks followed the one before (`noteRead`).
+        var readingInOrder = false
         var prefetchedThrough = 0
         /// Gaps the last commit built and hashed a zero chunk for: one per chunk length, however
         /// long the gap (the tests check that a sparse file is not hashed chunk by chunk).
@@ -102,6 +104,7 @@ public final class OpenDocument: Sendable {
             let sequential =
                 offset == 0
                 || (offset <= lastReadEnd + Self.prefetchBytes && offset + Self.prefetchBytes >= lastReadEnd)
+            readingInOrder = sequential
             guard sequential else {
                 prefetchedThrough = Int((end + chunk - 1) / chunk)
                 return []
@@ -306,6 +309,7 @@ public final class OpenDocument: Sendable {
             prefetch = s.noteRead(offset: offset, end: end, loadsFromStore: !loads.isEmpty)
         }
         guard !loads.isEmpty, let cipher else { return pieces }
+        try fetchIfLacking(loads.map(\.ref), cipher: cipher)
         vault.store.prefetch(prefetch)
         var unique: [ChunkRef] = []
         var seen: Set<[UInt8]> = []
@@ -318,6 +322,29 @@ public final class OpenDocument: Sendable {
         }
         return pieces
     }
+
+    /// Chunks a read needs that this device does not hold (a store on demand): fetched before
+    /// the read goes on, with the chunks after them when the reader goes through the file in
+    /// order (`onDemandAhead` of them), so a sequential reader waits once per few megabytes,
+    /// not once per chunk. Without a server to ask, nothing happens and the read fails as a
+    /// missing chunk always has.
+    func fetchIfLacking(_ refs: [ChunkRef], cipher: ContentCipher) throws {
+        let lacking = try vault.store.read { r in try refs.filter { try !r.hasChunk($0.id) } }
+        guard !lacking.isEmpty, vault.remoteContent.source.withLock({ $0 != nil }) else { return }
+        var wanted = lacking
+        let ahead = state.withLock { s -> [ChunkRef] in
+            guard s.readingInOrder, let last = lacking.last, let index = s.refs.lastIndex(where: { $0?.id == last.id })
+            else { return [] }
+            return s.refs[(index + 1)..<min(s.refs.count, index + 1 + Self.onDemandAhead)].compactMap { $0 }
+        }
+        if !ahead.isEmpty {
+            wanted += try vault.store.read { r in try ahead.filter { try !r.hasChunk($0.id) } }
+        }
+        try vault.fetchChunks(wanted, of: id, cipher: cipher, via: isShared ? id : nil)
+    }
+
+    /// Chunks fetched past what a sequential read asked for, on demand.
+    static let onDemandAhead = 8
 
     /// `take` bytes of a chunk's plaintext from `within`, without a copy; past the plaintext's
     /// end (a chunk stored before a truncate up) the bytes read as zeros.
@@ -349,6 +376,9 @@ public final class OpenDocument: Sendable {
             return fitted(Array(c), expected)
         }
         guard index < s.refs.count, let ref = s.refs[index] else { return [UInt8](repeating: 0, count: expected) }
+        if try !vault.store.readOne({ try $0.hasChunk(ref.id) }) {
+            try vault.fetchChunks([ref], of: id, cipher: s.cipher, via: isShared ? id : nil)
+        }
         guard let sealed = try vault.store.chunk(ref.id) else {
             throw ContentError.missingChunk(hexString(Array(ref.id.prefix(8))))
         }

@@ -47,6 +47,7 @@ extension Vault {
                 (cipher, digest) = again
                 manifest = try loadManifest(digest, cipher: cipher)
             }
+            if remoteContent.source.withLock({ $0 != nil }) { noteContentRead(id) }
             let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
             return openDocuments.withLock { docs in
                 let doc = docs[id] ?? fresh  // another thread may have opened it meanwhile
@@ -57,11 +58,14 @@ extension Vault {
         } catch { throw VaultError.wrap(error) }
     }
 
+    /// The manifest `digest` of a document, from the store, or (a store on demand) fetched
+    /// from the server and stored.
     func loadManifest(_ digest: [UInt8]?, cipher: ContentCipher) throws -> Manifest {
-        guard let manifest = try storedManifest(digest, cipher: cipher) else {
-            throw VaultError.corrupt("the content manifest of \(cipher.fileID) is missing")
+        if let manifest = try storedManifest(digest, cipher: cipher) { return manifest }
+        if let digest, let fetched = try fetchManifest(cipher.fileID, digest: digest, cipher: cipher) {
+            return fetched
         }
-        return manifest
+        throw VaultError.corrupt("the content manifest of \(cipher.fileID) is missing")
     }
 
     /// `loadManifest`, nil if the store holds no manifest with that digest.

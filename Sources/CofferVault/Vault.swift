@@ -54,6 +54,11 @@ public final class Vault: Sendable {
     /// The links shown so far as the shared file each places (`presented(link:)`), by target: a
     /// change to the shared file is a change to what the mount shows at the link.
     let shownLinks = Mutex<[FileID: FileID]>([:])
+    /// Where content this device keeps on demand is fetched from (`setRemoteContent`).
+    let remoteContent = RemoteContentSlot()
+    /// When this process last read each document's content (ms), for trimming the cache of a
+    /// store on demand (`trimContent`). In memory: bounded by the documents read.
+    let contentReads = Mutex<[FileID: Int64]>([:])
     /// See `coalesceFolderTimes`.
     let coalescing = Atomic<Bool>(false)
     /// Group transactions found lost (their writes gone) by this vault: a batch tool such as

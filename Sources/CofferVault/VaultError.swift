@@ -20,6 +20,9 @@ public enum VaultError: Error, CustomStringConvertible {
     case denied(String)
     /// A move between two owners' trees (EXDEV: tools copy instead), docs/SHARING.md.
     case crossOwner(String)
+    /// Content this device keeps on demand and cannot fetch now (offline): EIO, never a wait
+    /// without end (docs/SYNC.md, "Content on demand").
+    case unavailable(String)
 
     public var description: String {
         switch self {
@@ -35,6 +38,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .tooLarge(let w): return w
         case .denied(let w): return w
         case .crossOwner(let w): return "\(w) is refused: files keep their owner; copy instead"
+        case .unavailable(let w): return w
         }
     }
 
@@ -60,7 +64,7 @@ public enum VaultError: Error, CustomStringConvertible {
         case .tooLarge: return 27  // EFBIG
         case .denied: return 13  // EACCES
         case .crossOwner: return 18  // EXDEV
-        case .noAccount, .accountExists, .corrupt, .io: return 5
+        case .noAccount, .accountExists, .corrupt, .io, .unavailable: return 5
         }
     }
 

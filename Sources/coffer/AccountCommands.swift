@@ -74,6 +74,11 @@ struct Account: ParsableCommand {
         @OptionGroup var store: StoreOptions
         @Option(help: "Username for the restored tree (without --server).") var username: String = "coffer"
         @Option(help: "Join the account on this server and bring the whole tree down.") var server: String?
+        @Flag(
+            help: ArgumentHelp(
+                "With --server: bring the tree's records only; content comes when a file is opened, or with `coffer "
+                    + "pin` (docs/SYNC.md, \"Content on demand\")."))
+        var onDemand = false
         @OptionGroup var connection: ServerConnectionOptions
         @Flag(
             help:
@@ -89,6 +94,7 @@ struct Account: ParsableCommand {
                 let dir = store.resolvedDataDir
                 let sealing = passphrase ? CLIPassphraseSource() : nil
                 guard let server else {
+                    if onDemand { throw CLIError("--on-demand joins from a server: give --server URL") }
                     let vault = try Vault.create(
                         dataDirectory: dir, username: username, secret: secret, passphrase: sealing)
                     print("Imported account \(vault.username) (\(vault.accountID)) into \(vault.dataDirectory).")
@@ -99,6 +105,7 @@ struct Account: ParsableCommand {
                     dataDirectory: dir, username: username, secret: secret, passphrase: sealing, createRoot: false)
                 do {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
+                    if onDemand { try vault.setOnDemand(true) }
                     let probe = try SyncEngine.forStore(vault)
                     let report = try runBlocking { try await probe.sync() }
                     guard probe.vault.hasRoot else {
@@ -107,7 +114,7 @@ struct Account: ParsableCommand {
                     }
                     print(
                         "Joined account \(probe.vault.username) (\(probe.vault.accountID)) from \(server): "
-                            + "\(report.pulled) files."
+                            + "\(report.pulled) files" + (onDemand ? " (content on demand)." : ".")
                     )
                 } catch {
                     removeNewStore(dir)

@@ -15,7 +15,8 @@ struct Coffer: ParsableCommand {
         subcommands: [
             Init.self, Account.self, Whoami.self, List.self, Tree.self, Cat.self, Write.self, Edit.self,
             MakeFolder.self, Move.self, Remove.self, Import.self, Export.self, Status.self, Fsck.self,
-            GarbageCollect.self, Sync.self, Contacts.self, Share.self, Mount.self, Unmount.self, Completions.self,
+            GarbageCollect.self, Sync.self, Contacts.self, Share.self, Mount.self, Unmount.self, Pin.self, Unpin.self,
+            OnDemand.self, Completions.self,
         ]
     )
 }
@@ -37,8 +38,14 @@ struct StoreOptions: ParsableArguments {
     }
 
     /// Opens the store's vault, asking for the account key's passphrase (once) if it has one.
+    /// The store's vault; one that keeps content on demand fetches what a command reads from
+    /// its server.
     func openVault() throws -> Vault {
-        try Vault.open(dataDirectory: resolvedDataDir, passphrase: CLIPassphraseSource())
+        let vault = try Vault.open(dataDirectory: resolvedDataDir, passphrase: CLIPassphraseSource())
+        if vault.isOnDemand, vault.serverSettings != nil, let engine = try? SyncEngine.forStore(vault) {
+            vault.setRemoteContent(engine.contentSource)
+        }
+        return vault
     }
 }
 

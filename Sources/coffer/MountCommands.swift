@@ -32,6 +32,12 @@ struct Mount: ParsableCommand {
             "Most records, keys, names and attributes each of the tree's caches holds (about 2 KB per entry in "
                 + "all); the rest is read from the store as needed.", valueName: "n"))
     var cacheEntries: Int = Vault.defaultCacheEntries
+    @Option(
+        help: ArgumentHelp(
+            "For a store on demand: content held on this device at most (e.g. 500M, 20G); the least recently read "
+                + "content the server has is dropped past it, never a pinned file's or anything not yet pushed.",
+            valueName: "size"))
+    var cacheSize: String?
     @Argument(help: "An existing, empty folder.") var mountPoint: String
 
     /// Where the daemon finds the pipe it reports readiness on (`COFFER_READY_FD`).
@@ -46,6 +52,7 @@ struct Mount: ParsableCommand {
             guard FileManager.default.fileExists(atPath: dataDir + "/account.secret") else {
                 throw VaultError.noAccount(dataDir)
             }
+            if let cacheSize { _ = try Self.parseSize(cacheSize) }
             let readyFD = ProcessInfo.processInfo.environment["COFFER_READY_FD"].flatMap { Int32($0) }
             if !foreground && readyFD == nil {
                 try daemonize(dataDir: dataDir, mountPoint: point)
@@ -87,11 +94,24 @@ struct Mount: ParsableCommand {
         var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> MountServices)? = nil
         if vault.syncStatus.server != nil {
             let engine = try SyncEngine.forStore(vault)
+            // A store on demand fetches what is read (docs/SYNC.md, "Content on demand").
+            if vault.isOnDemand { vault.setRemoteContent(engine.contentSource) }
             let (interval, quiet) = (syncInterval, syncQuiet)
+            let limit = try cacheSize.map(Self.parseSize)
+            let trim: @Sendable () -> Void = {
+                guard let limit else { return }
+                do {
+                    let dropped = try vault.trimContent(to: limit)
+                    if dropped > 0 { logger.log("cache: dropped \(dropped) bytes of content the server has") }
+                } catch {
+                    logger.log("cache: trimming failed: \(error)")
+                }
+            }
+            trim()
             services = { changed in
                 let scheduler = SyncScheduler(
                     engine: engine, quietPeriod: quiet, interval: interval, onChange: changed,
-                    log: { logger.log($0) })
+                    log: { logger.log($0) }, afterSync: trim)
                 scheduler.start()
                 return MountServices(storeChanged: { scheduler.storeChanged() }, stop: { scheduler.stop() })
             }
@@ -106,6 +126,23 @@ struct Mount: ParsableCommand {
         try? vault.mark(.daemon, running: false)
         logger.log("daemon exiting")
         withExtendedLifetime(lock) {}
+    }
+
+    /// Bytes from "123", "500K", "500M", "20G" or "1T" (powers of 1024).
+    static func parseSize(_ text: String) throws -> Int {
+        let units: [Character: Int] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+        var digits = text.uppercased()
+        var scale = 1
+        if let last = digits.last, let u = units[last] {
+            scale = u
+            digits.removeLast()
+        }
+        guard let n = Int(digits), n >= 0 else {
+            throw CLIError("--cache-size: \(text) is not a size like 500M or 20G")
+        }
+        let (bytes, overflow) = n.multipliedReportingOverflow(by: scale)
+        guard !overflow else { throw CLIError("--cache-size: \(text) is too large") }
+        return bytes
     }
 
     /// Starts this command again in its own session, detached, and waits until it reports the
@@ -139,6 +176,7 @@ struct Mount: ParsableCommand {
         for opt in o { args += ["-o", opt] }
         args += ["--sync-interval", String(syncInterval), "--sync-quiet", String(syncQuiet)]
         args += ["--cache-entries", String(cacheEntries)]
+        if let cacheSize { args += ["--cache-size", cacheSize] }
         args.append(mountPoint)
         var env = ProcessInfo.processInfo.environment
         env["COFFER_READY_FD"] = String(Self.readyDescriptor)

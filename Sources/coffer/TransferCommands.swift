@@ -278,8 +278,21 @@ struct StatusReport: Encodable {
         var pid: Int32
     }
 
+    struct Unfetched: Encodable {
+        var path: String
+        var time: Int64
+        var why: String
+    }
+    /// Content kept on demand: whether, what is pinned, what a read could not fetch.
+    struct Content: Encodable {
+        var onDemand: Bool
+        var pinned: [String]
+        var unfetched: [Unfetched]
+    }
+
     var account: String
     var accountID: String
+    var content: Content
     var store: String
     var files: Int
     var pending: Pending
@@ -301,6 +314,11 @@ struct StatusReport: Encodable {
             shared: try vault.pendingSharedChanges(), saving: vault.recoveryWaiting,
             bytesUp: try vault.pendingUploadBytes())
         recovered = vault.recoveredFromShares
+        content = Content(
+            onDemand: vault.isOnDemand, pinned: vault.pinnedIDs.map { vault.path(of: $0) },
+            unfetched: vault.unfetched.map {
+                Unfetched(path: vault.path(of: $0.id), time: $0.millis, why: ServerText.sanitized($0.why))
+            })
         let status = vault.syncStatus
         sync = status.server.map { server in
             Sync(
@@ -331,6 +349,13 @@ struct StatusReport: Encodable {
             print("saving:   \(pending.saving) files from shares wait to be saved in your tree (next sync)")
         }
         for path in recovered { print("recovered: \(path) (written in a share this account can no longer write to)") }
+        if content.onDemand {
+            let pins = content.pinned.isEmpty ? "nothing pinned" : "pinned: " + content.pinned.joined(separator: ", ")
+            print("content:  on demand (\(pins))")
+        }
+        for u in content.unfetched {
+            print("unfetched: \(u.path) at \(timeString(Timespec(seconds: u.time / 1000))): \(u.why)")
+        }
         if let sync {
             let last = sync.lastSuccess.map { timeString(Timespec(seconds: $0 / 1000)) } ?? "never"
             print("sync:     \(sync.server), last success \(last), server version \(sync.cursor)")

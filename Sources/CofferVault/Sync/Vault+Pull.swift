@@ -347,7 +347,12 @@ extension Vault {
             }
             kept.append(chunks)
         }
+        // A read that could not fetch one of these (offline) is answered now.
+        let unfetched = Set(self.unfetched.map(\.id))
         try store.write { w in
+            for item in items where unfetched.contains(item.need.fileID) {
+                try w.removeSetting("unfetched." + hexString(item.need.fileID.bytes))
+            }
             for (item, chunks) in zip(items, kept) {
                 try w.putChunks(chunks)
                 for r in item.manifest.chunks where try !w.reader.hasChunk(r.id) {
