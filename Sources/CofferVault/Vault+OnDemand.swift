@@ -169,6 +169,17 @@ extension Vault {
         clearUnfetched(id)
     }
 
+    /// Fetches all the content at or below `roots` this device lacks, for an operation that
+    /// reads every byte of it (a revocation seals it all again). Nothing for a store that holds
+    /// all its content, or has no server to ask.
+    public func fetchWholeContent(under roots: [FileID]) throws {
+        guard isOnDemand, remoteContent.source.withLock({ $0 != nil }) else { return }
+        for need in try contentNeeds(under: roots) {
+            let manifest = try loadManifest(need.digest, cipher: need.cipher)
+            try fetchChunks(manifest.chunks, of: need.fileID, cipher: need.cipher, via: nil)
+        }
+    }
+
     // MARK: The cache
 
     /// Notes that `id`'s content was read, for the cache's least-recently-used order.

@@ -46,6 +46,8 @@ extension Vault {
     public func unshare(
         _ id: FileID, from account: AccountID, name: String, boxKeys: [AccountID: PublicBoxKey]
     ) throws {
+        // Everything below is sealed again: a store on demand fetches what it lacks first.
+        try fetchWholeContent(under: [id])
         try commit { batch, s, w in
             guard let m = batch.file(id) else { throw VaultError.tree(.notFound(s.view.describe(id))) }
             guard let i = m.access.firstIndex(where: { $0.account == account && !$0.isDeleted }) else {
