@@ -334,6 +334,30 @@ public struct StoreReader {
         }
     }
 
+    /// Sealed bytes of the content of local records whose content differs from their base's (or
+    /// that have no base): what waits to be pushed, each chunk counted once. One query, read
+    /// through a cursor, so `coffer status` stays small however much is pending.
+    public func pendingContentBytes() throws -> Int {
+        try with { db in
+            let pending = """
+                SELECT mc.chunk_id FROM local_files l JOIN manifest_chunks mc ON mc.digest = l.content_digest
+                LEFT JOIN base_files b ON b.id = l.id
+                WHERE l.content_digest IS NOT NULL AND (b.content_digest IS NULL OR b.content_digest <> l.content_digest)
+                """
+            var total =
+                try Int.fetchOne(
+                    db,
+                    sql: "SELECT COALESCE(SUM(length(sealed)), 0) FROM chunks WHERE place = 0 AND id IN (\(pending))")
+                ?? 0
+            let packed = try Data.fetchCursor(
+                db, sql: "SELECT sealed FROM chunks WHERE place <> 0 AND id IN (\(pending))")
+            while let locator = try packed.next() {
+                total += Int((try? PackLocator(decoding: [UInt8](locator)))?.length ?? 0)
+            }
+            return total
+        }
+    }
+
     /// Documents whose content this device holds and has pushed (no unpushed change of their
     /// own, in its tree or in a share): content the server has, which a cache may drop. With the
     /// digest of that content.

@@ -77,16 +77,7 @@ extension Vault {
     /// content changed here, each counted once, whether or not the server already holds some of
     /// them): what `coffer status` reports as waiting to go up.
     public func pendingUploadBytes() throws -> Int {
-        let uploads = try pendingContent()
-        var seen: Set<[UInt8]> = []
-        return try store.read { r in
-            var total = 0
-            for u in uploads {
-                total += u.sealedManifest.count
-                for id in u.chunkIDs where seen.insert(id).inserted { total += try r.sealedChunkLength(id) ?? 0 }
-            }
-            return total
-        }
+        try store.read { try $0.pendingContentBytes() }
     }
 
     public func sealedChunk(_ id: [UInt8]) throws -> [UInt8]? {
