@@ -634,7 +634,8 @@ public final class CofferServer: Sendable {
                 if let stored = try tx.file(id: Data(m.fileID)), stored.account != owner {
                     throw ServerError.forbidden(Self.unusableFileID(Data(m.fileID)))
                 }
-                let ids = Set(m.chunkIDs.map { Data($0) }).subtracting(carried)
+                // Filtered, not `Set.subtracting`: that walked the whole bundle's set per manifest.
+                let ids = Set(m.chunkIDs.map { Data($0) }).filter { !carried.contains($0) }
                 guard try tx.presentChunks(account: owner, ids: Array(ids)).count == ids.count else {
                     throw ServerError.conflict(
                         "a manifest lists chunks that are not on the server; send them first")

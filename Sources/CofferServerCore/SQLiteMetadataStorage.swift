@@ -523,9 +523,10 @@ struct SQLiteTransaction: MetadataWriter {
 
     func putFile(_ f: StoredFile) throws {
         let old = try Row.fetchOne(
-            db, sql: "SELECT account, length(record) AS n, deleted FROM file WHERE id = ?", arguments: [f.id])
+            db.cachedStatement(sql: "SELECT account, length(record) AS n, deleted FROM file WHERE id = ?"),
+            arguments: [f.id])
         // COALESCE: an empty name MAC may be bound as NULL; stored and looked up as an empty blob.
-        try db.execute(
+        try db.cachedStatement(
             sql: """
                 INSERT INTO file (id, account, record, version, content_version, server_deleted, deleted, digest,
                     parent, name_mac, link_target, writer)
@@ -535,11 +536,11 @@ struct SQLiteTransaction: MetadataWriter {
                     server_deleted = excluded.server_deleted, deleted = excluded.deleted, digest = excluded.digest,
                     parent = excluded.parent, name_mac = excluded.name_mac, link_target = excluded.link_target,
                     writer = excluded.writer
-                """,
-            arguments: [
-                f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest,
-                f.parent, f.nameMAC, f.linkTarget, f.writer,
-            ])
+                """
+        ).execute(arguments: [
+            f.id, f.account, f.record, f.version, f.contentVersion, f.serverDeleted, f.deleted, f.digest,
+            f.parent, f.nameMAC, f.linkTarget, f.writer,
+        ])
         if let old {
             let account: Data = old["account"]
             try addUsage(account: account, bytes: -QuotaRule.counted(row: old["n"]))
@@ -581,14 +582,14 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     private func addLiveFiles(account: Data, _ delta: Int64) throws {
-        try db.execute(
-            sql: "UPDATE account SET live_files = MAX(0, live_files + ?) WHERE key = ?", arguments: [delta, account])
+        try db.cachedStatement(sql: "UPDATE account SET live_files = MAX(0, live_files + ?) WHERE key = ?")
+            .execute(arguments: [delta, account])
     }
 
     func putManifest(_ key: ManifestKey, sealed: Data, chunkIDs: [Data], createdAt: Int64) throws -> Bool {
-        try db.execute(
-            sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)",
-            arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
+        try db.cachedStatement(
+            sql: "INSERT OR IGNORE INTO manifest (account, file_id, digest, sealed, created_at) VALUES (?, ?, ?, ?, ?)"
+        ).execute(arguments: [key.account, key.fileID, key.digest, sealed, createdAt])
         guard db.changesCount == 1 else { return false }
         try addUsage(account: key.account, bytes: QuotaRule.counted(row: Int64(sealed.count)))
         let statement = try db.cachedStatement(
@@ -643,8 +644,8 @@ struct SQLiteTransaction: MetadataWriter {
     }
 
     func addUsage(account: Data, bytes: Int64) throws {
-        try db.execute(
-            sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?", arguments: [bytes, account])
+        try db.cachedStatement(sql: "UPDATE account SET bytes_used = MAX(0, bytes_used + ?) WHERE key = ?")
+            .execute(arguments: [bytes, account])
     }
 
     func insertInvite(hash: Data, createdAt: Int64) throws {

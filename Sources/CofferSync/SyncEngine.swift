@@ -33,6 +33,18 @@ public struct SyncReport: Sendable {
     public var contactClashes: [String] = []
     /// Why the contact book could not be shared with the account's other devices this time.
     public var contactsFailure: String?
+    /// Seconds each step took, in order (`coffer sync --stats`, the sync benchmark).
+    public var steps: [(step: String, seconds: Double)] = []
+
+    /// Times `body` as step `name`.
+    mutating func time<T>(_ name: String, _ body: (inout SyncReport) async throws -> T) async rethrows -> T {
+        let start = ContinuousClock.now
+        defer {
+            let d = ContinuousClock.now - start
+            steps.append((name, Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18))
+        }
+        return try await body(&self)
+    }
 }
 
 /// The sync routine (the Lockbook Sync v3 shape): pull, push content, push metadata, pull, prune.
@@ -97,13 +109,13 @@ public final class SyncEngine: Sendable {
         do {
             guard transport.reachable(timeout: 3) else { throw SyncError.offline("no connection to the server") }
             client.recheckServerID()
-            if serverCheckDue() { try await catchUpIfServerBehind(&report) }
+            if serverCheckDue() { try await report.time("server check") { try await catchUpIfServerBehind(&$0) } }
             // Read before the pull: a share accepted while this sync runs keeps its own note.
             let linkNote = try vault.linkAcceptedNote()
-            try await pull(&report)
+            try await report.time("pull") { try await pull(&$0) }
             // Shares before the push, so links whose share went away, or that another device of
             // the account already made, are removed with it.
-            try await pullFeed(&report)
+            try await report.time("pull shares") { try await pullFeed(&$0) }
             // Links an earlier pull of the feed noted but did not get to remove (it stopped).
             report.removedLinks += try vault.removeNotedLinks()
             // Work saved from shares that an earlier sync could not save yet. A failure here
@@ -115,17 +127,17 @@ public final class SyncEngine: Sendable {
             var attempts = 0
             while true {
                 try await resealStaleGrants()
-                try await pushContent(&report)
+                try await report.time("push content") { try await pushContent(&$0) }
                 do {
-                    try await pushMetadata(&report)
+                    try await report.time("push records") { try await pushMetadata(&$0) }
                     break
                 } catch let e as SyncError where e.isGetUpdatesRequired && attempts < 8 {
                     attempts += 1
-                    try await pull(&report)
+                    try await report.time("pull") { try await pull(&$0) }
                 }
             }
-            try await pushShared(&report)
-            try await pull(&report)
+            try await report.time("push shares") { try await pushShared(&$0) }
+            try await report.time("pull again") { try await pull(&$0) }
             // Everything is pushed: a link accepted before this sync began is on the server now.
             try vault.clearLinkAcceptedNote(linkNote)
             report.pruned = try vault.pruneSyncedDeletions()
@@ -209,8 +221,11 @@ public final class SyncEngine: Sendable {
             if feed {
                 try vault.verifyFeedSignatures(records.map(\.signed))
             } else {
-                try vault.verifySignatures(records.map(\.signed))
-                try writers.admit(records)
+                // What this device holds byte for byte (its own push read back) was checked when
+                // it was stored.
+                let fresh = try vault.unseen(records)
+                try vault.verifySignatures(fresh.map(\.signed))
+                try writers.admit(fresh)
             }
             for r in records {
                 if let prior = byID[r.signed.metadata.id], prior.version > r.version { continue }
@@ -245,7 +260,8 @@ public final class SyncEngine: Sendable {
         let cursor = vault.syncStatus.cursor
         let (byID, since) = try await updates(since: cursor)
         guard !byID.isEmpty || since != cursor else { return }
-        let files = Array(byID.values)
+        // Its own push read back changes nothing but the cursor.
+        let files = try vault.unseen(Array(byID.values))
         try vault.verifyRemote(files)
         // Content before the metadata that names it.
         report.fetchedChunks += try await fetch(try vault.onDemandFilter(try vault.contentNeeds(files)), shared: false)

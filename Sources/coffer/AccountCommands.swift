@@ -267,6 +267,9 @@ struct Sync: ParsableCommand {
             if stats {
                 let t = engine.traffic
                 print("traffic: \(t.requests) requests, \(t.sent) bytes sent, \(t.received) bytes received")
+                print(
+                    "steps: "
+                        + report.steps.map { String(format: "%@ %.2f s", $0.step, $0.seconds) }.joined(separator: ", "))
             }
         }
     }

@@ -51,6 +51,20 @@ public struct ContentNeed: Sendable {
 }
 
 extension Vault {
+    /// Drops the pulled records this device already holds as they are (its own push, read back
+    /// by the pull after it: the same signed bytes at the version the upsert answered): they
+    /// carry nothing to verify or merge. Everything else is kept.
+    public func unseen(_ files: [RemoteFile]) throws -> [RemoteFile] {
+        try store.read { r in
+            try files.filter { f in
+                guard let base = try r.file(f.signed.metadata.id, .base) else { return true }
+                return
+                    !(base.version == f.version && base.contentVersion == f.contentVersion
+                    && base.serverDeleted == f.serverDeleted && base.signed == f.signed)
+            }
+        }
+    }
+
     /// Refuses the whole pull if any record is not signed by this account or not owned by it,
     /// or goes against what this device has already seen (`checkHistory`): nothing from a server
     /// is applied without checking who wrote it and that it is not older than what is here.
