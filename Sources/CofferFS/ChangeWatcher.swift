@@ -76,12 +76,19 @@ public final class ChangeWatcher: Sendable {
         }
         var lastRefresh = -Double.infinity
         var lastActivity: Double?
+        // A look again after a refresh an event started: the log file is written before the
+        // commit shows (SQLite marks it in the shared-memory index, which raises no event), so
+        // a refresh right after the write may not see it yet.
+        var followUp: Double?
         while !stopped.load(ordering: .relaxed) {
-            // Without an event, only pending folder times or memory to give back wake the thread.
+            // Without an event, only pending folder times, a follow-up or memory to give back
+            // wake the thread.
             let t = Self.now()
             var timeout: Int32 = -1
             if events == nil || fs.vault.hasPendingFolderTimes {
                 timeout = Int32(interval * 1000)
+            } else if let f = followUp {
+                timeout = Int32(max(0, (f - t) * 1000))
             } else if let a = lastActivity {
                 timeout = Int32(max(0, (a + Self.trimDelay - t) * 1000))
             }
@@ -91,7 +98,12 @@ public final class ChangeWatcher: Sendable {
             ]
             let ready = poll(&fds, 2, timeout)
             if stopped.load(ordering: .relaxed) { break }
-            var changed = events == nil || (ready > 0 && events?.drain() == true)
+            let evented = ready > 0 && events?.drain() == true
+            var changed = events == nil || evented
+            if let f = followUp, Self.now() >= f {
+                followUp = nil
+                changed = true
+            }
             if let a = lastActivity, Self.now() - a >= Self.trimDelay {
                 MountService.returnFreedMemory()
                 lastActivity = nil
@@ -110,6 +122,7 @@ public final class ChangeWatcher: Sendable {
             }
             lastRefresh = Self.now()
             lastActivity = lastRefresh
+            if evented { followUp = lastRefresh + interval }
             do {
                 let changed = try fs.vault.refreshAll()
                 if !changed.isEmpty { invalidate(changed) }

@@ -602,7 +602,10 @@ public final class CofferServer: Sendable {
             staged[c.id] = try guarded { try content.stage(ChunkKey(account: owner, id: Data(c.id)), bytes: c.sealed) }
         }
         do {
-            try guarded { try storeBundle(bundle, fresh: fresh, staged: staged, owner: owner, published: &published) }
+            try guarded {
+                try storeBundle(
+                    bundle, caller: caller, fresh: fresh, staged: staged, owner: owner, published: &published)
+            }
         } catch {
             // Published, then rolled back: the files go too (cleanup would remove them later).
             for id in published { try? content.delete(ChunkKey(account: owner, id: Data(id))) }
@@ -612,27 +615,23 @@ public final class CofferServer: Sendable {
 
     /// The transaction of `putContent`: everything is checked before any chunk is published.
     private func storeBundle(
-        _ bundle: ContentBundle, fresh: [ContentBundle.Chunk], staged: [[UInt8]: StagedChunk], owner: Data,
-        published: inout Set<[UInt8]>
+        _ bundle: ContentBundle, caller: Data, fresh: [ContentBundle.Chunk], staged: [[UInt8]: StagedChunk],
+        owner: Data, published: inout Set<[UInt8]>
     ) throws {
         try metadata.write { tx in
             guard let account = try tx.lockAccount(key: owner) else {
                 throw ServerError.unauthorized("no account has this key")
             }
-            var adding: Int64 = 0
-            for c in fresh { adding &+= QuotaRule.counted(chunk: Int64(c.sealed.count)) }
-            for m in bundle.manifests { adding &+= QuotaRule.counted(row: Int64(m.sealed.count)) }
-            guard adding >= 0, fitsQuota(used: account.bytesUsed, adding: adding) else {
-                throw ServerError.quotaExceeded(
-                    "storing this content would exceed the account's quota of \(quotaBytes) bytes")
-            }
-            // Every manifest's chunks are stored or in the bundle, and every manifest is the
-            // namespace's, before anything is written.
+            // Every manifest is one the caller may write to the bundle's namespace, and lists
+            // chunks stored or carried, before anything is written.
             let carried = Set(bundle.chunks.map { Data($0.id) })
+            var newManifests: [ContentBundle.Manifest] = []
             for m in bundle.manifests {
-                // A stored document's content is its owner's; a new one's, the bundle's.
-                if let stored = try tx.file(id: Data(m.fileID)), stored.account != owner {
-                    throw ServerError.forbidden(Self.unusableFileID(Data(m.fileID)))
+                // A stored document's content is its owner's, for a caller that may write it
+                // (as `putManifest` checks); a new one's, the bundle's.
+                if try tx.file(id: Data(m.fileID)) != nil {
+                    let fileOwner = try contentOwner(caller: caller, via: Data(m.fileID), needs: .write, tx: tx)
+                    guard fileOwner == owner else { throw ServerError.forbidden(Self.unusableFileID(Data(m.fileID))) }
                 }
                 // Filtered, not `Set.subtracting`: that walked the whole bundle's set per manifest.
                 let ids = Set(m.chunkIDs.map { Data($0) }).filter { !carried.contains($0) }
@@ -640,6 +639,33 @@ public final class CofferServer: Sendable {
                     throw ServerError.conflict(
                         "a manifest lists chunks that are not on the server; send them first")
                 }
+                if try !tx.hasManifest(ManifestKey(account: owner, fileID: Data(m.fileID), digest: Data(m.digest))) {
+                    newManifests.append(m)
+                }
+            }
+            // Carried chunks counted present before this transaction: one released meanwhile is
+            // stored again from the bundle (a small one), or the bundle is sent again (a large one,
+            // whose file was not staged).
+            var missingAgain: [ContentBundle.Chunk] = []
+            let freshIDs = Set(fresh.map(\.id))
+            for c in bundle.chunks where !freshIDs.contains(c.id) {
+                guard try tx.presentChunks(account: owner, ids: [Data(c.id)]).isEmpty else { continue }
+                guard c.sealed.count <= Self.inlineChunkBytes else {
+                    throw ServerError.conflict("a chunk of the bundle went meanwhile; send the bundle again")
+                }
+                if !missingAgain.contains(where: { $0.id == c.id }) { missingAgain.append(c) }
+            }
+            var adding: Int64 = 0
+            for c in fresh + missingAgain { adding &+= QuotaRule.counted(chunk: Int64(c.sealed.count)) }
+            for m in newManifests { adding &+= QuotaRule.counted(row: Int64(m.sealed.count)) }
+            guard adding >= 0, fitsQuota(used: account.bytesUsed, adding: adding) else {
+                throw ServerError.quotaExceeded(
+                    "storing this content would exceed the account's quota of \(quotaBytes) bytes")
+            }
+            for c in missingAgain {
+                _ = try tx.insertChunk(
+                    ChunkKey(account: owner, id: Data(c.id)), size: Int64(c.sealed.count), createdAt: now,
+                    inline: Data(c.sealed))
             }
             for c in fresh {
                 let key = ChunkKey(account: owner, id: Data(c.id))
@@ -652,9 +678,8 @@ public final class CofferServer: Sendable {
                     _ = try tx.insertChunk(key, size: Int64(c.sealed.count), createdAt: now, inline: Data(c.sealed))
                 }
             }
-            for m in bundle.manifests {
+            for m in newManifests {
                 let key = ManifestKey(account: owner, fileID: Data(m.fileID), digest: Data(m.digest))
-                if try tx.hasManifest(key) { continue }
                 let ids = Array(Set(m.chunkIDs.map { Data($0) }))
                 _ = try tx.putManifest(key, sealed: Data(m.sealed), chunkIDs: ids, createdAt: now)
             }

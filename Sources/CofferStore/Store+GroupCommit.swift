@@ -45,20 +45,22 @@ final class GroupCommit: Sendable {
         return s.sleeping
     }
 
-    /// Called by the commit thread once nothing is left to do (no group open, nothing queued,
-    /// the log checkpointed since the last commit): waits for the next write, so an idle store
-    /// costs no wakeups at all.
-    func sleepUntilWritten() {
+    /// Called by the commit thread: if nothing is left to do (no group open, nothing queued,
+    /// and `done`, the time by which both the log's checkpoint and its trim last ran, is after
+    /// the last group closed), waits for the next write, so an idle store costs no wakeups at
+    /// all. Checked under the lock the writers take, so a group opened and closed meanwhile is
+    /// seen. Returns whether it slept.
+    @discardableResult
+    func sleepIfIdle(done: Double) -> Bool {
         let sleep = state.withLock { s -> Bool in
-            guard s.window != nil, s.openedAt == nil, s.head >= s.queued.count else { return false }
+            guard s.window != nil, s.openedAt == nil, s.head >= s.queued.count, (s.closedAt ?? -.infinity) < done
+            else { return false }
             s.sleeping = true
             return true
         }
         if sleep { wakeup.wait() }
+        return sleep
     }
-
-    /// When the last group closed (monotonic seconds), nil if none has.
-    var lastClosed: Double? { state.withLock { $0.closedAt } }
 
     var window: Double? { state.withLock { $0.window } }
     var isOpen: Bool { state.withLock { $0.openedAt != nil } }

@@ -723,11 +723,7 @@ public final class Store: Sendable {
             while let w = group.window {
                 // Idle once the last group's writes are checkpointed and the log was looked at
                 // for trimming: then only the next write wakes this thread.
-                let closed = group.lastClosed ?? -Double.infinity
-                if !group.isOpen, !group.hasQueued, lastCheckpoint > closed, lastTrim > closed {
-                    group.sleepUntilWritten()
-                    continue
-                }
+                if group.sleepIfIdle(done: min(lastCheckpoint, lastTrim)) { continue }
                 Thread.sleep(forTimeInterval: w / 4)
                 // Once a second: often enough to keep the log to about a second of writes, rare
                 // enough that its two syncs (log, then database) stay cheap.

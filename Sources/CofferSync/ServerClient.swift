@@ -351,6 +351,25 @@ public struct ServerClient: Sendable {
     /// The sealed manifests of many documents in one request, in the order asked; one the
     /// server does not hold comes back without bytes.
     public func getManifests(_ items: [GetManifestRequest]) async throws -> [ManifestBundle.Entry] {
+        do { return try await manyManifests(items) } catch let e as SyncError where e.isUnknownEndpoint {
+            // An older server: one request per manifest.
+            var out: [ManifestBundle.Entry] = []
+            for item in items {
+                let sealed: [UInt8]?
+                do {
+                    sealed = try await getManifest(
+                        fileID: try FileID(bytes: [UInt8](item.fileID)), digest: [UInt8](item.digest))
+                } catch let e as SyncError where e.isNotFound {
+                    sealed = nil
+                }
+                out.append(
+                    ManifestBundle.Entry(fileID: [UInt8](item.fileID), digest: [UInt8](item.digest), sealed: sealed))
+            }
+            return out
+        }
+    }
+
+    private func manyManifests(_ items: [GetManifestRequest]) async throws -> [ManifestBundle.Entry] {
         let body = try [UInt8](JSONEncoder().encode(ManyManifestsRequest(items: items)))
         return try Self.manifestEntries(try await raw("POST", API.prefix + "/manifests/many", body: body), items)
     }

@@ -42,6 +42,8 @@ extension SyncEngine {
             var inFlight = 0
             var total = 0
             var bundle = ContentBundle()
+            // `bundle.encodedSize`, kept as items are added (computing it walks the bundle).
+            var size = ContentBundle().encodedSize
             var later: [ContentBundle.Manifest] = []
             var taken: Set<[UInt8]> = []
             func dispatch(_ b: ContentBundle) async throws {
@@ -64,36 +66,43 @@ extension SyncEngine {
                     guard let sealed = try vault.sealedChunk(id) else {
                         throw SyncError.protocolError("a local chunk vanished during sync")
                     }
-                    if !bundle.isEmpty, bundle.encodedSize + sealed.count + 37 > Self.bundleBytes {
+                    if !bundle.isEmpty, size + sealed.count + 37 > Self.bundleBytes {
                         try await dispatch(bundle)
                         bundle = ContentBundle()
+                        size = bundle.encodedSize
                         whole = false
                     }
                     bundle.chunks.append(ContentBundle.Chunk(id: id, sealed: sealed))
+                    size += 37 + sealed.count
                 }
                 if whole, bundle.chunks.count + bundle.manifests.count < ContentBundle.maxItems {
                     bundle.manifests.append(manifest)
+                    size += 57 + manifest.sealed.count + 32 * manifest.chunkIDs.count
                 } else {
                     later.append(manifest)
                 }
                 if bundle.chunks.count + bundle.manifests.count >= ContentBundle.maxItems - 1 {
                     try await dispatch(bundle)
                     bundle = ContentBundle()
+                    size = bundle.encodedSize
                 }
             }
             if !bundle.isEmpty { try await dispatch(bundle) }
             while let n = try await group.next() { total += n }
             // Manifests whose chunks other bundles carried, now that those are all stored.
             var tail = ContentBundle()
+            var tailSize = tail.encodedSize
             for m in later {
+                let mSize = 57 + m.sealed.count + 32 * m.chunkIDs.count
                 if !tail.isEmpty,
-                    tail.encodedSize + m.sealed.count + 32 * m.chunkIDs.count + 60 > Self.bundleBytes
-                        || tail.manifests.count + 1 >= ContentBundle.maxItems
+                    tailSize + mSize > Self.bundleBytes || tail.manifests.count + 1 >= ContentBundle.maxItems
                 {
                     total += try await send(tail, via: via)
                     tail = ContentBundle()
+                    tailSize = tail.encodedSize
                 }
                 tail.manifests.append(m)
+                tailSize += mSize
             }
             if !tail.isEmpty { total += try await send(tail, via: via) }
             return total
@@ -122,8 +131,8 @@ extension SyncEngine {
     /// chunks this device lacks, many to a request and a few requests in flight, then each
     /// wave of documents stored in one transaction. With `shared`, through each document itself
     /// (`via`), as another account's content is kept in its owner's namespace. Returns the
-    /// number of chunks fetched. Memory holds one wave: at most `manifestsPerRequest`
-    /// documents and about `fetchBytes` × `bundleWidth` of chunks.
+    /// number of chunks fetched. Memory holds the manifests of `manifestsPerRequest` documents
+    /// and the content of one wave of them, about `waveBytes`.
     func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
         var fetched = 0
         var start = 0
@@ -132,13 +141,65 @@ extension SyncEngine {
             start += wave.count
             let entries = try await client.getManifests(
                 wave.map { GetManifestRequest(fileID: Data($0.fileID.bytes), digest: Data($0.digest)) })
-            var opened: [(need: ContentNeed, manifest: Manifest, sealed: [UInt8])] = []
+            var all: [(need: ContentNeed, manifest: Manifest, sealed: [UInt8])] = []
             for (need, entry) in zip(wave, entries) {
                 guard let sealed = entry.sealed else {
                     throw SyncError.protocolError("the server does not hold the content of \(need.fileID)")
                 }
-                opened.append((need, try vault.openRemoteManifest(need, sealed: sealed), sealed))
+                all.append((need, try vault.openRemoteManifest(need, sealed: sealed), sealed))
             }
+            // Stored in parts of about `waveBytes` of content, so memory holds one part however
+            // large the documents are.
+            var from = 0
+            while from < all.count {
+                var to = from
+                var bytes = 0
+                while to < all.count, to == from || bytes + Int(all[to].manifest.size) <= Self.waveBytes {
+                    bytes += Int(all[to].manifest.size)
+                    to += 1
+                }
+                fetched += try await fetchWave(Array(all[from..<to]), shared: shared)
+                from = to
+            }
+        }
+        return fetched
+    }
+
+    /// Content held in memory at most while a pull fetches it (one document larger than this
+    /// is fetched alone).
+    static let waveBytes = 64 * 1024 * 1024
+
+    /// Fetches the chunks these opened documents lack and stores them in one transaction; a
+    /// lone document larger than `waveBytes` is stored a part at a time, its manifest last.
+    private func fetchWave(
+        _ opened: [(need: ContentNeed, manifest: Manifest, sealed: [UInt8])], shared: Bool
+    ) async throws -> Int {
+        if opened.count == 1, let o = opened.first, Int(o.manifest.size) > Self.waveBytes {
+            let lacking = Set(try vault.missingChunks(o.manifest.chunks.map(\.id)))
+            var part: [ChunkRef] = []
+            var partBytes = 0
+            var count = 0
+            func flush() async throws {
+                guard !part.isEmpty else { return }
+                let got = try await client.getChunks(part.map(\.id), via: shared ? o.need.fileID : nil)
+                try vault.storeRemoteChunks(o.need, refs: part, chunks: got)
+                count += part.count
+                part = []
+                partBytes = 0
+            }
+            var seen: Set<[UInt8]> = []
+            for ref in o.manifest.chunks where lacking.contains(ref.id) && seen.insert(ref.id).inserted {
+                if partBytes + Int(ref.length) > Self.fetchBytes { try await flush() }
+                part.append(ref)
+                partBytes += Int(ref.length)
+            }
+            try await flush()
+            try vault.storeRemoteContents([
+                FetchedContent(need: o.need, manifest: o.manifest, sealedManifest: o.sealed, chunks: [:])
+            ])
+            return count
+        }
+        do {
             // The chunks to ask for, by document (a shared one's through itself), in requests
             // of about `fetchBytes`.
             var requests: [(ids: [[UInt8]], via: FileID?)] = []
@@ -179,22 +240,30 @@ extension SyncEngine {
             }
             var chunks: [[UInt8]: [UInt8]] = [:]
             for part in got { chunks.merge(part) { a, _ in a } }
-            fetched += chunks.count
             try vault.storeRemoteContents(
                 opened.map { o in
                     var mine: [[UInt8]: [UInt8]] = [:]
                     for ref in o.manifest.chunks { if let c = chunks[ref.id] { mine[ref.id] = c } }
                     return FetchedContent(need: o.need, manifest: o.manifest, sealedManifest: o.sealed, chunks: mine)
                 })
+            return chunks.count
         }
-        return fetched
     }
 }
 
 extension SyncError {
     /// The server does not know the endpoint (an older server): the caller falls back.
     var isUnknownEndpoint: Bool {
-        if case .server(let status, _, _) = self { return status == 404 || status == 405 }
+        // A server answers an endpoint it does not have with 404 "no such endpoint" (405 for a
+        // method), and a missing file's content with 404 too: told apart by the message.
+        if case .server(let status, _, let message) = self {
+            return status == 405 || (status == 404 && message == "no such endpoint")
+        }
+        return false
+    }
+
+    var isNotFound: Bool {
+        if case .server(404, _, _) = self { return true }
         return false
     }
 }

@@ -129,6 +129,8 @@ public final class SyncScheduler: Sendable {
     enum Decision {
         case sync(remoteOnly: Bool, target: LiveChannel.Seen?)
         case wait(until: Double)
+        /// The store changed since the last look: look again before deciding.
+        case look
         case stop
     }
 
@@ -151,6 +153,8 @@ public final class SyncScheduler: Sendable {
             }
             at = max(at, nextAttempt)
             guard at <= t else {
+                // A change that arrived while the last look ran must not wait for the timer.
+                if s.storeChanged { return .look }
                 s.sleeping = true
                 return .wait(until: at)
             }
@@ -203,6 +207,8 @@ public final class SyncScheduler: Sendable {
             switch decide(lastSync: lastSync, nextAttempt: &nextAttempt) {
             case .stop:
                 return
+            case .look:
+                continue
             case .wait(let until):
                 let seconds = until - Self.now()
                 if seconds.isFinite, seconds < 86_400 {
@@ -218,8 +224,13 @@ public final class SyncScheduler: Sendable {
                     lastSync = Self.now()
                     failures = 0
                     nextAttempt = -Double.infinity
+                    // Changes left pending by a sync that pushed something (committed while it
+                    // ran, after it read what to push) get another sync; left by one that pushed
+                    // nothing (the server refused them, say), they wait for the poll.
+                    let pushed = report.pushedRecords + report.pushedChunks > 0
                     stuckAt =
-                        (try? engine.vault.hasPendingLocalChanges()) == true ? try? engine.vault.lastChange() : nil
+                        !pushed && (try? engine.vault.hasPendingLocalChanges()) == true
+                        ? try? engine.vault.lastChange() : nil
                     if !report.changed.isEmpty { onChange(report.changed) }
                     afterSync()
                     if let n = report.resentToServer {

@@ -47,7 +47,7 @@ extension Vault {
                 (cipher, digest) = again
                 manifest = try loadManifest(digest, cipher: cipher)
             }
-            if remoteContent.source.withLock({ $0 != nil }) { noteContentRead(id) }
+            noteContentRead(id)
             let fresh = OpenDocument(id: id, vault: self, cipher: cipher, manifest: manifest, digest: digest)
             return openDocuments.withLock { docs in
                 let doc = docs[id] ?? fresh  // another thread may have opened it meanwhile
@@ -168,7 +168,9 @@ extension Vault {
                     return (digest, ContentCipher(fileID: id, key: try s.view.key(id)))
                 })
             guard let (digest, cipher) = current ?? nil else { continue }
-            if let manifest = try? loadManifest(digest, cipher: cipher) {
+            // Held content only: this runs on the watcher's and the sync's threads, which must
+            // not wait on the network (a store on demand fetches the rest when it is read).
+            if let manifest = try? storedManifest(digest, cipher: cipher) {
                 doc.adopt(manifest: manifest, digest: digest, cipher: cipher, seen: seen)
             }
         }

@@ -57,8 +57,9 @@ extension Vault {
     }
 
     /// Whether `id` or a folder above it is pinned.
-    public func isPinned(_ id: FileID) -> Bool {
-        let pins = Set(pinnedIDs)
+    public func isPinned(_ id: FileID) -> Bool { isPinned(id, Set(pinnedIDs)) }
+
+    func isPinned(_ id: FileID, _ pins: Set<FileID>) -> Bool {
         guard !pins.isEmpty else { return false }
         return state.withLock { s in
             var current = id
@@ -76,8 +77,10 @@ extension Vault {
     /// rest comes when it is read. A store that is not on demand fetches it all.
     public func onDemandFilter(_ needs: [ContentNeed]) throws -> [ContentNeed] {
         guard isOnDemand else { return needs }
+        let pins = Set(pinnedIDs)
         return try needs.filter { need in
-            try store.read({ try $0.file(need.fileID, .local) }) != nil || isPinned(need.fileID)
+            try store.read({ try $0.file(need.fileID, .local) }) != nil
+                || (!pins.isEmpty && isPinned(need.fileID, pins))
         }
     }
 
@@ -139,6 +142,7 @@ extension Vault {
         }
         let manifest = try cipher.openManifest(sealed)
         try store.write { w in try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id)) }
+        contentFetched.add(1, ordering: .relaxed)
         clearUnfetched(id)
         return manifest
     }
@@ -166,6 +170,7 @@ extension Vault {
             verified.append((ref.id, sealed))
         }
         try store.write { w in try w.putChunks(verified) }
+        contentFetched.add(1, ordering: .relaxed)
         clearUnfetched(id)
     }
 
@@ -184,9 +189,13 @@ extension Vault {
 
     /// Notes that `id`'s content was read, for the cache's least-recently-used order.
     func noteContentRead(_ id: FileID) {
+        guard tracksContentReads.load(ordering: .relaxed) else { return }
         let t = now()
         contentReads.withLock { $0[id] = t.seconds * 1000 + t.nanoseconds / 1_000_000 }
     }
+
+    /// Keeps the read times `trimContent` orders by (the mount does, with a cache size).
+    public func trackContentReads() { tracksContentReads.store(true, ordering: .relaxed) }
 
     /// Trims the content this device holds to at most `limit` sealed bytes, for a store on
     /// demand: drops the content least recently read first (what this process has not seen read
@@ -195,6 +204,15 @@ extension Vault {
     @discardableResult
     public func trimContent(to limit: Int) throws -> Int {
         guard isOnDemand else { return 0 }
+        // Nothing fetched since the last look: nothing grew (a scan of every chunk's row).
+        let fetched = contentFetched.load(ordering: .relaxed)
+        guard lastTrimAt.exchange(fetched, ordering: .relaxed) != fetched else { return 0 }
+        // Only while no other process has the store open: one could be storing chunks its
+        // manifest does not list yet, which the drop below must not take away.
+        return try locks.exclusively { try trimLocked(to: limit) } ?? 0
+    }
+
+    private func trimLocked(to limit: Int) throws -> Int {
         var held = try store.read { try $0.heldContentBytes() }
         guard held > limit else { return 0 }
         let reads = contentReads.withLock { $0 }
@@ -206,7 +224,7 @@ extension Vault {
         var dropped = 0
         for c in candidates where held > limit {
             if openDocuments.withLock({ $0[c.id] != nil }) { continue }
-            if !pins.isEmpty, isPinned(c.id) { continue }
+            if isPinned(c.id, pins) { continue }
             let size = try store.read { r in
                 try r.chunkIDs(ofManifest: c.digest).reduce(0) { $0 + (try r.sealedChunkLength($1) ?? 0) }
             }
@@ -214,8 +232,10 @@ extension Vault {
             held -= size
             dropped += size
         }
-        // Bytes in pack files come back once the packs are rewritten.
-        if dropped > 0 { _ = try? store.collectGarbage() }
+        // Bytes in pack files come back once the packs are rewritten: with the collection's own
+        // guard, which skips it while documents are open (their spilled chunks are listed by no
+        // manifest yet).
+        if dropped > 0, openDocuments.withLock({ $0.isEmpty }) { _ = try? store.collectGarbage() }
         return dropped
     }
 

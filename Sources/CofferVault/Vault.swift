@@ -59,6 +59,11 @@ public final class Vault: Sendable {
     /// When this process last read each document's content (ms), for trimming the cache of a
     /// store on demand (`trimContent`). In memory: bounded by the documents read.
     let contentReads = Mutex<[FileID: Int64]>([:])
+    let tracksContentReads = Atomic<Bool>(false)
+    /// Content fetched by this process so far (pulls and reads), and at the last trim: a trim
+    /// with nothing fetched since the last one has nothing to do.
+    let contentFetched = Atomic<Int>(0)
+    let lastTrimAt = Atomic<Int>(-1)
     /// See `coalesceFolderTimes`.
     let coalescing = Atomic<Bool>(false)
     /// Group transactions found lost (their writes gone) by this vault: a batch tool such as

@@ -42,7 +42,7 @@ struct StoreOptions: ParsableArguments {
     /// its server.
     func openVault() throws -> Vault {
         let vault = try Vault.open(dataDirectory: resolvedDataDir, passphrase: CLIPassphraseSource())
-        if vault.isOnDemand, vault.serverSettings != nil, let engine = try? SyncEngine.forStore(vault) {
+        if vault.serverSettings != nil, let engine = try? SyncEngine.forStore(vault) {
             vault.setRemoteContent(engine.contentSource)
         }
         return vault

@@ -63,12 +63,15 @@ struct OnDemand: ParsableCommand {
                 try vault.setOnDemand(true)
             case "off"?:
                 try vault.setOnDemand(false)
-                // Everything this device skipped comes down now.
+                // Everything this device skipped comes down now: its own tree's here, the shares'
+                // with the share feed, read again from the start by this sync.
                 guard vault.serverSettings != nil, vault.hasRoot else { return }
                 let root = vault.rootID
+                try vault.resetFeedCursor()
                 let engine = try SyncEngine.forStore(vault)
                 let fetched = try runBlocking { try await engine.fetchContent(under: [root]) }
-                print("fetched \(fetched) chunks")
+                let report = try runBlocking { try await engine.sync() }
+                print("fetched \(fetched + report.fetchedChunks) chunks")
             case let other?:
                 throw CLIError("say on or off, not \(other)")
             }

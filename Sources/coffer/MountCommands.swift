@@ -94,8 +94,11 @@ struct Mount: ParsableCommand {
         var services: (@Sendable (@escaping @Sendable (Set<FileID>) -> Void) -> MountServices)? = nil
         if vault.syncStatus.server != nil {
             let engine = try SyncEngine.forStore(vault)
-            // A store on demand fetches what is read (docs/SYNC.md, "Content on demand").
-            if vault.isOnDemand { vault.setRemoteContent(engine.contentSource) }
+            // A store on demand fetches what is read (docs/SYNC.md, "Content on demand"); the
+            // source is there whatever the setting, which `coffer on-demand` may change while
+            // the mount runs, and is asked only for content this device lacks.
+            vault.setRemoteContent(engine.contentSource)
+            if cacheSize != nil { vault.trackContentReads() }
             let (interval, quiet) = (syncInterval, syncQuiet)
             let limit = try cacheSize.map(Self.parseSize)
             let trim: @Sendable () -> Void = {

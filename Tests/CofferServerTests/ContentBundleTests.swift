@@ -108,6 +108,33 @@ import Testing
         #expect(try server.audit(account: a.user.key).isEmpty)
     }
 
+    /// A grantee writes content into its owner's namespace only for files it may write: a
+    /// manifest for another of the owner's files, sent through the share, is refused and stores
+    /// nothing (the owner's quota included).
+    @Test func aGranteeCannotStoreManifestsForFilesOutsideItsShare() throws {
+        let (server, _) = try makeServer()
+        let alice = try Device(server, TestUser("alice"))
+        let bob = try Device(server, TestUser("bob"))
+        let root = rootRecord(alice.user)
+        var shared = record(alice.user, .folder, in: root.id, named: "shared")
+        shared.access = [try signedGrant(shared.id, owner: alice.user, to: bob.user, .write)]
+        let inside = record(alice.user, .document, in: shared.id, named: "inside")
+        let outside = record(alice.user, .document, in: root.id, named: "outside")
+        try alice.push([root, shared, inside, outside])
+        let used = try server.usage(caller: alice.user.key).bytes
+        let c = chunk(randomBytes(500))
+        let via = Data(shared.id.bytes)
+        expectRefusal(403) {
+            try server.putContent(
+                caller: bob.user.key, ContentBundle(chunks: [c], manifests: [manifest(outside.id, [c])]), via: via)
+        }
+        #expect(try server.usage(caller: alice.user.key).bytes == used)
+        // Through the share, for a file in it: stored in alice's namespace.
+        try server.putContent(
+            caller: bob.user.key, ContentBundle(chunks: [c], manifests: [manifest(inside.id, [c])]), via: via)
+        #expect(try server.missingChunks(caller: alice.user.key, ids: [Data(c.id)]).missing.isEmpty)
+    }
+
     @Test func hostileBundlesAreRefusedOverHTTP() async throws {
         let (app, _) = try makeApp()
         let alice = TestUser("alice")

@@ -57,6 +57,17 @@ import Testing
                     && text(a.path("note-0.txt")) == nil
             }, "B's changes not in A; A log: \(a.log)")
 
+        // A burst: files committed while a sync runs go up with the next one, not with the
+        // five-minute poll.
+        try FileManager.default.createDirectory(atPath: a.path("burst"), withIntermediateDirectories: true)
+        for i in 0..<300 { #expect(writeFile(a.path("burst/f\(i).txt"), "burst \(i)\n") == 0) }
+        #expect(
+            eventually(timeout: 60) {
+                text(b.path("burst/f299.txt")) == "burst 299\n" && text(b.path("burst/f0.txt")) != nil
+            },
+            "the burst did not arrive; A log: \(a.log)")
+        #expect(coffer(a.dataDir, ["status"]).out.contains("pending:  0 created, 0 modified, 0 deleted"))
+
         // Idle, a mount wakes next to never: no thread polls the store, the server or the
         // kernel. (Before the live channel: the sync scheduler 10 times a second, the change
         // watcher 5, the commit thread 80, the FUSE workers 2, a request's watchdog 4.)

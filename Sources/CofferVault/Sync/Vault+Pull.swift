@@ -345,6 +345,20 @@ extension Vault {
         ])
     }
 
+    /// Part of a large document's fetched chunks, each verified against its ref, stored before
+    /// the rest (its manifest comes last, through `storeRemoteContents`, once all are here).
+    public func storeRemoteChunks(_ need: ContentNeed, refs: [ChunkRef], chunks: [[UInt8]: [UInt8]]) throws {
+        var verified: [([UInt8], [UInt8])] = []
+        for ref in refs {
+            guard let sealed = chunks[ref.id] else {
+                throw VaultError.corrupt("the server did not send a chunk of \(need.fileID)")
+            }
+            _ = try need.cipher.openChunk(sealed, ref: ref)
+            verified.append((ref.id, sealed))
+        }
+        try store.write { w in try w.putChunks(verified) }
+    }
+
     /// `storeRemoteContent` for many documents in one transaction (a first sync brings
     /// thousands): every chunk is verified against its manifest before anything is written.
     public func storeRemoteContents(_ items: [FetchedContent]) throws {
@@ -361,6 +375,7 @@ extension Vault {
             }
             kept.append(chunks)
         }
+        contentFetched.add(1, ordering: .relaxed)
         // A read that could not fetch one of these (offline) is answered now.
         let unfetched = Set(self.unfetched.map(\.id))
         try store.write { w in
