@@ -46,11 +46,15 @@ extension SyncEngine {
             var size = ContentBundle().encodedSize
             var later: [ContentBundle.Manifest] = []
             var taken: Set<[UInt8]> = []
+            var bytesSent = 0
+            let toSend = missing.count
             func dispatch(_ b: ContentBundle) async throws {
                 if inFlight >= Self.bundleWidth, let n = try await group.next() {
                     total += n
                     inFlight -= 1
+                    tell("pushing content", done: total, of: toSend, bytes: bytesSent)
                 }
+                bytesSent += b.encodedSize
                 group.addTask { [self] in try await send(b, via: via) }
                 inFlight += 1
             }
@@ -88,7 +92,10 @@ extension SyncEngine {
                 }
             }
             if !bundle.isEmpty { try await dispatch(bundle) }
-            while let n = try await group.next() { total += n }
+            while let n = try await group.next() {
+                total += n
+                tell("pushing content", done: total, of: toSend, bytes: bytesSent)
+            }
             // Manifests whose chunks other bundles carried, now that those are all stored.
             var tail = ContentBundle()
             var tailSize = tail.encodedSize
@@ -136,7 +143,9 @@ extension SyncEngine {
     func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
         var fetched = 0
         var start = 0
+        defer { if !needs.isEmpty { tell("fetching content", done: needs.count, of: needs.count) } }
         while start < needs.count {
+            tell("fetching content", done: start, of: needs.count)
             let wave = Array(needs[start..<min(needs.count, start + Self.manifestsPerRequest)])
             start += wave.count
             let entries = try await client.getManifests(

@@ -5,6 +5,15 @@ import CofferVault
 import Foundation
 import Synchronization
 
+/// How far one step of a sync has come: `done` of `total` (chunks, records or documents), and
+/// the bytes moved so far.
+public struct SyncProgress: Sendable {
+    public var step: String
+    public var done: Int
+    public var total: Int
+    public var bytes: Int
+}
+
 /// What one sync did.
 public struct SyncReport: Sendable {
     public var pulled = 0
@@ -64,6 +73,17 @@ public final class SyncEngine: Sendable {
     let lastServerCheck = Mutex<Date?>(nil)
     /// Whether this engine has made sure the server holds the account's key card.
     let cardChecked = Mutex<Bool>(false)
+    /// Told how a long step goes (`coffer sync` draws a progress bar on a terminal).
+    let progress = Mutex<(@Sendable (SyncProgress) -> Void)?>(nil)
+
+    /// Hands each step's progress to `report` (content and records pushed, content fetched).
+    public func onProgress(_ report: @escaping @Sendable (SyncProgress) -> Void) {
+        progress.withLock { $0 = report }
+    }
+
+    func tell(_ step: String, done: Int, of total: Int, bytes: Int = 0) {
+        progress.withLock { $0 }?(SyncProgress(step: step, done: done, total: total, bytes: bytes))
+    }
 
     /// An engine over `transport`; the server's id is pinned in the vault at first contact.
     public init(vault: Vault, transport: any ServerTransport, serverCheckInterval: Double = 300) {
@@ -298,6 +318,7 @@ public final class SyncEngine: Sendable {
         markPushed: ([PendingRecord], Int64) throws -> Set<FileID>
     ) async throws {
         guard !all.isEmpty else { return }
+        var done = 0
         for records in Self.parentsFirst(all) {
             let request = UpsertRequest(
                 updates: records.map {
@@ -309,6 +330,8 @@ public final class SyncEngine: Sendable {
             let response = try await client.upsert(request)
             let changed = try markPushed(records, response.version)
             report.pushedRecords += records.count
+            done += records.count
+            tell("pushing records", done: done, of: all.count)
             report.changed.formUnion(changed)
         }
     }

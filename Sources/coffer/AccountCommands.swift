@@ -107,7 +107,10 @@ struct Account: ParsableCommand {
                     try vault.setServer(server, trustedCertificatePEM: trusted, insecureHTTP: connection.insecureHttp)
                     if onDemand { try vault.setOnDemand(true) }
                     let probe = try SyncEngine.forStore(vault)
+                    let bar = SyncProgressBar()
+                    probe.onProgress { bar.show($0) }
                     let report = try runBlocking { try await probe.sync() }
+                    bar.finish()
                     guard probe.vault.hasRoot else {
                         throw CLIError(
                             "the server has no tree for this account; create it with `coffer init NAME --server URL`")
@@ -238,7 +241,10 @@ struct Sync: ParsableCommand {
         try guarded {
             let vault = try store.openVault()
             let engine = try SyncEngine.forStore(vault)
+            let bar = SyncProgressBar()
+            engine.onProgress { bar.show($0) }
             let report = try runBlocking { try await engine.sync() }
+            bar.finish()
             if let n = report.resentToServer {
                 print(
                     "note: the server was behind this device (restored from a backup?); re-sent \(n) "

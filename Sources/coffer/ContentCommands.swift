@@ -26,7 +26,10 @@ struct Pin: ParsableCommand {
             for id in ids { try vault.pin(id) }
             guard vault.serverSettings != nil else { return }
             let engine = try SyncEngine.forStore(vault)
+            let bar = SyncProgressBar()
+            engine.onProgress { bar.show($0) }
             let fetched = try runBlocking { try await engine.fetchContent(under: ids) }
+            bar.finish()
             print("pinned \(ids.count) item\(ids.count == 1 ? "" : "s"); fetched \(fetched) chunks")
         }
     }

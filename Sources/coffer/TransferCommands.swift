@@ -3,6 +3,7 @@ import CofferModel
 import CofferSync
 import CofferVault
 import Foundation
+import Synchronization
 
 /// A one-line progress bar on stderr, only when stderr is a terminal.
 final class Progress {
@@ -419,5 +420,43 @@ struct GarbageCollect: ParsableCommand {
                     + "pack\(r.compactedPacks == 1 ? "" : "s")"
             )
         }
+    }
+}
+
+/// A sync's progress on a terminal (stderr, when it is one): a line per step, redrawn at most
+/// ten times a second, ended when the next step begins or the sync ends.
+final class SyncProgressBar: Sendable {
+    private struct State {
+        var step: String?
+        var lastDraw = 0.0
+    }
+    private let state = Mutex(State())
+    let enabled = isatty(2) == 1
+
+    /// Draws `progress` on the terminal; nothing when stderr is not one.
+    func show(_ p: SyncProgress) {
+        guard enabled else { return }
+        let line = state.withLock { s -> String? in
+            let now = Date().timeIntervalSince1970
+            var prefix = ""
+            if s.step != p.step {
+                if s.step != nil { prefix = "\n" }
+                s.step = p.step
+            } else if now - s.lastDraw < 0.1 && p.done < p.total {
+                return nil
+            }
+            s.lastDraw = now
+            let width = 30
+            let filled = p.total == 0 ? width : min(width, width * p.done / max(p.total, 1))
+            let bar = String(repeating: "#", count: filled) + String(repeating: " ", count: width - filled)
+            let mib = p.bytes > 0 ? ", \(p.bytes / 1_048_576) MiB" : ""
+            return prefix + "\r\(p.step) [\(bar)] \(p.done)/\(p.total)\(mib)"
+        }
+        if let line { FileHandle.standardError.write(Data(line.utf8)) }
+    }
+
+    func finish() {
+        guard enabled, state.withLock({ $0.step != nil }) else { return }
+        FileHandle.standardError.write(Data("\n".utf8))
     }
 }
