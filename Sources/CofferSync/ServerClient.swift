@@ -201,11 +201,7 @@ public struct ServerClient: Sendable {
         do {
             (status, response) = try await transport.send(
                 method: method, path: path, headers: headers, body: body, contentType: contentType)
-        } catch let e as SyncError {
-            throw e
-        } catch {
-            throw SyncError.offline(ServerText.sanitized("\(error)"))
-        }
+        } catch { throw Self.transportFailure(error) }
         return try checked(status, response, sent: body.count)
     }
 
@@ -223,12 +219,14 @@ public struct ServerClient: Sendable {
         do {
             (status, response) = try transport.sendBlocking(
                 method: method, path: path, headers: headers, body: body, contentType: contentType)
-        } catch let e as SyncError {
-            throw e
-        } catch {
-            throw SyncError.offline(ServerText.sanitized("\(error)"))
-        }
+        } catch { throw Self.transportFailure(error) }
         return try checked(status, response, sent: body.count)
+    }
+
+    /// A transport's failure as a sync error: its own, or "offline" (a connection refused or
+    /// reset, a deadline passed), with its text made safe for a terminal.
+    static func transportFailure(_ error: any Error) -> SyncError {
+        (error as? SyncError) ?? .offline(ServerText.sanitized("\(error)"))
     }
 
     /// Counts a reply and turns a refusal into a `SyncError`.
