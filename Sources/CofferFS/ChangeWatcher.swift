@@ -139,6 +139,15 @@ public final class ChangeWatcher: Sendable {
         return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
     }
 
+    /// Whether `id` is still where the kernel learned it: the same name in the same folder.
+    func stillNamed(_ id: FileID, _ known: InodeTable.KnownName) -> Bool {
+        guard let n = try? fs.vault.node(id), !n.isRoot, n.name == known.name else { return false }
+        let parent =
+            fs.inodes.referencedInode(for: n.parent)
+            ?? fs.vault.shownLink(placing: n.parent).flatMap(fs.inodes.referencedInode(for:))
+        return parent == known.parent
+    }
+
     /// Tells the kernel what changed, for the inodes it holds: each changed file's attributes and
     /// pages, the dentry it knew it by (if that name is still cached, `InodeTable`: one evicted
     /// stays until its entry timeout, 1 s), and the attributes of the folders it left or joined.
@@ -157,7 +166,12 @@ public final class ChangeWatcher: Sendable {
                 try? session.invalidateInode(ino)
             }
             guard let ino = fs.inodes.referencedInode(for: id) else { continue }
-            if let known = fs.inodes.takeKnownName(ino) {
+            // The dentry only when the file left that name (moved, renamed, deleted): dropping
+            // a folder's dentry unhashes it for any process inside it, whose getcwd then fails
+            // (git in a shared folder while the sync brought the folder's record back).
+            if let known = fs.inodes.knownName(ino), !stillNamed(id, known),
+                fs.inodes.takeKnownName(ino) != nil
+            {
                 try? session.invalidateEntry(parent: known.parent, name: known.name)
                 parents.insert(known.parent)
             }

@@ -171,6 +171,11 @@ final class InodeTable: Sendable {
         }
     }
 
+    /// The name the kernel last learned for `ino`, kept.
+    func knownName(_ ino: InodeNumber) -> KnownName? {
+        state.withLock { $0.names[ino] }
+    }
+
     /// The name the kernel last learned for `ino`, forgotten: its dentry is being invalidated,
     /// and the kernel's next lookup teaches it again.
     func takeKnownName(_ ino: InodeNumber) -> KnownName? {
