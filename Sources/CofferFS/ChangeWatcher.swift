@@ -133,11 +133,8 @@ public final class ChangeWatcher: Sendable {
         }
     }
 
-    static func now() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
+    /// Monotonic seconds.
+    static func now() -> Double { ProcessInfo.processInfo.systemUptime }
 
     /// Whether `id` is still where the kernel learned it: the same name in the same folder.
     func stillNamed(_ id: FileID, _ known: InodeTable.KnownName) -> Bool {
@@ -201,8 +198,8 @@ final class StoreEvents {
 
     deinit { close(fd) }
 
-    /// Reads every queued event; whether one was about the store (not the log file or others
-    /// in the folder).
+    /// Reads every queued event; whether one was about the store's files (the database, its
+    /// log, its index), not the daemon's log or anything else in the folder.
     func drain() -> Bool {
         var about = false
         let size = 16 * 1024
@@ -217,10 +214,9 @@ final class StoreEvents {
                 let length = Int(buffer.load(fromByteOffset: offset + 12, as: UInt32.self))
                 let nameStart = offset + header
                 guard nameStart + length <= n else { break }
-                if length > 0 {
-                    let name = buffer.advanced(by: nameStart).assumingMemoryBound(to: CChar.self)
-                    if String(cString: name).hasPrefix(file) { about = true }
-                }
+                // The name, NUL-padded, read within its length only.
+                let name = UnsafeRawBufferPointer(start: buffer + nameStart, count: length).prefix { $0 != 0 }
+                if name.starts(with: file.utf8) { about = true }
                 offset = nameStart + length
             }
         }

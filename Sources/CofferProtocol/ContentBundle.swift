@@ -19,6 +19,8 @@ public struct ContentBundle: Sendable, Equatable {
             self.id = id
             self.sealed = sealed
         }
+        /// Bytes this item takes in an encoded bundle: tag, id, length, bytes.
+        public var encodedSize: Int { 37 + sealed.count }
     }
 
     public struct Manifest: Sendable, Equatable {
@@ -32,6 +34,9 @@ public struct ContentBundle: Sendable, Equatable {
             self.sealed = sealed
             self.chunkIDs = chunkIDs
         }
+        /// Bytes this item takes in an encoded bundle: tag, file id, digest, length, bytes,
+        /// count, chunk ids.
+        public var encodedSize: Int { 57 + sealed.count + 32 * chunkIDs.count }
     }
 
     public var chunks: [Chunk] = []
@@ -48,10 +53,13 @@ public struct ContentBundle: Sendable, Equatable {
     /// Most chunk ids one manifest in a bundle lists (a 32 MiB bundle holds fewer anyway).
     public static let maxManifestChunks = 1 << 20
 
-    /// Bytes the encoded bundle takes (what a client fills a request with).
+    /// Bytes the encoded bundle's head takes (magic and count).
+    public static let headerSize = 8
+
+    /// Bytes the encoded bundle takes (what a client fills a request with): computed by walking
+    /// it, so a client filling one keeps its own running sum of the items' sizes.
     public var encodedSize: Int {
-        8 + chunks.reduce(0) { $0 + 37 + $1.sealed.count }
-            + manifests.reduce(0) { $0 + 57 + $1.sealed.count + 32 * $1.chunkIDs.count }
+        Self.headerSize + chunks.reduce(0) { $0 + $1.encodedSize } + manifests.reduce(0) { $0 + $1.encodedSize }
     }
 
     public var isEmpty: Bool { chunks.isEmpty && manifests.isEmpty }

@@ -342,7 +342,8 @@ public struct StoreReader {
             let pending = """
                 SELECT mc.chunk_id FROM local_files l JOIN manifest_chunks mc ON mc.digest = l.content_digest
                 LEFT JOIN base_files b ON b.id = l.id
-                WHERE l.content_digest IS NOT NULL AND (b.content_digest IS NULL OR b.content_digest <> l.content_digest)
+                WHERE l.content_digest IS NOT NULL
+                    AND (b.content_digest IS NULL OR b.content_digest <> l.content_digest)
                 """
             var total =
                 try Int.fetchOne(

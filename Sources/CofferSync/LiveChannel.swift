@@ -86,6 +86,12 @@ public final class LiveChannel: Sendable {
     func run() async {
         var seen: Seen?
         var failures = 0
+        // Answers that said "changed" while this device's own cursors stood still since the
+        // last such answer: a server that says so for ever (or a burst faster than the syncs
+        // it starts) gets the next watch later, up to `maxStall` s, so it cannot keep the
+        // device syncing without a pause.
+        var stalled = 0
+        var heldAtLastChange: [Int64]?
         let vault = engine.vault
         while !Task.isCancelled {
             // The first watch of a connection is answered within a second, so the channel is
@@ -101,26 +107,30 @@ public final class LiveChannel: Sendable {
                 set(.live)
                 let now = Seen(
                     latest: answer.latest, feedLatest: answer.feedLatest, contactsRevision: answer.contactsRevision)
-                if answer.changed { onChange(now) }
                 seen = now
-            } catch let e as SyncError {
+                guard answer.changed else { continue }
+                onChange(now)
+                let held = [vault.syncStatus.cursor, vault.feedCursor, vault.contactBookRevision]
+                stalled = held == heldAtLastChange ? stalled + 1 : 0
+                heldAtLastChange = held
+                if stalled > 0 { await pause(Double(min(stalled, Self.maxStall))) }
+            } catch {
                 if Task.isCancelled { return }
-                if case .server(let status, _, _) = e, status == 404 || status == 405 {
+                if (error as? SyncError)?.isUnknownEndpoint == true {
                     set(.unsupported, "the server does not offer live changes")
                     await pause(unsupportedRetry)
                     continue
                 }
-                failures += 1
-                set(.down, ServerText.sanitized("\(e)"))
-                await pause(backoff(failures))
-            } catch {
-                if Task.isCancelled { return }
                 failures += 1
                 set(.down, ServerText.sanitized("\(error)"))
                 await pause(backoff(failures))
             }
         }
     }
+
+    /// Longest pause, in seconds, after answers that said "changed" without this device's
+    /// cursors moving.
+    static let maxStall = 5
 
     /// 1, 2, 4, … seconds up to `maxBackoff`, a quarter of it random, so devices that lost one
     /// server together do not all come back in the same instant.

@@ -31,19 +31,14 @@ extension SyncEngine {
         var seen: Set<[UInt8]> = []
         for u in uploads { for id in u.chunkIDs where seen.insert(id).inserted { all.append(id) } }
         var missing: Set<[UInt8]> = []
-        var start = 0
-        while start < all.count {
-            let batch = Array(all[start..<min(all.count, start + 4096)])
-            missing.formUnion(try await client.missingChunks(batch, via: via))
-            start += batch.count
-        }
+        for batch in all.batches(of: 4096) { missing.formUnion(try await client.missingChunks(batch, via: via)) }
         let vault = self.vault
         let sent = try await withThrowingTaskGroup(of: Int.self) { group in
             var inFlight = 0
             var total = 0
             var bundle = ContentBundle()
             // `bundle.encodedSize`, kept as items are added (computing it walks the bundle).
-            var size = ContentBundle().encodedSize
+            var size = ContentBundle.headerSize
             var later: [ContentBundle.Manifest] = []
             var taken: Set<[UInt8]> = []
             var bytesSent = 0
@@ -54,7 +49,7 @@ extension SyncEngine {
                     inFlight -= 1
                     tell("pushing content", done: total, of: toSend, bytes: bytesSent)
                 }
-                bytesSent += b.encodedSize
+                bytesSent += size
                 group.addTask { [self] in try await send(b, via: via) }
                 inFlight += 1
             }
@@ -70,25 +65,26 @@ extension SyncEngine {
                     guard let sealed = try vault.sealedChunk(id) else {
                         throw SyncError.protocolError("a local chunk vanished during sync")
                     }
-                    if !bundle.isEmpty, size + sealed.count + 37 > Self.bundleBytes {
+                    let chunk = ContentBundle.Chunk(id: id, sealed: sealed)
+                    if !bundle.isEmpty, size + chunk.encodedSize > Self.bundleBytes {
                         try await dispatch(bundle)
                         bundle = ContentBundle()
-                        size = bundle.encodedSize
+                        size = ContentBundle.headerSize
                         whole = false
                     }
-                    bundle.chunks.append(ContentBundle.Chunk(id: id, sealed: sealed))
-                    size += 37 + sealed.count
+                    bundle.chunks.append(chunk)
+                    size += chunk.encodedSize
                 }
                 if whole, bundle.chunks.count + bundle.manifests.count < ContentBundle.maxItems {
                     bundle.manifests.append(manifest)
-                    size += 57 + manifest.sealed.count + 32 * manifest.chunkIDs.count
+                    size += manifest.encodedSize
                 } else {
                     later.append(manifest)
                 }
                 if bundle.chunks.count + bundle.manifests.count >= ContentBundle.maxItems - 1 {
                     try await dispatch(bundle)
                     bundle = ContentBundle()
-                    size = bundle.encodedSize
+                    size = ContentBundle.headerSize
                 }
             }
             if !bundle.isEmpty { try await dispatch(bundle) }
@@ -98,18 +94,17 @@ extension SyncEngine {
             }
             // Manifests whose chunks other bundles carried, now that those are all stored.
             var tail = ContentBundle()
-            var tailSize = tail.encodedSize
+            var tailSize = ContentBundle.headerSize
             for m in later {
-                let mSize = 57 + m.sealed.count + 32 * m.chunkIDs.count
                 if !tail.isEmpty,
-                    tailSize + mSize > Self.bundleBytes || tail.manifests.count + 1 >= ContentBundle.maxItems
+                    tailSize + m.encodedSize > Self.bundleBytes || tail.manifests.count + 1 >= ContentBundle.maxItems
                 {
                     total += try await send(tail, via: via)
                     tail = ContentBundle()
-                    tailSize = tail.encodedSize
+                    tailSize = ContentBundle.headerSize
                 }
                 tail.manifests.append(m)
-                tailSize += mSize
+                tailSize += m.encodedSize
             }
             if !tail.isEmpty { total += try await send(tail, via: via) }
             return total
@@ -142,12 +137,10 @@ extension SyncEngine {
     /// and the content of one wave of them, about `waveBytes`.
     func fetch(_ needs: [ContentNeed], shared: Bool) async throws -> Int {
         var fetched = 0
-        var start = 0
-        defer { if !needs.isEmpty { tell("fetching content", done: needs.count, of: needs.count) } }
-        while start < needs.count {
-            tell("fetching content", done: start, of: needs.count)
-            let wave = Array(needs[start..<min(needs.count, start + Self.manifestsPerRequest)])
-            start += wave.count
+        var done = 0
+        for wave in needs.batches(of: Self.manifestsPerRequest) {
+            tell("fetching content", done: done, of: needs.count)
+            done += wave.count
             let entries = try await client.getManifests(
                 wave.map { GetManifestRequest(fileID: Data($0.fileID.bytes), digest: Data($0.digest)) })
             var all: [(need: ContentNeed, manifest: Manifest, sealed: [UInt8])] = []
@@ -171,6 +164,7 @@ extension SyncEngine {
                 from = to
             }
         }
+        if !needs.isEmpty { tell("fetching content", done: needs.count, of: needs.count) }
         return fetched
     }
 
@@ -208,55 +202,60 @@ extension SyncEngine {
             ])
             return count
         }
-        do {
-            // The chunks to ask for, by document (a shared one's through itself), in requests
-            // of about `fetchBytes`.
-            var requests: [(ids: [[UInt8]], via: FileID?)] = []
-            var current: [[UInt8]] = []
-            var currentBytes = 0
-            var asked: Set<[UInt8]> = []
-            for o in opened {
-                let lacking = Set(try vault.missingChunks(o.manifest.chunks.map(\.id)))
-                var mine: [[UInt8]] = []
-                for ref in o.manifest.chunks where lacking.contains(ref.id) && asked.insert(ref.id).inserted {
-                    mine.append(ref.id)
-                    if !shared {
-                        let bytes = Int(ref.length) + 64
-                        if currentBytes + bytes > Self.fetchBytes, !current.isEmpty {
-                            requests.append((current, nil))
-                            current = []
-                            currentBytes = 0
-                        }
-                        current.append(ref.id)
-                        currentBytes += bytes
+        // The chunks to ask for, by document (a shared one's through itself), in requests
+        // of about `fetchBytes`.
+        var requests: [(ids: [[UInt8]], via: FileID?)] = []
+        var current: [[UInt8]] = []
+        var currentBytes = 0
+        var asked: Set<[UInt8]> = []
+        for o in opened {
+            let lacking = Set(try vault.missingChunks(o.manifest.chunks.map(\.id)))
+            var mine: [[UInt8]] = []
+            for ref in o.manifest.chunks where lacking.contains(ref.id) && asked.insert(ref.id).inserted {
+                mine.append(ref.id)
+                if !shared {
+                    let bytes = Int(ref.length) + 64
+                    if currentBytes + bytes > Self.fetchBytes, !current.isEmpty {
+                        requests.append((current, nil))
+                        current = []
+                        currentBytes = 0
                     }
-                }
-                if shared, !mine.isEmpty {
-                    var from = 0
-                    while from < mine.count {
-                        requests.append((Array(mine[from..<min(mine.count, from + 64)]), o.need.fileID))
-                        from += 64
-                    }
+                    current.append(ref.id)
+                    currentBytes += bytes
                 }
             }
-            if !current.isEmpty { requests.append((current, nil)) }
-            let got = try await forEachConcurrently(requests, width: Self.bundleWidth) { [client] r in
-                let chunks = try await client.getChunks(r.ids, via: r.via)
-                for id in r.ids where chunks[id] == nil {
-                    throw SyncError.protocolError("the server did not send a requested chunk")
-                }
-                return chunks
+            if shared {
+                for batch in mine.batches(of: Self.chunksPerSharedRequest) { requests.append((batch, o.need.fileID)) }
             }
-            var chunks: [[UInt8]: [UInt8]] = [:]
-            for part in got { chunks.merge(part) { a, _ in a } }
-            try vault.storeRemoteContents(
-                opened.map { o in
-                    var mine: [[UInt8]: [UInt8]] = [:]
-                    for ref in o.manifest.chunks { if let c = chunks[ref.id] { mine[ref.id] = c } }
-                    return FetchedContent(need: o.need, manifest: o.manifest, sealedManifest: o.sealed, chunks: mine)
-                })
-            return chunks.count
         }
+        if !current.isEmpty { requests.append((current, nil)) }
+        let got = try await forEachConcurrently(requests, width: Self.bundleWidth) { [client] r in
+            let chunks = try await client.getChunks(r.ids, via: r.via)
+            for id in r.ids where chunks[id] == nil {
+                throw SyncError.protocolError("the server did not send a requested chunk")
+            }
+            return chunks
+        }
+        var chunks: [[UInt8]: [UInt8]] = [:]
+        for part in got { chunks.merge(part) { a, _ in a } }
+        try vault.storeRemoteContents(
+            opened.map { o in
+                var mine: [[UInt8]: [UInt8]] = [:]
+                for ref in o.manifest.chunks { if let c = chunks[ref.id] { mine[ref.id] = c } }
+                return FetchedContent(need: o.need, manifest: o.manifest, sealedManifest: o.sealed, chunks: mine)
+            })
+        return chunks.count
+    }
+
+    /// Chunks one request asks for through a shared document (`via`), or on demand: about
+    /// 64 MiB at 1 MiB chunks, well inside a reply's limit.
+    static let chunksPerSharedRequest = 64
+}
+
+extension Array {
+    /// The array in consecutive slices of at most `size` elements (the last may be shorter).
+    func batches(of size: Int) -> [[Element]] {
+        stride(from: 0, to: count, by: Swift.max(1, size)).map { Array(self[$0..<Swift.min(count, $0 + size)]) }
     }
 }
 
@@ -301,12 +300,8 @@ struct EngineContentSource: RemoteContentSource {
 
     func chunks(_ ids: [[UInt8]], via: FileID?) throws -> [[UInt8]: [UInt8]] {
         var out: [[UInt8]: [UInt8]] = [:]
-        var start = 0
-        // About 64 MiB per request at 1 MiB chunks: well inside a reply's limit.
-        while start < ids.count {
-            let batch = Array(ids[start..<min(ids.count, start + 64)])
+        for batch in ids.batches(of: SyncEngine.chunksPerSharedRequest) {
             out.merge(try client.getChunksBlocking(batch, via: via)) { a, _ in a }
-            start += batch.count
         }
         return out
     }

@@ -119,13 +119,11 @@ public final class SyncScheduler: Sendable {
         engine.vault.recordLiveChannel(state: nil, detail: nil)
     }
 
-    static func now() -> Double {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-    }
+    /// Monotonic seconds.
+    static func now() -> Double { ProcessInfo.processInfo.systemUptime }
 
-    /// Why a sync is due now, or when the next one is (nil: only a signal can make one due).
+    /// What the loop does next: sync now (and why), wait until a time (or a signal), look at the
+    /// store again, or stop.
     enum Decision {
         case sync(remoteOnly: Bool, target: LiveChannel.Seen?)
         case wait(until: Double)

@@ -330,7 +330,7 @@ public final class OpenDocument: Sendable {
     /// missing chunk always has.
     func fetchIfLacking(_ refs: [ChunkRef], cipher: ContentCipher) throws {
         let lacking = try vault.store.read { r in try refs.filter { try !r.hasChunk($0.id) } }
-        guard !lacking.isEmpty, vault.remoteContent.source.withLock({ $0 != nil }) else { return }
+        guard !lacking.isEmpty, vault.remoteContent.withLock({ $0 != nil }) else { return }
         var wanted = lacking
         let ahead = state.withLock { s -> [ChunkRef] in
             guard s.readingInOrder, let last = lacking.last, let index = s.refs.lastIndex(where: { $0?.id == last.id })

@@ -15,11 +15,6 @@ public protocol RemoteContentSource: Sendable {
     func chunks(_ ids: [[UInt8]], via: FileID?) throws -> [[UInt8]: [UInt8]]
 }
 
-/// Set while a device keeps content on demand and a server can be asked.
-final class RemoteContentSlot: Sendable {
-    let source = Mutex<(any RemoteContentSource)?>(nil)
-}
-
 extension Vault {
     // MARK: The setting
 
@@ -35,25 +30,33 @@ extension Vault {
     /// Gives the vault a way to fetch content it lacks (the mount daemon and the CLI do, for a
     /// store on demand with a server); nil takes it away.
     public func setRemoteContent(_ source: (any RemoteContentSource)?) {
-        remoteContent.source.withLock { $0 = source }
+        remoteContent.withLock { $0 = source }
     }
 
     // MARK: Pins
 
     /// Files and folders pinned on this device: their content is kept here (fetched by every
     /// sync, never evicted), for use offline.
-    public var pinnedIDs: [FileID] {
-        ((try? store.read { try $0.settings(withPrefix: "pin.") }) ?? []).compactMap {
-            bytesFromHex(String($0.key.dropFirst(4))).flatMap { try? FileID(bytes: $0) }
-        }
-    }
+    public var pinnedIDs: [FileID] { fileSettings(Self.pinPrefix).map(\.id) }
 
     public func pin(_ id: FileID) throws {
-        try store.write { w in try w.setSetting("pin." + hexString(id.bytes), [1]) }
+        try store.write { w in try w.setSetting(Self.pinPrefix + hexString(id.bytes), [1]) }
     }
 
     public func unpin(_ id: FileID) throws {
-        try store.write { w in try w.removeSetting("pin." + hexString(id.bytes)) }
+        try store.write { w in try w.removeSetting(Self.pinPrefix + hexString(id.bytes)) }
+    }
+
+    static let pinPrefix = "pin."
+    static let unfetchedPrefix = "unfetched."
+
+    /// The settings named `prefix` + a file id in hex, by file (a malformed name is skipped).
+    func fileSettings(_ prefix: String) -> [(id: FileID, value: [UInt8])] {
+        ((try? store.read { try $0.settings(withPrefix: prefix) }) ?? []).compactMap { entry in
+            guard let id = bytesFromHex(String(entry.key.dropFirst(prefix.count))).flatMap({ try? FileID(bytes: $0) })
+            else { return nil }
+            return (id, entry.value)
+        }
     }
 
     /// Whether `id` or a folder above it is pinned.
@@ -93,11 +96,10 @@ extension Vault {
     /// The documents at or below `roots` whose content this device lacks (the whole tree's, from
     /// its root, when a store stops keeping content on demand).
     public func contentNeeds(under roots: [FileID]) throws -> [ContentNeed] {
-        let pins = roots
-        guard !pins.isEmpty else { return [] }
+        guard !roots.isEmpty else { return [] }
         return try state.withLock { s in
             var out: [ContentNeed] = []
-            var queue = pins
+            var queue = roots
             var seen: Set<FileID> = []
             while let id = queue.popLast() {
                 guard seen.insert(id).inserted, let m = s.view.tree.file(id), !m.isDeleted else { continue }
@@ -126,7 +128,7 @@ extension Vault {
     /// The server's sealed manifest `digest` of `id`, checked and stored, for a store on demand;
     /// nil when this device does not fetch content (not on demand, or no server to ask).
     func fetchManifest(_ id: FileID, digest: [UInt8], cipher: ContentCipher) throws -> Manifest? {
-        guard let source = remoteContent.source.withLock({ $0 }) else { return nil }
+        guard let source = remoteContent.withLock({ $0 }) else { return nil }
         let sealed: [UInt8]
         do {
             guard let got = try source.manifests([(id, digest)]).first ?? nil else {
@@ -137,10 +139,7 @@ extension Vault {
             noteUnfetched(id, error)
             throw unavailable(id, error)
         }
-        guard ContentCipher.digest(ofSealedManifest: sealed) == digest else {
-            throw VaultError.corrupt("the server sent a manifest for \(id) that does not match its digest")
-        }
-        let manifest = try cipher.openManifest(sealed)
+        let manifest = try Self.openFetchedManifest(sealed, digest: digest, cipher: cipher)
         try store.write { w in try w.putManifest(digest: digest, sealed: sealed, chunkIDs: manifest.chunks.map(\.id)) }
         contentFetched.add(1, ordering: .relaxed)
         clearUnfetched(id)
@@ -151,7 +150,7 @@ extension Vault {
     /// document's), each verified against its ref before it is stored. Nothing when no server
     /// can be asked.
     func fetchChunks(_ refs: [ChunkRef], of id: FileID, cipher: ContentCipher, via: FileID?) throws {
-        guard let source = remoteContent.source.withLock({ $0 }) else { return }
+        guard let source = remoteContent.withLock({ $0 }) else { return }
         let lacking = try store.read { r in try refs.filter { try !r.hasChunk($0.id) } }
         guard !lacking.isEmpty else { return }
         let got: [[UInt8]: [UInt8]]
@@ -161,14 +160,7 @@ extension Vault {
             noteUnfetched(id, error)
             throw unavailable(id, error)
         }
-        var verified: [([UInt8], [UInt8])] = []
-        for ref in lacking {
-            guard let sealed = got[ref.id] else {
-                throw VaultError.corrupt("the server did not send a chunk of \(id)")
-            }
-            _ = try cipher.openChunk(sealed, ref: ref)
-            verified.append((ref.id, sealed))
-        }
+        let verified = try Self.verifiedChunks(lacking, from: got, cipher: cipher)
         try store.write { w in try w.putChunks(verified) }
         contentFetched.add(1, ordering: .relaxed)
         clearUnfetched(id)
@@ -178,7 +170,7 @@ extension Vault {
     /// reads every byte of it (a revocation seals it all again). Nothing for a store that holds
     /// all its content, or has no server to ask.
     public func fetchWholeContent(under roots: [FileID]) throws {
-        guard isOnDemand, remoteContent.source.withLock({ $0 != nil }) else { return }
+        guard isOnDemand, remoteContent.withLock({ $0 != nil }) else { return }
         for need in try contentNeeds(under: roots) {
             let manifest = try loadManifest(need.digest, cipher: need.cipher)
             try fetchChunks(manifest.chunks, of: need.fileID, cipher: need.cipher, via: nil)
@@ -189,13 +181,12 @@ extension Vault {
 
     /// Notes that `id`'s content was read, for the cache's least-recently-used order.
     func noteContentRead(_ id: FileID) {
-        guard tracksContentReads.load(ordering: .relaxed) else { return }
-        let t = now()
-        contentReads.withLock { $0[id] = t.seconds * 1000 + t.nanoseconds / 1_000_000 }
+        let ms = epochMillis
+        contentReads.withLock { reads in reads?[id] = ms }
     }
 
     /// Keeps the read times `trimContent` orders by (the mount does, with a cache size).
-    public func trackContentReads() { tracksContentReads.store(true, ordering: .relaxed) }
+    public func trackContentReads() { contentReads.withLock { $0 = $0 ?? [:] } }
 
     /// Trims the content this device holds to at most `limit` sealed bytes, for a store on
     /// demand: drops the content least recently read first (what this process has not seen read
@@ -215,7 +206,7 @@ extension Vault {
     private func trimLocked(to limit: Int) throws -> Int {
         var held = try store.read { try $0.heldContentBytes() }
         guard held > limit else { return 0 }
-        let reads = contentReads.withLock { $0 }
+        let reads = contentReads.withLock { $0 } ?? [:]
         let candidates = try store.read { try $0.evictableContent() }.sorted { a, b in
             let (ta, tb) = (reads[a.id] ?? 0, reads[b.id] ?? 0)
             return ta != tb ? ta < tb : a.id.bytes.lexicographicallyPrecedes(b.id.bytes)
@@ -248,25 +239,21 @@ extension Vault {
     /// Documents whose content a read wanted and could not fetch (offline, say), with when and
     /// why, for `coffer status`; cleared when a later fetch succeeds.
     public var unfetched: [(id: FileID, millis: Int64, why: String)] {
-        ((try? store.read { try $0.settings(withPrefix: "unfetched.") }) ?? []).compactMap { entry in
-            guard let id = bytesFromHex(String(entry.key.dropFirst(10))).flatMap({ try? FileID(bytes: $0) }) else {
-                return nil
-            }
-            let text = String(decoding: entry.value, as: UTF8.self)
-            let parts = text.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false)
-            return (id, Int64(parts.first ?? "") ?? 0, parts.count > 1 ? String(parts[1]) : "")
+        fileSettings(Self.unfetchedPrefix).compactMap { entry in
+            guard let note = Self.stampedNote(entry.value) else { return nil }
+            return (entry.id, note.millis, note.fields.first ?? "")
         }
     }
 
     func noteUnfetched(_ id: FileID, _ error: any Error) {
-        let t = now()
-        let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
-        let why = String("\(error)".prefix(300))
-        try? store.write { w in try w.setSetting("unfetched." + hexString(id.bytes), Array("\(ms)\n\(why)".utf8)) }
+        let value = Self.stampedNote(epochMillis, [String("\(error)".prefix(300))])
+        try? store.write { w in try w.setSetting(Self.unfetchedKey(id), value) }
     }
 
+    static func unfetchedKey(_ id: FileID) -> String { unfetchedPrefix + hexString(id.bytes) }
+
     func clearUnfetched(_ id: FileID) {
-        let key = "unfetched." + hexString(id.bytes)
+        let key = Self.unfetchedKey(id)
         guard (try? store.readOne({ try $0.setting(key) })) != nil else { return }
         try? store.write { w in try w.removeSetting(key) }
     }

@@ -55,11 +55,11 @@ public final class Vault: Sendable {
     /// change to the shared file is a change to what the mount shows at the link.
     let shownLinks = Mutex<[FileID: FileID]>([:])
     /// Where content this device keeps on demand is fetched from (`setRemoteContent`).
-    let remoteContent = RemoteContentSlot()
+    let remoteContent = Mutex<(any RemoteContentSource)?>(nil)
     /// When this process last read each document's content (ms), for trimming the cache of a
-    /// store on demand (`trimContent`). In memory: bounded by the documents read.
-    let contentReads = Mutex<[FileID: Int64]>([:])
-    let tracksContentReads = Atomic<Bool>(false)
+    /// store on demand (`trimContent`); nil unless the mount trims (`trackContentReads`). In
+    /// memory: bounded by the documents read.
+    let contentReads = Mutex<[FileID: Int64]?>(nil)
     /// Content fetched by this process so far (pulls and reads), and at the last trim: a trim
     /// with nothing fetched since the last one has nothing to do.
     let contentFetched = Atomic<Int>(0)
@@ -301,6 +301,23 @@ public final class Vault: Sendable {
     var nowMillis: UInt64 {
         let t = now()
         return UInt64(max(0, t.seconds)) &* 1000 &+ UInt64(max(0, t.nanoseconds)) / 1_000_000
+    }
+
+    /// Wall-clock milliseconds since the epoch, for what `coffer status` shows.
+    var epochMillis: Int64 { Int64(clamping: nowMillis) }
+
+    /// A note kept in a setting: a time (ms) and some lines of text, one per field.
+    static func stampedNote(_ millis: Int64, _ fields: [String]) -> [UInt8] {
+        Array(([String(millis)] + fields).joined(separator: "\n").utf8)
+    }
+
+    /// `stampedNote` read back: nil unless it starts with a time. A field holds no line break
+    /// (the last one may: it takes the rest).
+    static func stampedNote(_ bytes: [UInt8], fields: Int = 1) -> (millis: Int64, fields: [String])? {
+        let parts = String(decoding: bytes, as: UTF8.self).split(
+            separator: "\n", maxSplits: fields, omittingEmptySubsequences: false)
+        guard let first = parts.first, let ms = Int64(first) else { return nil }
+        return (ms, parts.dropFirst().map(String.init))
     }
 
     /// A local edit as stored until it is pushed. Signatures are for what leaves the device:

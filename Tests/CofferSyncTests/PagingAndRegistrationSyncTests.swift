@@ -141,3 +141,45 @@ final class StuckCursorTransport: ServerTransport {
         #expect(bad.status != 0)
     }
 }
+
+/// A hostile server whose watches always answer "changed", at once, with a newer version each
+/// time, though nothing changed.
+final class AlwaysChangedTransport: ServerTransport {
+    let watches = Atomic<Int>(0)
+    let version = Atomic<Int64>(0)
+
+    func send(
+        method: String, path: String, headers: [(String, String)], body: [UInt8], contentType: String
+    ) async throws -> (status: Int, body: [UInt8]) {
+        if path == API.prefix + "/server" {
+            return (200, Array(try JSONEncoder().encode(ServerInfoResponse(id: Data(repeating: 7, count: 16)))))
+        }
+        guard path == API.prefix + "/watch" else { return (404, []) }
+        watches.add(1, ordering: .relaxed)
+        let v = version.add(1, ordering: .relaxed).newValue
+        let reply = WatchResponse(changed: true, latest: v, feedLatest: 0, contactsRevision: 0)
+        return (200, Array(try JSONEncoder().encode(reply)))
+    }
+
+    func reachable(timeout: Double) -> Bool { true }
+}
+
+@Suite struct LiveChannelTests {
+    /// Its answers start a sync each (`onChange`), but the device's own cursors do not move, so
+    /// the channel waits longer and longer before asking again: a few watches in three seconds,
+    /// not thousands.
+    @Test func aServerThatAlwaysSaysChangedCannotKeepTheDeviceBusy() async throws {
+        let tmp = TemporaryDirectory("coffer-live-hostile")
+        let vault = try Vault.create(dataDirectory: tmp.sub("device"), username: "hostile", secret: .generate())
+        let transport = AlwaysChangedTransport()
+        let told = Atomic<Int>(0)
+        let channel = LiveChannel(
+            engine: SyncEngine(vault: vault, transport: transport), onChange: { _ in told.add(1, ordering: .relaxed) })
+        channel.start()
+        try await Task.sleep(for: .seconds(3))
+        channel.stop()
+        let watches = transport.watches.load(ordering: .relaxed)
+        #expect(watches >= 2 && watches <= 6, "\(watches) watches in 3 s")
+        #expect(told.load(ordering: .relaxed) >= 2)
+    }
+}

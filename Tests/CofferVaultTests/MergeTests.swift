@@ -38,7 +38,9 @@ final class MemoryRelay: @unchecked Sendable {
             let manifest = try vault.openRemoteManifest(need, sealed: sealed)
             var sent: [[UInt8]: [UInt8]] = [:]
             for id in try vault.missingChunks(manifest.chunks.map(\.id)) { sent[id] = chunks[id] }
-            try vault.storeRemoteContent(need, manifest: manifest, sealedManifest: sealed, chunks: sent)
+            try vault.storeRemoteContents([
+                FetchedContent(need: need, manifest: manifest, sealedManifest: sealed, chunks: sent)
+            ])
         }
         try vault.applyPull(Array(files), cursor: version)
     }

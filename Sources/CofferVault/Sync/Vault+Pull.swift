@@ -326,36 +326,40 @@ extension Vault {
 
     /// Checks a fetched manifest (digest, then authenticity) and returns it.
     public func openRemoteManifest(_ need: ContentNeed, sealed: [UInt8]) throws -> Manifest {
-        guard ContentCipher.digest(ofSealedManifest: sealed) == need.digest else {
-            throw VaultError.corrupt("the server sent a manifest for \(need.fileID) that does not match its digest")
+        try Self.openFetchedManifest(sealed, digest: need.digest, cipher: need.cipher)
+    }
+
+    /// A manifest from the server, checked against the digest its record names and opened
+    /// (authenticated) with the document's key: what a pull and a read on demand both store.
+    static func openFetchedManifest(_ sealed: [UInt8], digest: [UInt8], cipher: ContentCipher) throws -> Manifest {
+        guard ContentCipher.digest(ofSealedManifest: sealed) == digest else {
+            throw VaultError.corrupt("the server sent a manifest for \(cipher.fileID) that does not match its digest")
         }
-        return try need.cipher.openManifest(sealed)
+        return try cipher.openManifest(sealed)
+    }
+
+    /// The chunks `refs` from what the server sent, each opened (authenticated against its ref)
+    /// before it is kept; a ref the server left out is an error.
+    static func verifiedChunks(
+        _ refs: [ChunkRef], from got: [[UInt8]: [UInt8]], cipher: ContentCipher
+    ) throws -> [([UInt8], [UInt8])] {
+        try refs.map { ref in
+            guard let sealed = got[ref.id] else {
+                throw VaultError.corrupt("the server did not send a chunk of \(cipher.fileID)")
+            }
+            _ = try cipher.openChunk(sealed, ref: ref)
+            return (ref.id, sealed)
+        }
     }
 
     public func missingChunks(_ ids: [[UInt8]]) throws -> [[UInt8]] {
         try store.read { r in try Array(Set(ids)).filter { try !r.hasChunk($0) } }
     }
 
-    /// Verifies every fetched chunk against the manifest, stores them, then the manifest.
-    public func storeRemoteContent(
-        _ need: ContentNeed, manifest: Manifest, sealedManifest: [UInt8], chunks: [[UInt8]: [UInt8]]
-    ) throws {
-        try storeRemoteContents([
-            FetchedContent(need: need, manifest: manifest, sealedManifest: sealedManifest, chunks: chunks)
-        ])
-    }
-
     /// Part of a large document's fetched chunks, each verified against its ref, stored before
     /// the rest (its manifest comes last, through `storeRemoteContents`, once all are here).
     public func storeRemoteChunks(_ need: ContentNeed, refs: [ChunkRef], chunks: [[UInt8]: [UInt8]]) throws {
-        var verified: [([UInt8], [UInt8])] = []
-        for ref in refs {
-            guard let sealed = chunks[ref.id] else {
-                throw VaultError.corrupt("the server did not send a chunk of \(need.fileID)")
-            }
-            _ = try need.cipher.openChunk(sealed, ref: ref)
-            verified.append((ref.id, sealed))
-        }
+        let verified = try Self.verifiedChunks(refs, from: chunks, cipher: need.cipher)
         try store.write { w in try w.putChunks(verified) }
     }
 
@@ -380,7 +384,7 @@ extension Vault {
         let unfetched = Set(self.unfetched.map(\.id))
         try store.write { w in
             for item in items where unfetched.contains(item.need.fileID) {
-                try w.removeSetting("unfetched." + hexString(item.need.fileID.bytes))
+                try w.removeSetting(Self.unfetchedKey(item.need.fileID))
             }
             for (item, chunks) in zip(items, kept) {
                 try w.putChunks(chunks)

@@ -71,25 +71,21 @@ extension Vault {
 
     /// Records the live channel's new state (nil: the daemon stopped holding one).
     public func recordLiveChannel(state: String?, detail: String?) {
-        let t = now()
-        let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
-        let value = state.map { s in Array("\(s)\n\(ms)\n\(detail ?? "")".utf8) } ?? []
+        let value = state.map { Self.stampedNote(epochMillis, [$0, detail ?? ""]) } ?? []
         try? store.write { w in try w.setSetting("liveChannel", value) }
     }
 
     public var liveChannel: LiveChannelStatus? {
-        guard let raw = try? store.read({ try $0.setting("liveChannel") }) ?? nil, !raw.isEmpty else { return nil }
-        let parts = String(decoding: raw, as: UTF8.self).split(
-            separator: "\n", maxSplits: 2, omittingEmptySubsequences: false)
-        guard parts.count >= 2, let ms = Int64(parts[1]) else { return nil }
-        let detail = parts.count > 2 && !parts[2].isEmpty ? String(parts[2]) : nil
-        return LiveChannelStatus(state: String(parts[0]), sinceMillis: ms, detail: detail)
+        guard let raw = try? store.read({ try $0.setting("liveChannel") }) ?? nil,
+            let note = Self.stampedNote(raw, fields: 2), let state = note.fields.first
+        else { return nil }
+        let detail = note.fields.count > 1 && !note.fields[1].isEmpty ? note.fields[1] : nil
+        return LiveChannelStatus(state: state, sinceMillis: note.millis, detail: detail)
     }
 
     /// Records the outcome of a sync attempt for `coffer status`.
     public func recordSyncOutcome(error: String?) {
-        let t = now()
-        let ms = t.seconds * 1000 + t.nanoseconds / 1_000_000
+        let ms = epochMillis
         try? store.write { w in
             try w.setSetting("lastAttempt", Self.bytes(ms))
             if let error {
